@@ -1,0 +1,184 @@
+"""`RolloutBatch`: one validated container for N rollouts right-padded to T response tokens.
+
+Everything downstream (group advantages, credit methods, objectives, diagnostics) reads its
+inputs from here, so shape, dtype and finiteness are checked once, with errors that name the
+field and the expected vs actual shape/dtype, and for scores the offending rollout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+# Optional per-token signals and their trailing shape ("T" = per token, "TH" = per token vector).
+# They are produced by `tokencredit.signals` in one no-grad pass of the old policy (plus one
+# adapter-disabled pass for the base_* signals and one negative-prompt pass for GCPO).
+SIGNALS: dict[str, str] = {
+    "old_log_probs": "T",  # log pi_old(y_t), logits / temperature
+    "ref_log_probs": "T",  # log pi_ref(y_t) for the KL term
+    "entropy": "T",  # full-vocabulary entropy of pi_old at t
+    "hidden": "TH",  # final hidden state that feeds the LM head (after the final norm), old policy
+    "base_hidden": "TH",  # same with the LoRA adapter disabled (ARCA)
+    "base_log_probs": "T",  # log pi_base(y_t), adapter disabled (policy divergence)
+    "neg_log_probs": "T",  # log q(y_t) under GCPO's negative prompt
+}
+
+
+class BatchValidationError(ValueError):
+    """A RolloutBatch field has the wrong shape, dtype or values."""
+
+
+def _describe(t: Tensor) -> str:
+    return f"shape {tuple(t.shape)} dtype {t.dtype}"
+
+
+@dataclass
+class RolloutBatch:
+    """N rollouts (prompts x G completions), right-padded to T response tokens.
+
+    Required:
+      token_ids [N,T] int64: response token ids (prompt excluded); padding may hold any id.
+      mask [N,T] bool: True on valid response tokens (0/1 integer or float input is converted).
+      group_ids [N] int64: rollouts with the same id answered the same prompt.
+      scores [N] float: verifier reward per rollout; must be finite.
+    Optional per-token signals: see `SIGNALS` ([N,T] or [N,T,H], floating point).
+      truncated [N] bool: the completion hit the length limit without EOS.
+    """
+
+    token_ids: Tensor
+    mask: Tensor
+    group_ids: Tensor
+    scores: Tensor
+    old_log_probs: Tensor | None = None
+    ref_log_probs: Tensor | None = None
+    entropy: Tensor | None = None
+    hidden: Tensor | None = None
+    base_hidden: Tensor | None = None
+    base_log_probs: Tensor | None = None
+    neg_log_probs: Tensor | None = None
+    truncated: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self) -> None:
+        for name in ("token_ids", "mask", "group_ids", "scores"):
+            if not isinstance(getattr(self, name), Tensor):
+                raise BatchValidationError(
+                    f"RolloutBatch.{name}: expected a torch.Tensor, got {type(getattr(self, name)).__name__}"
+                )
+        ids = self.token_ids
+        if ids.dim() != 2:
+            raise BatchValidationError(f"RolloutBatch.token_ids: expected shape [N, T], got {_describe(ids)}")
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise BatchValidationError(f"RolloutBatch.token_ids: expected an integer dtype, got {_describe(ids)}")
+        n, t = ids.shape
+        if ids.dtype != torch.int64:
+            self.token_ids = ids = ids.long()
+
+        m = self.mask
+        if tuple(m.shape) != (n, t):
+            raise BatchValidationError(f"RolloutBatch.mask: expected shape ({n}, {t}), got {_describe(m)}")
+        if m.dtype != torch.bool:
+            if not bool(((m == 0) | (m == 1)).all()):
+                raise BatchValidationError("RolloutBatch.mask: values must be 0/1 (or bool)")
+            self.mask = m.bool()
+
+        g = self.group_ids
+        if tuple(g.shape) != (n,):
+            raise BatchValidationError(f"RolloutBatch.group_ids: expected shape ({n},), got {_describe(g)}")
+        if g.dtype.is_floating_point or g.dtype == torch.bool:
+            raise BatchValidationError(f"RolloutBatch.group_ids: expected an integer dtype, got {_describe(g)}")
+        self.group_ids = g.long()
+
+        s = self.scores
+        if tuple(s.shape) != (n,):
+            raise BatchValidationError(f"RolloutBatch.scores: expected shape ({n},), got {_describe(s)}")
+        if not s.dtype.is_floating_point:
+            self.scores = s = s.float()
+        check_finite_scores(s)
+
+        for name, kind in SIGNALS.items():
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if not isinstance(v, Tensor):
+                raise BatchValidationError(f"RolloutBatch.{name}: expected a torch.Tensor, got {type(v).__name__}")
+            ok = v.dim() == 2 and tuple(v.shape) == (n, t) if kind == "T" else v.dim() == 3 and tuple(v.shape[:2]) == (n, t)
+            if not ok:
+                want = f"({n}, {t})" if kind == "T" else f"({n}, {t}, H)"
+                raise BatchValidationError(f"RolloutBatch.{name}: expected shape {want}, got {_describe(v)}")
+            if not v.dtype.is_floating_point:
+                raise BatchValidationError(f"RolloutBatch.{name}: expected a floating dtype, got {_describe(v)}")
+            bad = ~torch.isfinite(v)
+            if v.dim() == 3:
+                bad = bad.any(-1)
+            bad &= self.mask
+            if bool(bad.any()):
+                i, j = (int(x) for x in bad.nonzero()[0])
+                raise BatchValidationError(
+                    f"RolloutBatch.{name}: non-finite value at rollout {i}, token {j} ({int(bad.sum())} in all)"
+                )
+        if self.truncated is not None:
+            tr = self.truncated
+            if tuple(tr.shape) != (n,):
+                raise BatchValidationError(f"RolloutBatch.truncated: expected shape ({n},), got {_describe(tr)}")
+            self.truncated = tr.bool()
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def num_rollouts(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @property
+    def max_len(self) -> int:
+        return int(self.token_ids.shape[1])
+
+    @property
+    def lengths(self) -> Tensor:
+        """[N] number of valid response tokens per rollout."""
+        return self.mask.sum(-1)
+
+    def correct(self, threshold: float = 0.0) -> Tensor:
+        """[N] bool: rollout i counts as correct iff its score > threshold (KTAE's convention)."""
+        return self.scores > threshold
+
+    def available_signals(self) -> set[str]:
+        return {name for name in SIGNALS if getattr(self, name) is not None}
+
+    def require(self, names: Iterable[str], who: str) -> None:
+        """Raise a clear error if any of the per-token signals `names` is missing."""
+        missing = [n for n in names if getattr(self, n, None) is None]
+        if missing:
+            raise BatchValidationError(
+                f"{who} needs the per-token signal(s) {', '.join(missing)}, which this RolloutBatch does not carry; "
+                "compute them with tokencredit.signals (the trainer and plugins do this from the method's `needs`)"
+            )
+
+    def select(self, rows: Tensor) -> RolloutBatch:
+        """A new batch with the rollouts `rows` (index or bool mask over N)."""
+        kwargs = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            kwargs[f.name] = None if v is None else v[rows]
+        return RolloutBatch(**kwargs)
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        kwargs = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device)) for f in fields(self)}
+        return RolloutBatch(**kwargs)
+
+
+def check_finite_scores(scores: Tensor, what: str = "RolloutBatch.scores") -> None:
+    """Raise naming the first rollout whose score is NaN or inf (never a silent 0)."""
+    bad = ~torch.isfinite(scores)
+    if bool(bad.any()):
+        idx = bad.nonzero().flatten().tolist()
+        shown = ", ".join(str(i) for i in idx[:8]) + (" ..." if len(idx) > 8 else "")
+        raise BatchValidationError(
+            f"{what}: non-finite score at rollout {idx[0]} (value {scores[idx[0]].item()}); "
+            f"{len(idx)} non-finite in all: rollouts {shown}"
+        )

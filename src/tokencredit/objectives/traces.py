@@ -1,0 +1,196 @@
+"""Eligibility-trace ratio kernels: P-trace, accumulating trace, S-trace (strace.md).
+
+Paper: Mou, Zhuang, Chen, Zhang, "Beyond Uniform Credit Assignment: Selective Eligibility
+Traces for RLVR", arXiv 2605.05965 (2026). No code was released and only the abstract was
+available, so **the P-trace / S-trace kernels below are our reconstruction**, consistent with
+what the abstract states. Assumptions we made (none of them is stated in the paper):
+
+- the trace lives in log space over per-token log-ratios l_k = log pi_theta(y_k) - log pi_old(y_k):
+  log w_t = sum_{k<=t} e[t,k] l_k, causal, with geometric decay lambda^(t-k);
+- P-trace normalises the decay weights (log w_t = N_t / D_t, N_t = lambda N_{t-1} + l_t,
+  D_t = lambda D_{t-1} + 1), so w_t is a weighted geometric mean of past ratios and stays inside
+  any box that holds every single ratio (our reading of "partial trust region preservation");
+  the unnormalised ("accumulating") trace z_t = lambda z_{t-1} + l_t is offered as an option;
+- S-trace runs the same recursion over a kept set M only (high-entropy tokens, chosen by the
+  caller, e.g. `tokencredit.credit.entropy.top_entropy_mask`); other tokens get no loss term and
+  do not enter the trace; decay is counted in kept steps (default) or in absolute positions;
+- the weights enter PPO-clip in place of the per-token ratio.
+
+The one property the paper states precisely holds exactly: lambda = 1 with the normalised kernel,
+read at the last token and given to every token, is GSPO's sequence ratio; lambda = 0 is the
+per-token ratio.
+
+Numerics: the closed form lambda^t * cumsum(lambda^(-k) l_k) overflows for long responses. We
+evaluate the causal filter y_t = sum_{k<=t} lambda^(t-k) x_k as a chunked scan in which every
+power of lambda has a non-negative exponent: inside a chunk of C positions a [C,C] Toeplitz
+matmul, across chunks the same filter applied (recursively) to the chunk-end states with decay
+lambda^C. No loop over tokens or over chunks; memory O(N T); exact gradients through autograd.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tokencredit.errors import ConfigError
+from tokencredit.objectives.ppo import register_kernel
+
+__all__ = ["DECAYS", "causal_decay_filter", "trace_log_weights"]
+
+DECAYS = ("kept", "position")
+_CHUNK = 128
+
+
+def _decay_matrix(size: int, lam: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """[size, size] lower-triangular K[i, j] = lam^(i - j) for j <= i (0^0 = 1), 0 above the diagonal."""
+    idx = torch.arange(size, device=device)
+    diff = idx[:, None] - idx[None, :]
+    powers = torch.pow(torch.tensor(lam, dtype=dtype, device=device), diff.clamp(min=0).to(dtype))
+    return torch.where(diff >= 0, powers, torch.zeros((), dtype=dtype, device=device))
+
+
+def causal_decay_filter(x: Tensor, lam: float, chunk: int = _CHUNK) -> Tensor:
+    """y[r, t] = sum_{k<=t} lam^(t-k) x[r, k] for x [R, L], lam in [0, 1]; differentiable in x.
+
+    Chunked scan: within chunks of `chunk` positions a Toeplitz matmul; the carry between chunks
+    obeys the same recursion with decay lam^chunk, so it is computed by the same function on the
+    [R, L/chunk] chunk-end states (depth log_chunk(L)). All exponents are >= 0: no overflow.
+    """
+    r, length = x.shape
+    if length <= chunk:
+        return x @ _decay_matrix(length, lam, x.dtype, x.device).T
+    n_chunks = -(-length // chunk)
+    pad = n_chunks * chunk - length
+    xb = torch.nn.functional.pad(x, (0, pad)).view(r, n_chunks, chunk)
+    intra = xb @ _decay_matrix(chunk, lam, x.dtype, x.device).T  # [R, B, C], chunk-local states
+    # state at the end of chunk b: S_b = lam^C S_{b-1} + intra[b, C-1]
+    ends = causal_decay_filter(intra[..., -1], lam**chunk, chunk)
+    carry = torch.nn.functional.pad(ends[:, :-1], (1, 0))  # S_{b-1}, 0 before the first chunk
+    steps = torch.arange(1, chunk + 1, device=x.device, dtype=x.dtype)
+    lead_in = torch.pow(torch.tensor(lam, dtype=x.dtype, device=x.device), steps)  # lam^(i+1)
+    y = intra + carry[..., None] * lead_in
+    return y.reshape(r, n_chunks * chunk)[:, :length]
+
+
+def trace_log_weights(
+    log_ratio: Tensor,
+    mask: Tensor,
+    lam: float,
+    normalized: bool = True,
+    keep: Tensor | None = None,
+    decay: str = "kept",
+) -> Tensor:
+    """Log importance weights log w [N,T] of the eligibility-trace kernels (OUR RECONSTRUCTION).
+
+    Reconstructed from the abstract of Mou et al. 2026 (arXiv 2605.05965); see the module
+    docstring for the assumptions. With A = mask & keep the active tokens (A = mask when keep is
+    None) and c_t a clock that advances by one per active token (decay="kept") or per position
+    (decay="position"):
+
+        N_t = sum_{k<=t, k in A} lam^(c_t - c_k) l_k,   D_t = sum_{k<=t, k in A} lam^(c_t - c_k)
+        log w_t = N_t / D_t   (normalized=True: P-trace; with keep: S-trace)
+        log w_t = N_t         (normalized=False: accumulating trace)
+
+    for t in A, and 0 elsewhere. lam = 0 gives log w_t = l_t; lam = 1 with normalized=True gives
+    the running mean of l, whose value at the last token is GSPO's log s_i.
+
+    log_ratio [N,T] float (gradient flows through it; values at inactive positions are ignored,
+    NaN included), mask [N,T] bool/0-1, keep [N,T] bool/0-1 or None. Computed in float32 (float64
+    if log_ratio is float64); safe for any T.
+    """
+    if log_ratio.dim() != 2:
+        raise ValueError(f"trace_log_weights: log_ratio must be [N, T], got shape {tuple(log_ratio.shape)}")
+    if tuple(mask.shape) != tuple(log_ratio.shape):
+        raise ValueError(
+            f"trace_log_weights: mask shape {tuple(mask.shape)} differs from log_ratio shape {tuple(log_ratio.shape)}"
+        )
+    lam = float(lam)
+    if not 0.0 <= lam <= 1.0:
+        raise ConfigError(f"trace decay lam must be in [0, 1], got {lam}")
+    if decay not in DECAYS:
+        raise ConfigError(f"trace decay must be one of {DECAYS}, got {decay!r}")
+    active = mask.bool()
+    if keep is not None:
+        if tuple(keep.shape) != tuple(log_ratio.shape):
+            raise ValueError(
+                f"trace_log_weights: keep shape {tuple(keep.shape)} differs from log_ratio shape {tuple(log_ratio.shape)}"
+            )
+        active = active & keep.bool()
+
+    dtype = torch.float64 if log_ratio.dtype == torch.float64 else torch.float32
+    zero = torch.zeros((), dtype=dtype, device=log_ratio.device)
+    x = torch.where(active, log_ratio.to(dtype), zero)
+    # A row whose active tokens form a prefix (right padding, no kept-set holes) has the same
+    # clock for both decays: c_t = t. Otherwise "kept" compacts the active tokens to a prefix.
+    prefix = bool((active[:, 1:] <= active[:, :-1]).all()) if active.shape[1] > 1 else True
+    if prefix or decay == "kept":
+        if prefix:
+            num = causal_decay_filter(x, lam)
+            clock = torch.arange(x.shape[1], device=x.device).expand_as(x)
+        else:
+            # Permutation that moves each row's active tokens, in order, to the front.
+            n_act = active.sum(-1, keepdim=True)
+            dest = torch.where(active, active.cumsum(-1) - 1, n_act + (~active).cumsum(-1) - 1)
+            compact = torch.zeros_like(x).scatter(1, dest, x)
+            num = causal_decay_filter(compact, lam).gather(1, dest)
+            clock = torch.where(active, active.cumsum(-1) - 1, 0)
+        den = _geometric_sum(clock, lam, dtype) if normalized else None
+    else:
+        num = causal_decay_filter(x, lam)
+        with torch.no_grad():
+            den = causal_decay_filter(active.to(dtype), lam) if normalized else None
+    if normalized:
+        num = num / torch.where(active, den, torch.ones((), dtype=dtype, device=x.device))
+    return torch.where(active, num, zero)
+
+
+def _geometric_sum(clock: Tensor, lam: float, dtype: torch.dtype) -> Tensor:
+    """sum_{i=0..c} lam^i for an integer tensor c >= 0 (float64 internally: stable for lam near 1)."""
+    c = clock.to(torch.float64) + 1.0
+    if lam == 1.0:
+        return c.to(dtype)
+    if lam == 0.0:
+        return torch.ones_like(c, dtype=dtype)
+    log_lam = torch.tensor(lam, dtype=torch.float64).log()
+    return (torch.expm1(c * log_lam) / torch.expm1(log_lam)).to(dtype)
+
+
+def _needs_keep(kernel: str, keep: Tensor | None) -> Tensor:
+    if keep is None:
+        raise ConfigError(
+            f"ratio kernel {kernel!r} needs the kept-token mask `keep` (e.g. "
+            "tokencredit.credit.entropy.top_entropy_mask(entropy, mask, keep_ratio))"
+        )
+    return keep
+
+
+@register_kernel("ptrace")
+def _ptrace_kernel(
+    log_ratio: Tensor, mask: Tensor, *, lam: float = 0.95, decay: str = "kept", **_: object
+) -> Tensor:
+    """P-trace (our reconstruction of Mou et al. 2026): normalised causal trace over all valid tokens."""
+    return trace_log_weights(log_ratio, mask, lam, normalized=True, keep=None, decay=decay)
+
+
+@register_kernel("accumulating")
+def _accumulating_kernel(
+    log_ratio: Tensor, mask: Tensor, *, lam: float = 0.95, decay: str = "kept", **_: object
+) -> Tensor:
+    """Accumulating trace z_t = lam z_{t-1} + l_t over all valid tokens (no trust-region property)."""
+    return trace_log_weights(log_ratio, mask, lam, normalized=False, keep=None, decay=decay)
+
+
+@register_kernel("strace", needs=("entropy",), uses_keep=True)
+def _strace_kernel(
+    log_ratio: Tensor,
+    mask: Tensor,
+    *,
+    lam: float = 0.95,
+    keep: Tensor | None = None,
+    decay: str = "kept",
+    **_: object,
+) -> Tensor:
+    """S-trace (our reconstruction of Mou et al. 2026): the P-trace over the kept (high-entropy) tokens."""
+    return trace_log_weights(
+        log_ratio, mask, lam, normalized=True, keep=_needs_keep("strace", keep), decay=decay
+    )

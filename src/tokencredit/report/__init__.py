@@ -1,0 +1,1 @@
+"""Reports: training curves, the credit explorer (`explain`), the method shoot-out (`compare`)."""

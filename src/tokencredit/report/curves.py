@@ -1,0 +1,73 @@
+"""End-of-run report: the summary table and `curves.png` (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+
+def plot_curves(history: list[dict[str, Any]], path: Path, title: str = "") -> Path:
+    """Four panels: held-out accuracy, training reward/accuracy, response length, credit Gini + entropy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h for h in history if h.get("type") != "eval" and "reward" in h]
+    evals = [h for h in history if h.get("type") == "eval"]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    ax = axes[0, 0]
+    for key, label in (("eval_greedy_accuracy", "greedy"), ("eval_avg_at_k", "avg@k")):
+        pts = [(e["step"], e[key]) for e in evals if key in e]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=label)
+    ax.set_title("held-out accuracy")
+    ax.set_xlabel("step")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    ax = axes[0, 1]
+    x = [s["step"] for s in steps]
+    ax.plot(x, [s["reward"] for s in steps], label="reward", alpha=0.8)
+    ax.plot(x, [s["accuracy"] for s in steps], label="accuracy", alpha=0.8)
+    ax.set_title("training rollouts")
+    ax.set_xlabel("step")
+    ax.legend()
+    ax = axes[1, 0]
+    ax.plot(x, [s["response_length"] for s in steps], color="tab:purple")
+    ax.set_title("mean response length (tokens)")
+    ax.set_xlabel("step")
+    ax = axes[1, 1]
+    ax.plot(x, [s["credit_gini"] for s in steps], label="credit Gini (|Â|)", color="tab:red")
+    ax.plot(x, [s["entropy"] for s in steps], label="entropy (nats)", color="tab:green")
+    ax.set_title("credit concentration and entropy")
+    ax.set_xlabel("step")
+    ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def summary_table(summary: dict[str, Any], steps: list[dict[str, Any]]) -> Table:
+    """Base vs final held-out accuracy, response length, time, tokens/s."""
+    t = Table(title=f"tokencredit train: {summary['recipe']}, {summary['steps']} steps")
+    t.add_column("")
+    t.add_column("start", justify="right")
+    t.add_column("final", justify="right")
+    t.add_column("change", justify="right")
+    base, final = summary.get("base") or {}, summary.get("final") or {}
+    for key, label in (
+        ("eval_greedy_accuracy", "held-out greedy accuracy"),
+        ("eval_avg_at_k", "held-out avg@k"),
+        ("eval_mean_length", "held-out response length"),
+    ):
+        if key in base and key in final:
+            t.add_row(label, f"{base[key]:.3f}", f"{final[key]:.3f}", f"{final[key] - base[key]:+.3f}")
+    t.add_row("wall-clock", "", f"{summary['seconds']:.0f} s", "")
+    t.add_row("tokens/s (rollout + update)", "", f"{summary['tokens_per_s']:.0f}", "")
+    return t

@@ -1,0 +1,54 @@
+"""`tokencredit train`: config file + --recipe + --set overrides; --resume RUN_DIR continues a run."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from tokencredit.errors import ConfigError
+from tokencredit.train.config import apply_set, load_config
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML file with [run] [model] [data] [rollout] [optim] [reward] [eval] [checkpoint] [algo]")
+    p.add_argument("--recipe", help="recipe name (see `tokencredit recipes`)")
+    p.add_argument("--model", help="'toy' (default) or a local Hugging Face model directory")
+    p.add_argument("--steps", type=int, help="number of RL steps (run.steps)")
+    p.add_argument("--seed", type=int, help="run.seed")
+    p.add_argument("--out", help="run directory (default runs/<recipe>-s<seed>-<time>)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. optim.lr=3e-4 or algo.kernel_params.lam=0.9 (repeatable)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last good checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of the progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tokencredit.train.trainer import Trainer
+
+    sets = list(args.set)
+    for flag, key in ((args.model, "model.name"), (args.steps, "run.steps"), (args.seed, "run.seed")):
+        if flag is not None:
+            sets.append(f"{key}={flag}")
+    if args.no_progress:
+        sets.append("run.progress=false")
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.toml").is_file():
+            raise ConfigError(f"--resume {run_dir}: no config.toml there (not a tokencredit run directory)")
+        if args.config or args.recipe:
+            raise ConfigError("--resume uses the run's saved config; pass only --set overrides (e.g. run.steps=200)")
+        cfg = load_config(run_dir / "config.toml")
+        for s in sets:
+            apply_set(cfg, s)
+        trainer = Trainer(cfg, run_dir, resume=True)
+    else:
+        cfg = load_config(args.config, sets, args.recipe)
+        if args.out:
+            run_dir = Path(args.out)
+        else:
+            name = cfg.run.name or f"{cfg.algo.recipe}-s{cfg.run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+            run_dir = Path(cfg.run.out_dir) / name
+        trainer = Trainer(cfg, run_dir)
+    trainer.fit()
+    return 0

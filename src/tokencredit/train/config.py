@@ -1,0 +1,256 @@
+"""Trainer configuration: dataclass sections, a TOML file, `--set section.key=value` overrides.
+
+Every key is read somewhere in the trainer; an unknown key is an error naming the closest valid
+ones. The resolved configuration is written to the run directory as `config.toml`, which
+`--resume` reads back.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from tokencredit.errors import ConfigError, closest
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    steps: int = 60
+    out_dir: str = "runs"
+    name: str = ""  # run directory name under out_dir; "" = <recipe>-<seed>-<timestamp>
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # torch intra-op threads on CPU; 0 = torch's default
+    progress: bool = True
+
+
+@dataclass
+class ModelConfig:
+    name: str = "toy"  # "toy" (the embedded warm-started tiny model) or a local HF model directory
+    dtype: str = "float32"  # float32 | bfloat16 | float16 (statistics are float32 regardless)
+    lora_rank: int = 0  # 0 = full fine-tuning
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class DataConfig:
+    train: str = "toy"  # "toy", a benchmark name (gsm8k_train), or a JSONL / Parquet / datasets path
+    eval: str = "toy"  # "toy" or comma-separated benchmark names / paths
+    template: str = "qwen-math"  # qwen-math | r1-zero | a custom string with {problem}
+    difficulty: int = 2  # toy task difficulty knob
+    eval_size: int = 200  # held-out problems (toy) or a limit on benchmark problems (0 = all)
+    problem_field: str = ""  # field mapping for user files ("" = auto: problem/question/prompt)
+    answer_field: str = ""  # "" = auto: answer/solution
+
+
+@dataclass
+class RolloutConfig:
+    prompts_per_step: int = 16
+    group_size: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    max_resample_rounds: int = 3  # DAPO dynamic sampling: extra generation rounds to fill the batch
+    generation_batch_size: int = 0  # rows per generate call; 0 = all at once
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.99
+    warmup_steps: int = 3
+    schedule: str = "constant"  # constant | cosine
+    min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1  # passes over each step's rollouts
+    mini_batches: int = 1  # optimiser steps per epoch
+    micro_batch_size: int = 0  # rows per forward/backward (gradient accumulation); 0 = whole mini-batch
+
+
+@dataclass
+class RewardConfig:
+    function: str = "math"  # "math" (math-verify) or "module:function" (f(completions, golds) -> list[float])
+    timeout: float = 5.0  # wall-clock seconds per answer
+    format_weight: float = 0.0  # optional format reward added to the score
+
+
+@dataclass
+class EvalConfig:
+    every: int = 20  # steps between held-out evaluations (0 = only at start and end)
+    samples: int = 4  # sampled completions per problem for avg@k / pass@k (0 = greedy only)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    at_start: bool = True
+    save_groups: int = 8  # rollout groups (with per-token credit) saved at each eval step
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 20  # steps between checkpoints (0 = only at the end)
+    keep: int = 2  # checkpoints kept on disk
+
+
+@dataclass
+class AlgoConfig:
+    recipe: str = "strace"
+    # Overrides of the recipe's fields (see tokencredit.recipes.Recipe), e.g. {"eps_high": 0.3,
+    # "kernel_params": {"lam": 0.9}}; dict values are merged into the recipe's dicts.
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _coerce(value: Any, current: Any, where: str) -> Any:
+    """Convert a TOML or --set value to the type of the default (bool/int/float/str/list/dict)."""
+    if isinstance(current, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if isinstance(current, int) and not isinstance(current, bool):
+        try:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+    if isinstance(current, float):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if isinstance(current, list):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return value
+    if isinstance(current, dict):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        return value
+    return str(value)
+
+
+def _parse_scalar(text: str) -> Any:
+    """A --set value: TOML-ish literals (true, 3, 0.1, [..], {..}, "x"), else the raw string."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def apply_dict(cfg: TrainConfig, data: dict[str, Any], source: str) -> None:
+    """Merge a nested dict (from TOML) into cfg; unknown sections/keys are errors naming `source`."""
+    sections = {f.name: f for f in fields(cfg)}
+    for sec, values in data.items():
+        if sec not in sections:
+            raise ConfigError(f"{source}: unknown section [{sec}]{closest(sec, sections)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: [{sec}] must be a table")
+        obj = getattr(cfg, sec)
+        keys = {f.name for f in fields(obj)}
+        for key, value in values.items():
+            if key not in keys:
+                raise ConfigError(f"{source}: unknown key {sec}.{key}{closest(key, keys)}; valid: {', '.join(sorted(keys))}")
+            if sec == "algo" and key == "overrides":
+                obj.overrides = _merge(obj.overrides, value)
+                continue
+            setattr(obj, key, _coerce(value, getattr(obj, key), f"{source}: {sec}.{key}"))
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def apply_set(cfg: TrainConfig, assignment: str) -> None:
+    """Apply one `section.key=value` override. `algo.<recipe field>[.<param>]=v` overrides the recipe."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set expects section.key=value, got {assignment!r}")
+    path, raw = assignment.split("=", 1)
+    parts = path.strip().split(".")
+    value = _parse_scalar(raw)
+    if len(parts) >= 2 and parts[0] == "algo" and parts[1] not in ("recipe", "overrides"):
+        nested: Any = value
+        for p in reversed(parts[2:]):
+            nested = {p: nested}
+        cfg.algo.overrides = _merge(cfg.algo.overrides, {parts[1]: nested})
+        return
+    if len(parts) != 2:
+        raise ConfigError(f"--set {assignment!r}: expected section.key=value (e.g. optim.lr=3e-4)")
+    apply_dict(cfg, {parts[0]: {parts[1]: value}}, "--set")
+
+
+def load_config(path: str | Path | None = None, sets: list[str] | None = None, recipe: str | None = None) -> TrainConfig:
+    """TrainConfig from defaults <- TOML file <- --recipe <- --set overrides (later wins)."""
+    cfg = TrainConfig()
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: invalid TOML: {e}") from None
+        apply_dict(cfg, data, str(p))
+    if recipe:
+        cfg.algo.recipe = recipe
+    for s in sets or []:
+        apply_set(cfg, s)
+    return cfg
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if v is None:
+        raise ConfigError("None cannot be written to TOML")
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f'"{k}" = {_toml_value(x)}' for k, x in v.items() if x is not None) + " }"
+    raise ConfigError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dump_toml(cfg: TrainConfig) -> str:
+    lines = []
+    for sec, values in cfg.to_dict().items():
+        lines.append(f"[{sec}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+        lines.append("")
+    return "\n".join(lines)

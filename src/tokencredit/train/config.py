@@ -45,7 +45,9 @@ class DataConfig:
     train: str = "toy"  # "toy", a benchmark name (gsm8k_train), or a JSONL / Parquet / datasets path
     eval: str = "toy"  # "toy" or comma-separated benchmark names / paths
     template: str = "qwen-math"  # qwen-math | r1-zero | a custom string with {problem}
-    difficulty: int = 2  # toy task difficulty knob
+    difficulty: int = 3  # toy task: number of arithmetic steps
+    digits: int = 2  # toy task: operands and running totals below 10**digits
+    train_size: int = 4000  # toy task: distinct training problems
     eval_size: int = 200  # held-out problems (toy) or a limit on benchmark problems (0 = all)
     problem_field: str = ""  # field mapping for user files ("" = auto: problem/question/prompt)
     answer_field: str = ""  # "" = auto: answer/solution

@@ -43,11 +43,11 @@ def resolve_recipe(cfg: TrainConfig) -> Recipe:
 
 
 def seed_for(*parts: int) -> int:
-    """A deterministic 63-bit seed from integers (run seed, step, round...)."""
+    """A deterministic 31-bit seed from integers (run seed, step, round...); FNV-1a mixing."""
     h = 1469598103934665603
     for p in parts:
-        h = ((h ^ (p & 0xFFFFFFFFFFFF)) * 1099511628211) % (1 << 63)
-    return h
+        h = ((h ^ (p & 0xFFFFFFFFFFFF)) * 1099511628211) % (1 << 64)
+    return h % (2**31 - 1)
 
 
 class PromptSampler:
@@ -108,8 +108,7 @@ class Trainer:
         from rich.console import Console
 
         from tokencredit import models
-        from tokencredit.evaluation import load_eval_problems
-        from tokencredit.rewards import RewardFunction
+        from tokencredit.rewards import Reward
 
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.console = console or Console()
@@ -150,10 +149,11 @@ class Trainer:
         if "ref_log_probs" in self.needs and cfg.model.lora_rank <= 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
 
-        self.train_problems = self._load_train_problems()
-        self.eval_problems = load_eval_problems(cfg.data.eval, cfg.data.eval_size, cfg.data.difficulty, cfg.run.seed)
+        self.train_problems = load_problems_for(cfg.data.train, cfg, split="train")
+        self.eval_problems = load_problems_for(cfg.data.eval, cfg, split="heldout")
         self.sampler = PromptSampler(self.train_problems, cfg.run.seed)
-        self.reward_fn = RewardFunction(cfg.reward.function, timeout=cfg.reward.timeout, format_weight=cfg.reward.format_weight)
+        # correctness only; the format reward and DAPO's overlong shaping are added to the score separately
+        self.reward_fn = Reward(cfg.reward.function, timeout=cfg.reward.timeout)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -200,11 +200,6 @@ class Trainer:
         )
         return get_peft_model(model, lcfg)
 
-    def _load_train_problems(self) -> list[Any]:
-        from tokencredit.data import load_train_problems
-
-        return load_train_problems(self.cfg.data)
-
     def _lr_factor(self, step: int) -> float:
         o = self.cfg.optim
         if o.warmup_steps > 0 and step < o.warmup_steps:
@@ -221,9 +216,9 @@ class Trainer:
         return [self._prompt_text(p.problem) for p in problems]
 
     def _prompt_text(self, problem: str) -> str:
-        from tokencredit.data.templates import apply_template
+        from tokencredit.data.templates import render
 
-        return apply_template(self.tokenizer, problem, self.cfg.data.template)
+        return render(self.cfg.data.template, problem, self.tokenizer)
 
     # ------------------------------------------------------------------ one step
     def _generate_round(self, step: int, rnd: int) -> StepRollouts:
@@ -231,7 +226,6 @@ class Trainer:
 
         c = self.cfg.rollout
         problems = self.sampler.take(c.prompts_per_step)
-        torch.manual_seed(seed_for(self.cfg.run.seed, step, rnd))
         ro = generate(
             self.model,
             self.tokenizer,
@@ -240,19 +234,26 @@ class Trainer:
             temperature=c.temperature,
             top_p=c.top_p,
             max_new_tokens=c.max_new_tokens,
+            seed=seed_for(self.cfg.run.seed, step, rnd),
             batch_size=c.generation_batch_size or None,
         )
         rows = [problems[int(i)] for i in ro.prompt_index]
-        correct = torch.tensor(self.reward_fn.correctness(ro.texts, [p.answer for p in rows]), dtype=torch.float32)
-        scores = correct + self.reward_fn.extra_scores(ro.texts)
+        raw = torch.tensor(self.reward_fn(ro.texts, [p.answer for p in rows]), dtype=torch.float32)
+        correct = raw > 0
+        scores = raw
+        if self.cfg.reward.format_weight:
+            from tokencredit.rewards import format_reward
+
+            scores = scores + self.cfg.reward.format_weight * torch.tensor(format_reward(ro.texts), dtype=torch.float32)
         if self.recipe.overlong_buffer > 0:
             from tokencredit.rewards import overlong_penalty
 
-            scores = scores + overlong_penalty(ro.response_mask.sum(-1), c.max_new_tokens, self.recipe.overlong_buffer)
+            lengths = ro.response_mask.sum(-1)
+            scores = scores + overlong_penalty(lengths, c.max_new_tokens, self.recipe.overlong_buffer).float()
         group_ids = ro.prompt_index.long() + rnd * c.prompts_per_step
         return StepRollouts(
             rows, ro.prompt_ids, ro.prompt_mask.bool(), ro.response_ids, ro.response_mask.bool(), ro.truncated.bool(),
-            list(ro.texts), group_ids, scores, correct > 0, 1,
+            list(ro.texts), group_ids, scores, correct, 1,
         )  # fmt: skip
 
     def collect(self, step: int) -> StepRollouts:
@@ -412,13 +413,18 @@ class Trainer:
         from tokencredit.evaluation import evaluate
 
         e = self.cfg.eval
-        torch.manual_seed(seed_for(self.cfg.run.seed, 31337))
         res = evaluate(
             self.model, self.tokenizer, self.eval_problems, samples=e.samples, temperature=e.temperature,
             top_p=e.top_p, max_new_tokens=self.cfg.rollout.max_new_tokens, template=self.cfg.data.template,
-            seed=self.cfg.run.seed, reward_fn=self.reward_fn, progress=False,
+            seed=seed_for(self.cfg.run.seed, 31337), verifier=self.reward_fn.verifier, progress=False,
         )  # fmt: skip
-        rec = {"step": step, "type": "eval", **{f"eval_{k}": v for k, v in res.items() if isinstance(v, (int, float))}}
+        rec: dict[str, Any] = {"step": step, "type": "eval"}
+        rec.update({f"eval_{k}": float(v) for k, v in res.items()})
+        if "greedy_acc" in res:
+            rec["eval_greedy_accuracy"] = float(res["greedy_acc"])
+        if e.samples and f"avg@{e.samples}" in res:
+            rec["eval_avg_at_k"] = float(res[f"avg@{e.samples}"])
+        rec["eval_mean_length"] = float(res.get("mean_response_length", 0.0))
         return rec
 
     def save_rollouts(self, step: int, ro: StepRollouts, batch: RolloutBatch, adv_hat: Tensor, seq_adv: Tensor) -> None:
@@ -533,6 +539,30 @@ class Trainer:
         self.console.print(summary_table(summary, steps))
         self.console.print(f"curves: {self.run_dir / 'curves.png'}   metrics: {self.metrics.path}   model: {final_dir}")
         return summary
+
+
+def load_problems_for(spec: str, cfg: TrainConfig, split: str) -> list[Any]:
+    """Problems for `data.train` / `data.eval`: "toy" (the synthetic task's train or held-out split),
+    comma-separated shipped benchmark names, or files / `datasets` directories."""
+    from tokencredit.data import benchmarks, load_problems
+    from tokencredit.data.synthetic import ArithmeticTask
+
+    d = cfg.data
+    limit = d.eval_size if split == "heldout" and d.eval_size > 0 else None
+    if spec == "toy":
+        task = ArithmeticTask(difficulty=d.difficulty, digits=d.digits)
+        return task.sample(d.eval_size if split == "heldout" else d.train_size, split)
+    out: list[Any] = []
+    for part in (x.strip() for x in spec.split(",") if x.strip()):
+        if part in benchmarks.NAMES:
+            out += benchmarks.load(part, limit=limit)
+        else:
+            out += load_problems(
+                part, problem_field=d.problem_field or None, answer_field=d.answer_field or None, limit=limit
+            )
+    if not out:
+        raise ConfigError(f"data.{'eval' if split == 'heldout' else 'train'} = {spec!r} gave no problems")
+    return out
 
 
 def _avg_keys(mets: list[dict[str, float]]) -> list[str]:

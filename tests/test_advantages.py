@@ -14,7 +14,9 @@ def _t(x):
 
 def test_spec_vectors_one_group():
     s, g = _t([1, 0, 0, 1]), torch.zeros(4, dtype=torch.long)
-    torch.testing.assert_close(advantages.grpo(s, g), _t([0.866025, -0.866025, -0.866025, 0.866025]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        advantages.grpo(s, g), _t([0.866025, -0.866025, -0.866025, 0.866025]), atol=1e-5, rtol=0
+    )
     torch.testing.assert_close(advantages.grpo(s, g, scale="none"), _t([0.5, -0.5, -0.5, 0.5]))
     torch.testing.assert_close(advantages.dr_grpo(s, g), _t([0.5, -0.5, -0.5, 0.5]))
     torch.testing.assert_close(advantages.rloo(s, g), _t([2 / 3, -2 / 3, -2 / 3, 2 / 3]), atol=1e-6, rtol=0)
@@ -30,7 +32,9 @@ def test_several_groups_vectorised_and_unsorted_ids():
     s = _t([1, 0, 5, 1, 0, 7, 7])
     g = torch.tensor([3, 3, 9, 3, 3, 9, 11])
     a = advantages.grpo(s, g)
-    torch.testing.assert_close(a[[0, 1, 3, 4]], _t([0.866025, -0.866025, 0.866025, -0.866025]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        a[[0, 1, 3, 4]], _t([0.866025, -0.866025, 0.866025, -0.866025]), atol=1e-5, rtol=0
+    )
     assert a[2] < 0 and a[5] > 0
     assert a[6] == 0  # singleton group
 
@@ -66,7 +70,9 @@ def test_bad_inputs():
         advantages.compute("rlo", _t([1, 0]), torch.zeros(2, dtype=torch.long))
 
 
-groups = st.lists(st.lists(st.floats(-3, 3, allow_nan=False, width=32), min_size=1, max_size=6), min_size=1, max_size=5)
+groups = st.lists(
+    st.lists(st.floats(-3, 3, allow_nan=False, width=32), min_size=1, max_size=6), min_size=1, max_size=5
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -103,4 +109,6 @@ def test_grpo_matches_plain_per_group_loop(gs):
             want += [0.0] * len(grp)
         else:
             want += ((t - t.mean()) / (t.std() + 1e-6)).tolist()
-    torch.testing.assert_close(advantages.grpo(scores, gids), torch.tensor(want, dtype=torch.float32), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        advantages.grpo(scores, gids), torch.tensor(want, dtype=torch.float32), atol=1e-4, rtol=1e-4
+    )

@@ -17,7 +17,9 @@ def make(**kw):
 
 def test_valid_batch_converts_dtypes():
     b = make(token_ids=torch.tensor([[1, 2, 3], [4, 0, 0]], dtype=torch.int32), scores=torch.tensor([1, 0]))
-    assert b.mask.dtype == torch.bool and b.token_ids.dtype == torch.int64 and b.scores.dtype.is_floating_point
+    assert (
+        b.mask.dtype == torch.bool and b.token_ids.dtype == torch.int64 and b.scores.dtype.is_floating_point
+    )
     assert b.lengths.tolist() == [3, 1] and b.correct().tolist() == [True, False]
     assert b.num_rollouts == 2 and b.max_len == 3
 

@@ -33,7 +33,9 @@ def test_credit_weights_and_summary():
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]]).bool()
     w = D.credit_weights(adv, mask)
     torch.testing.assert_close(w, torch.tensor([[0.25, 0.75, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64))
-    s = D.summary(adv, mask, torch.tensor([1.0, 0.0]), entropy=torch.tensor([[1.0, 2.0, 0.0], [0.1, 0.1, 0.1]]))
+    s = D.summary(
+        adv, mask, torch.tensor([1.0, 0.0]), entropy=torch.tensor([[1.0, 2.0, 0.0], [0.1, 0.1, 0.1]])
+    )
     assert s["credit_sign_flip"] == pytest.approx(0.5)
     assert s["credit_gini"] == pytest.approx(0.25)  # only row 0 defined: x=[.25,.75], (-1*.25 + 1*.75)/2
     q = {k: v for k, v in s.items() if k.startswith("credit_q_")}

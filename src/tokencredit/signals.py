@@ -172,7 +172,7 @@ def _chunk_stats_inplace(
         return z_y - log_s, None
     e = z.exp()
     s = e.sum(-1)
-    ez = torch.bmm(e.unsqueeze(1), z.unsqueeze(2)).view(-1)  # row-wise dot product without a [c, V] temporary
+    ez = e.mul_(z).sum(-1)  # in place: no third [c, V] buffer; torch.sum's cascade keeps fp32 error ~1e-6
     log_s = s.log()
     return z_y - log_s, log_s - ez / s
 
@@ -283,6 +283,22 @@ def _check_layout(
     return t
 
 
+def _check_ids(model: nn.Module, sequences: Tensor, what: str) -> None:
+    """Every column (padding included) is embedded, so every id must index the input embedding."""
+    get_emb = getattr(_unwrap(model), "get_input_embeddings", None)
+    emb = get_emb() if callable(get_emb) else None
+    vocab = getattr(emb, "num_embeddings", None)
+    if vocab is None or sequences.numel() == 0:
+        return
+    bad = (sequences < 0) | (sequences >= vocab)
+    if bool(bad.any()):
+        i, j = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(
+            f"{what}: token id {int(sequences[i, j])} at rollout {i}, column {j} is outside the vocabulary [0, {vocab}) "
+            "(padding must use a valid id, e.g. the pad token, not -100)"
+        )
+
+
 def _forward_stats(
     decoder: nn.Module,
     head: nn.Module,
@@ -368,6 +384,7 @@ def token_log_probs(
     if response_mask is None:
         response_mask = torch.ones(sequences.shape[0], t, dtype=torch.bool, device=sequences.device)
     decoder, head, softcap = _model_parts(model)
+    _check_ids(model, sequences, "sequences")
     log_p, entropy, _ = _forward_stats(
         decoder,
         head,
@@ -403,6 +420,7 @@ def _pass(
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """One forward per micro-batch of `batch_size` rows; results concatenated over rows."""
     decoder, head, softcap = _model_parts(model)
+    _check_ids(model, sequences, "sequences")
     position_ids = position_ids_from_mask(attention_mask)
     parts: list[tuple[Tensor | None, Tensor | None, Tensor | None]] = []
     for start in range(0, sequences.shape[0], batch_size):

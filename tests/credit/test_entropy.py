@@ -48,7 +48,9 @@ def test_80_20_credit_method_zeroes_low_entropy_tokens():
 
 
 def test_registry_errors():
-    b = RolloutBatch(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), torch.zeros(1, dtype=torch.long), torch.ones(1))
+    b = RolloutBatch(
+        torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), torch.zeros(1, dtype=torch.long), torch.ones(1)
+    )
     with pytest.raises(credit.ConfigError, match="closest: uniform"):
         credit.compute("unifrom", b, torch.zeros(1))
     with pytest.raises(credit.ConfigError, match="no parameter 'keep'"):

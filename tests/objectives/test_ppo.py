@@ -16,9 +16,13 @@ def test_aggregation_spec_vectors():
     assert objectives.aggregate(LOSS, MASK, "token-mean").item() == pytest.approx(2.5)
     assert objectives.aggregate(LOSS, MASK, "seq-mean-token-mean").item() == pytest.approx(3.0)
     assert objectives.aggregate(LOSS, MASK, "seq-mean-token-sum").item() == pytest.approx(5.0)
-    assert objectives.aggregate(LOSS, MASK, "seq-mean-token-sum-norm", norm_constant=4).item() == pytest.approx(1.25)
+    assert objectives.aggregate(
+        LOSS, MASK, "seq-mean-token-sum-norm", norm_constant=4
+    ).item() == pytest.approx(1.25)
     # default constant = T
-    assert objectives.aggregate(LOSS, MASK, "seq-mean-token-sum-norm").item() == pytest.approx((6 / 3 + 4 / 3) / 2)
+    assert objectives.aggregate(LOSS, MASK, "seq-mean-token-sum-norm").item() == pytest.approx(
+        (6 / 3 + 4 / 3) / 2
+    )
     with pytest.raises(ConfigError, match="closest: token-mean"):
         objectives.aggregate(LOSS, MASK, "token_mean")
 
@@ -76,7 +80,13 @@ def test_metrics_and_kl_term():
     old = torch.zeros(1, 3)
     m = torch.ones(1, 3, dtype=torch.bool)
     loss, met = objectives.policy_loss(
-        lp, old, torch.tensor([[1.0, -1.0, 1.0]]), m, ref_log_prob=torch.zeros(1, 3), kl_coef=0.1, kl_type="k1"
+        lp,
+        old,
+        torch.tensor([[1.0, -1.0, 1.0]]),
+        m,
+        ref_log_prob=torch.zeros(1, 3),
+        kl_coef=0.1,
+        kl_type="k1",
     )
     assert met["clip_high_frac"] == pytest.approx(1 / 3) and met["clip_low_frac"] == pytest.approx(1 / 3)
     assert met["ratio_max"] == pytest.approx(math.exp(0.5))
@@ -114,7 +124,9 @@ def test_microbatch_split_does_not_change_loss_or_grad(seed, parts, mode, kernel
     g_acc = torch.zeros_like(logp)
     for rows in torch.arange(logp.shape[0]).tensor_split(parts):
         lp = logp.detach()[rows].requires_grad_(True)
-        l, _ = objectives.policy_loss(lp, old[rows], adv[rows], mask[rows], global_tokens=n_tok, global_seqs=n_seq, **kw)
+        l, _ = objectives.policy_loss(
+            lp, old[rows], adv[rows], mask[rows], global_tokens=n_tok, global_seqs=n_seq, **kw
+        )
         (g,) = torch.autograd.grad(l, lp)
         g_acc[rows] = g
         total += l.item()
@@ -142,7 +154,9 @@ def test_gspo_sequence_ratio_value():
     m = torch.ones(1, 4, dtype=torch.bool)
     assert objectives.sequence_log_ratio(l, m).item() == pytest.approx(0.015)
     lp = l.clone().requires_grad_(True)
-    loss, met = objectives.policy_loss(lp, torch.zeros(1, 4), torch.ones(1), m, kernel="gspo", eps_low=1, eps_high=1)
+    loss, met = objectives.policy_loss(
+        lp, torch.zeros(1, 4), torch.ones(1), m, kernel="gspo", eps_low=1, eps_high=1
+    )
     assert met["ratio_mean"] == pytest.approx(1.015113, abs=1e-6)
     loss.backward()  # token-mean of -s: each token's grad = -s/4... times d(mean)/dl_t = 1/4 summed over 4 tokens
     torch.testing.assert_close(lp.grad, torch.full((1, 4), -1.015113 / 4), atol=1e-6, rtol=0)

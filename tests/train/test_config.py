@@ -9,7 +9,9 @@ from tokencredit.train.trainer import resolve_recipe
 
 def test_defaults_toml_roundtrip(tmp_path):
     cfg = load_config(sets=["optim.lr=3e-4", "model.lora_targets=q_proj,v_proj", "run.progress=false"])
-    assert cfg.optim.lr == 3e-4 and cfg.model.lora_targets == ["q_proj", "v_proj"] and cfg.run.progress is False
+    assert (
+        cfg.optim.lr == 3e-4 and cfg.model.lora_targets == ["q_proj", "v_proj"] and cfg.run.progress is False
+    )
     p = tmp_path / "c.toml"
     p.write_text(dump_toml(cfg))
     again = load_config(p)

@@ -1,1 +1,363 @@
-"""(being implemented)"""
+"""KTAE: key-token advantage estimation (Sun et al., NeurIPS 2025, arXiv 2505.16826).
+
+Within one prompt's G rollouts, every vocabulary id that occurs in the group gets a signed
+"key value" k(t) in (-top, top) from a 2x2 presence table over correct vs wrong rollouts
+(a = correct rollouts containing t, b = wrong ones, c = N_T - a, d = N_F - b):
+
+    F  = exp(-2 p), p the two-sided Fisher exact p-value (F = 0 when p = 1)
+    IG = H(Y) - H(Y | X) in bits
+    h  = asin(sqrt(a / (N_T + 1e-10))) - asin(sqrt(b / (N_F + 1e-10)))      (Cohen's h / 2)
+    D  = h + tf_T / (tf_F + 1e-5) - tf_F / (tf_T + 1e-5)     (BM25 contrast, use_tf=True)
+    S  = (alpha F + beta IG) / (alpha + beta)
+    k  = top * tanh(S D / 2)
+
+and the token advantage is Â[i,t] = mask[i,t] * (A_i + k(token[i,t])). This follows the
+official code (verl fork, `compute_key_tokens.py` / `core_algos.py`), which differs from the
+paper's formulas in places; see docs spec `ktae.md`.
+
+Implementation: vectorised over the whole batch. One sort of int64 keys
+(group, id, rank-in-group) gives the distinct (group, id) pairs, their presence counts
+(distinct rollouts) and occurrence counts by segment sums; F, IG and h depend only on
+(G, N_T, a, b) and are computed once per distinct table. Cost grows with the number of
+valid tokens, never with the vocabulary size; there is no Python loop over groups or ids.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from tokencredit.batch import RolloutBatch
+from tokencredit.credit import register
+from tokencredit.errors import ConfigError, closest
+
+FISHER_MODES = ("exact", "official-fp32")
+
+# BM25 constants of the official frequency term.
+_K1 = 2.0
+_B = 0.5
+# Relative tolerance of the two-sided Fisher test when comparing table probabilities
+# (the comparison P(k) <= P(a) * (1 + 1e-7) used by R and older scipy).
+_FISHER_RTOL = 1e-7
+
+
+# ---------------------------------------------------------------------------- table statistics
+def _log_comb(n: Tensor, k: Tensor) -> Tensor:
+    return torch.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
+
+
+def fisher_pvalue(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
+    """Two-sided Fisher exact p-value of 2x2 tables [[a, b], [c, d]], float64 [M].
+
+    p = sum of P(k) over all tables with the same margins and P(k) <= P(a) * (1 + 1e-7),
+    P(k) = C(c1, k) C(n - c1, r1 - k) / C(n, r1), r1 = a + b, c1 = a + c, n = a + b + c + d,
+    computed in log space with lgamma in float64. p is exactly 1.0 when every table of the
+    support is counted (no association at all).
+    """
+    a, b, c, d = (x.to(torch.float64) for x in (a, b, c, d))
+    r1, c1 = a + b, a + c
+    n = r1 + c + d
+    lo = torch.clamp(r1 + c1 - n, min=0)
+    hi = torch.minimum(r1, c1)
+    width = int(n.max().item()) + 1 if n.numel() else 1
+    k = torch.arange(width, dtype=torch.float64, device=a.device)[None, :]
+    support = (k >= lo[:, None]) & (k <= hi[:, None])
+    log_norm = _log_comb(n, r1)[:, None]
+    logp = _log_comb(c1[:, None], k) + _log_comb((n - c1)[:, None], r1[:, None] - k) - log_norm
+    logp_obs = _log_comb(c1, a) + _log_comb(n - c1, r1 - a) - log_norm[:, 0]
+    counted = support & (logp <= (logp_obs + math.log1p(_FISHER_RTOL))[:, None])
+    total = torch.where(counted, torch.exp(torch.where(support, logp, 0.0)), 0.0).sum(1)
+    everything = (counted == support).all(1)
+    return torch.where(everything, torch.ones_like(total), total.clamp(max=1.0))
+
+
+def fisher_pvalue_official_fp32(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
+    """Two-sided Fisher p-value as the official KTAE code computes it: float32, no tolerance [M].
+
+    This reproduces a quirk, not the intended maths: the float32 lgamma sums and the exact
+    comparison P(k) <= P(a) make many tables whose exact p-value is 1 come out as 0.99999988
+    or 1.0000005, so their F = exp(-2p) is ~0.135 instead of 0. Tables are evaluated on a grid
+    k = 0..c1 (the width the official code uses whenever some id occurs in at least c1
+    rollouts of the group) and summed with torch's float32 reduction over that grid, so the
+    bits match the official code run with the same torch build on the same device class.
+    Returned as float32 values.
+    """
+    a, b, c, d = (x.to(torch.float32) for x in (a, b, c, d))
+    out = torch.empty(a.shape, dtype=torch.float32, device=a.device)
+    c1_all = a + c
+    # One batched evaluation per grid width (<= G + 1 distinct widths): the float32 reduction
+    # order depends on the row length, so rows are never padded to a common width.
+    for c1_val in torch.unique(c1_all).tolist():
+        sel = c1_all == c1_val
+        ta, tb, tc, td = a[sel], b[sel], c[sel], d[sel]
+        r1, c1 = ta + tb, ta + tc
+        n = r1 + tc + td
+        lo = torch.clamp(r1 + c1 - n, min=0)
+        hi = torch.minimum(r1, c1)
+        k = torch.arange(int(c1_val) + 1, dtype=torch.float32, device=a.device)[None, :]
+        support = (k >= lo[:, None]) & (k <= hi[:, None])
+        logp = (
+            _log_comb(c1[:, None], k)
+            + _log_comb((n - c1)[:, None], r1[:, None] - k)
+            - _log_comb(n[:, None], r1[:, None])
+        )
+        pk = torch.exp(logp) * support.float()
+        p_obs = torch.exp(_log_comb(c1, ta) + _log_comb(n - c1, r1 - ta) - _log_comb(n, r1))
+        out[sel] = torch.where((pk <= p_obs[:, None]) & support, pk, 0.0).sum(1)
+    return out
+
+
+def _binary_entropy_bits(p: Tensor) -> Tensor:
+    q = 1.0 - p
+    return -(torch.special.xlogy(p, p) + torch.special.xlogy(q, q)) / math.log(2.0)
+
+
+def table_statistics(
+    n: Tensor, n_true: Tensor, a: Tensor, b: Tensor, fisher: str = "exact"
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(F, IG, h) float64 [M] for presence tables given by group size n, correct count n_true,
+    and a / b = correct / wrong rollouts containing the id. Requires 0 < n_true < n.
+    """
+    n, n_true, a, b = (x.to(torch.float64) for x in (n, n_true, a, b))
+    n_false = n - n_true
+    c, d = n_true - a, n_false - b
+    if fisher == "exact":
+        p = fisher_pvalue(a, b, c, d)
+        f_score = torch.where(p == 1.0, torch.zeros_like(p), torch.exp(-2.0 * p))
+    elif fisher == "official-fp32":
+        p32 = fisher_pvalue_official_fp32(a, b, c, d)
+        p = p32.double()
+        f_score = torch.where(p32 == 1.0, torch.zeros_like(p), torch.exp(-2.0 * p))
+    else:
+        raise ConfigError(
+            f"fisher must be one of {FISHER_MODES}, got {fisher!r}{closest(str(fisher), FISHER_MODES)}"
+        )
+
+    present, absent = a + b, c + d
+    h_y = _binary_entropy_bits(n_true / n)
+    h_present = torch.where(present > 0, _binary_entropy_bits(a / present.clamp(min=1)), 0.0)
+    h_absent = torch.where(absent > 0, _binary_entropy_bits(c / absent.clamp(min=1)), 0.0)
+    info_gain = h_y - (present / n) * h_present - (absent / n) * h_absent
+
+    p_true = (a / (n_true + 1e-10)).clamp(0.0, 1.0)
+    p_false = (b / (n_false + 1e-10)).clamp(0.0, 1.0)
+    cohen = torch.asin(torch.sqrt(p_true)) - torch.asin(torch.sqrt(p_false))
+    return f_score, info_gain, cohen
+
+
+# ---------------------------------------------------------------------------- helpers
+def _segment_sums(values: Tensor, ends: Tensor) -> Tensor:
+    """int64 sums of `values` [M] (bool/int) over consecutive segments ending (inclusive) at `ends` [P]."""
+    csum = torch.cumsum(values, 0, dtype=torch.int64)[ends]
+    return csum.diff(prepend=csum.new_zeros(1))
+
+
+def _check_inputs(token_ids: Tensor, mask: Tensor, correct: Tensor, group_ids: Tensor) -> None:
+    if token_ids.dim() != 2:
+        raise ValueError(f"token_ids: expected shape [N, T], got {tuple(token_ids.shape)}")
+    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
+        raise ValueError(f"token_ids: expected an integer dtype, got {token_ids.dtype}")
+    n = token_ids.shape[0]
+    if mask.shape != token_ids.shape:
+        raise ValueError(f"mask: expected shape {tuple(token_ids.shape)}, got {tuple(mask.shape)}")
+    if tuple(correct.shape) != (n,):
+        raise ValueError(f"correct: expected shape ({n},), got {tuple(correct.shape)}")
+    if tuple(group_ids.shape) != (n,):
+        raise ValueError(f"group_ids: expected shape ({n},), got {tuple(group_ids.shape)}")
+    if group_ids.dtype.is_floating_point or group_ids.dtype == torch.bool:
+        raise ValueError(f"group_ids: expected an integer dtype, got {group_ids.dtype}")
+
+
+# ---------------------------------------------------------------------------- key values
+def key_token_values(
+    token_ids: Tensor,
+    mask: Tensor,
+    correct: Tensor,
+    group_ids: Tensor,
+    use_tf: bool = True,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    top: float = 1.0,
+    fisher: str = "exact",
+    ignore_token_ids: tuple[int, ...] | list[int] | Tensor = (),
+) -> Tensor:
+    """Per-token key value k[N,T] float32 (KTAE, arXiv 2505.16826, official-code formulas).
+
+    token_ids [N,T] int (response only), mask [N,T] bool/0-1, correct [N] bool,
+    group_ids [N] int. Every occurrence of an id within a group gets the same value
+    k = top * tanh(S * D / 2) (module docstring); positions do not matter.
+
+    - Groups with no correct or no wrong rollout get k = 0; masked positions are exactly 0.
+    - Ids in `ignore_token_ids` (the tokenizer's EOS / pad / special ids, given by the caller)
+      get k = 0; their occurrences still count in the rollout lengths L_T / L_F.
+    - use_tf=False drops the BM25 frequency contrast (D = h).
+    - fisher="exact" (default): float64 p-value with scipy's relative tolerance.
+      fisher="official-fp32" reproduces a quirk of the published code (float32 lgamma sums,
+      no tolerance, F = 0 only when p == 1.0 exactly in float32), for reproducing the paper's
+      runs; see `fisher_pvalue_official_fp32`.
+    - If the correct (wrong) side of a group has no valid token, its frequencies are 0.
+    """
+    _check_inputs(token_ids, mask, correct, group_ids)
+    if fisher not in FISHER_MODES:
+        raise ConfigError(
+            f"fisher must be one of {FISHER_MODES}, got {fisher!r}{closest(str(fisher), FISHER_MODES)}"
+        )
+    if alpha < 0 or beta < 0 or alpha + beta <= 0:
+        raise ConfigError(
+            f"KTAE needs alpha >= 0, beta >= 0 and alpha + beta > 0, got alpha={alpha}, beta={beta}"
+        )
+    device = token_ids.device
+    n_rows, width = token_ids.shape
+    out = torch.zeros(n_rows, width, dtype=torch.float32, device=device)
+    if n_rows == 0:
+        return out
+
+    correct = correct.to(device=device, dtype=torch.bool)
+    valid = mask.to(device) != 0
+    gidx = torch.unique(group_ids.to(device), return_inverse=True)[1]
+    n_groups = int(gidx.max().item()) + 1
+    g_size = torch.bincount(gidx, minlength=n_groups)
+    g_true = torch.bincount(gidx[correct], minlength=n_groups)
+    lengths = valid.sum(1)
+    len_true = torch.zeros(n_groups, dtype=torch.int64, device=device).index_add_(0, gidx, lengths * correct)
+    len_false = torch.zeros(n_groups, dtype=torch.int64, device=device).index_add_(
+        0, gidx, lengths * ~correct
+    )
+    mixed = (g_true > 0) & (g_true < g_size)
+
+    negative = valid & (token_ids < 0)
+    if bool(negative.any()):
+        i, j = (int(x) for x in negative.nonzero()[0])
+        raise ValueError(f"token_ids: negative id {int(token_ids[i, j])} at rollout {i}, token {j}")
+
+    # Only valid tokens of groups with both outcomes carry a key value.
+    live = valid & mixed[gidx][:, None]
+    live_per_row = live.sum(1)
+    if int(live_per_row.sum()) == 0:
+        return out
+    ids = token_ids.masked_select(live).long()  # row-major order of the live positions
+
+    # One int64 key per token: group | id | wrong bit | rank of the rollout in its group, with
+    # bit fields (shifts, no divisions). Sorting it groups tokens by (group, id) pair, and within
+    # a pair by rollout, so pairs and (pair, rollout) presence are runs of equal (sub)keys.
+    order = torch.argsort(gidx, stable=True)
+    starts = torch.cumsum(g_size, 0) - g_size
+    rank = torch.empty_like(gidx)
+    rank[order] = torch.arange(n_rows, device=device) - starts[gidx[order]]
+    rank_bits = max(1, (int(g_size.max()) - 1).bit_length())
+    id_bits = max(1, int(ids.max()).bit_length())
+    group_bits = max(1, (n_groups - 1).bit_length())
+    if group_bits + id_bits + rank_bits + 1 > 63:
+        raise ValueError(
+            f"KTAE key does not fit in int64 ({n_groups} groups, max id {int(ids.max())}, "
+            f"max group size {int(g_size.max())}); split the batch"
+        )
+    pair_shift = rank_bits + 1
+    row_key = (gidx << (id_bits + pair_shift)) | ((~correct).long() << rank_bits) | rank
+    key = (ids << pair_shift) | row_key.repeat_interleave(live_per_row)
+    sorted_key, perm = torch.sort(key)
+    del key, ids
+
+    sorted_pair = sorted_key >> pair_shift
+    new_pair = torch.ones_like(sorted_key, dtype=torch.bool)
+    torch.ne(sorted_pair[1:], sorted_pair[:-1], out=new_pair[1:])
+    new_rollout = torch.ones_like(new_pair)
+    torch.ne(sorted_key[1:], sorted_key[:-1], out=new_rollout[1:])
+    is_true = ((sorted_key >> rank_bits) & 1) == 0
+    pair_start = new_pair.nonzero().squeeze(1)
+    pair_end = torch.cat([pair_start[1:], pair_start.new_tensor([sorted_key.numel()])]) - 1
+    pair_of_sorted = torch.cumsum(new_pair, 0, dtype=torch.int32) - 1
+
+    count_all = pair_end - pair_start + 1
+    count_true = _segment_sums(is_true, pair_end)
+    present = _segment_sums(new_rollout, pair_end)
+    a = _segment_sums(new_rollout & is_true, pair_end)
+    b = present - a
+    pair_key = sorted_pair[pair_start]
+    pair_group = pair_key >> id_bits
+    del sorted_key, sorted_pair, new_pair, new_rollout, is_true
+
+    # Distinct tables: (group size, correct count) combo x a x b; F, IG, h once per table.
+    side = int(g_size.max()) + 1
+    combos, combo_of_group = torch.unique(g_size * side + g_true, return_inverse=True)
+    code = (combo_of_group * (side * side))[pair_group] + a * side + b
+    dense = combos.numel() * side * side
+    if dense <= max(1 << 20, code.numel()):
+        seen = torch.zeros(dense, dtype=torch.bool, device=device)
+        seen[code] = True
+        tables = seen.nonzero().squeeze(1)
+        lut = torch.empty(dense, dtype=torch.int64, device=device)
+        lut[tables] = torch.arange(tables.numel(), device=device)
+        table_of_pair = lut[code]
+    else:
+        tables, table_of_pair = torch.unique(code, return_inverse=True)
+    t_combo = combos[tables // (side * side)]
+    f_score, info_gain, cohen = table_statistics(
+        t_combo // side, t_combo % side, (tables // side) % side, tables % side, fisher=fisher
+    )
+    strength = (alpha * f_score + beta * info_gain) / (alpha + beta)
+    per_table = torch.stack([strength, cohen], 1)[table_of_pair]
+    strength, direction = per_table[:, 0], per_table[:, 1]
+
+    if use_tf:
+        # Per-group BM25 constants, gathered once per pair as one [P, 4] row lookup.
+        l_true, l_false = len_true.double(), len_false.double()
+        l_avg = ((l_true + l_false) / 2.0).clamp(min=1.0)
+        per_group = torch.stack(
+            [
+                1.0 / l_true.clamp(min=1.0),
+                _K1 * (1.0 - _B + _B * l_true / l_avg),
+                1.0 / l_false.clamp(min=1.0),
+                _K1 * (1.0 - _B + _B * l_false / l_avg),
+            ],
+            1,
+        )[pair_group]
+        f_true = count_true * per_group[:, 0]
+        f_false = (count_all - count_true) * per_group[:, 2]
+        tf_true = f_true * (_K1 + 1.0) / (f_true + per_group[:, 1])
+        tf_false = f_false * (_K1 + 1.0) / (f_false + per_group[:, 3])
+        direction = direction + tf_true / (tf_false + 1e-5) - tf_false / (tf_true + 1e-5)
+
+    # "+ 0.0" turns the -0.0 of a zero strength times a negative direction into +0.0.
+    k_pair = (top * torch.tanh(strength * direction / 2.0) + 0.0).float()
+    ignore = torch.as_tensor(ignore_token_ids, dtype=torch.int64, device=device).flatten()
+    if ignore.numel():
+        pair_id = pair_key & ((1 << id_bits) - 1)
+        k_pair = torch.where(torch.isin(pair_id, ignore), 0.0, k_pair)
+
+    k_live = k_pair.new_empty(perm.shape)
+    k_live[perm] = k_pair[pair_of_sorted]
+    return out.masked_scatter_(live, k_live)
+
+
+@register("ktae", paper="Sun et al., KTAE, NeurIPS 2025 (arXiv 2505.16826)")
+def ktae(
+    batch: RolloutBatch,
+    advantages: Tensor,
+    threshold: float = 0.0,
+    use_tf: bool = True,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    top: float = 1.0,
+    fisher: str = "exact",
+    ignore_token_ids: tuple[int, ...] = (),
+) -> Tensor:
+    """Key-token advantage: Â[i,t] = mask * (A_i + k(token[i,t])), correct = score > threshold.
+
+    `ignore_token_ids` should hold the tokenizer's EOS / pad / special ids (never hard-coded).
+    """
+    k = key_token_values(
+        batch.token_ids,
+        batch.mask,
+        batch.correct(threshold),
+        batch.group_ids,
+        use_tf=use_tf,
+        alpha=alpha,
+        beta=beta,
+        top=top,
+        fisher=fisher,
+        ignore_token_ids=ignore_token_ids,
+    )
+    return torch.where(batch.mask, advantages.float()[:, None] + k, 0.0)

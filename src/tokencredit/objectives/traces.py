@@ -29,6 +29,8 @@ lambda^C. No loop over tokens or over chunks; memory O(N T); exact gradients thr
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -120,8 +122,8 @@ def trace_log_weights(
     dtype = torch.float64 if log_ratio.dtype == torch.float64 else torch.float32
     zero = torch.zeros((), dtype=dtype, device=log_ratio.device)
     x = torch.where(active, log_ratio.to(dtype), zero)
-    # A row whose active tokens form a prefix (right padding, no kept-set holes) has the same
-    # clock for both decays: c_t = t. Otherwise "kept" compacts the active tokens to a prefix.
+    # When every row's active tokens form a prefix (right padding, no kept-set holes) both decays
+    # share the clock c_t = t. Otherwise "kept" compacts each row's active tokens to a prefix.
     prefix = bool((active[:, 1:] <= active[:, :-1]).all()) if active.shape[1] > 1 else True
     if prefix or decay == "kept":
         if prefix:
@@ -151,8 +153,8 @@ def _geometric_sum(clock: Tensor, lam: float, dtype: torch.dtype) -> Tensor:
         return c.to(dtype)
     if lam == 0.0:
         return torch.ones_like(c, dtype=dtype)
-    log_lam = torch.tensor(lam, dtype=torch.float64).log()
-    return (torch.expm1(c * log_lam) / torch.expm1(log_lam)).to(dtype)
+    log_lam = math.log(lam)
+    return (torch.expm1(c * log_lam) / math.expm1(log_lam)).to(dtype)
 
 
 def _needs_keep(kernel: str, keep: Tensor | None) -> Tensor:

@@ -125,6 +125,11 @@ class Trainer:
                 f"optim.mini_batches={cfg.optim.mini_batches} must divide the rollouts per step "
                 f"(rollout.prompts_per_step x rollout.group_size = {n_rows})"
             )
+        if self.recipe.overlong_buffer and not 0 < self.recipe.overlong_buffer < cfg.rollout.max_new_tokens:
+            raise ConfigError(
+                f"recipe {self.recipe.name!r}: overlong_buffer={self.recipe.overlong_buffer} must be below "
+                f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} (set algo.overlong_buffer)"
+            )
         if requires_lora(self.recipe) and cfg.model.lora_rank <= 0:
             raise ConfigError(
                 f"recipe {self.recipe.name!r} (credit {self.recipe.credit!r}) needs a LoRA adapter: "

@@ -1,0 +1,389 @@
+"""A synthetic, verifiable arithmetic task: the embedded default of `tokencredit train`.
+
+A problem is a left-to-right chain of integer additions and subtractions::
+
+    Compute 47 + 38 - 19 + 6.
+
+and its reference solution is one step per line followed by a boxed answer, the same answer
+path (``\\boxed{}``) the math verifier reads on real data::
+
+    47 + 38 = 85
+    85 - 19 = 66
+    66 + 6 = 72
+    The answer is \\boxed{72}.
+
+Because every step is one ``<a> <op> <b> = <c>`` line, the checker can say not only whether a
+completion is right (`check`) but where it first goes wrong (`locate_first_error`: the first
+character that differs from the reference, e.g. the first digit of a wrong intermediate result)
+and which characters are shared boilerplate, problem-dependent arithmetic, or the final answer
+(`label_chars`). Credit-assignment probes use both.
+
+Difficulty: ``difficulty`` is the number of steps (operands = difficulty + 1); ``digits`` bounds
+the operands and the running total to ``[0, 10**digits - 1]``.
+
+Train / held-out split: a problem belongs to the held-out split iff a SHA-256 hash of its
+expression falls in a fixed ``heldout_fraction`` of the hash range. Membership depends only on
+the expression (never on the seed), so the two splits are disjoint for every seed, and
+``sample`` is deterministic in ``(difficulty, digits, seed, split)`` and prefix-stable
+(``sample(n)`` is the first n items of ``sample(n + k)``).
+
+`ArithmeticTask.solution(..., forget_rate=q)` also writes a *noisy teacher's* solution that, in
+each addition with a carry, forgets the carry with probability q (digit-wise mod-10 sum for that
+step) and propagates the slip consistently to the answer (so a slip always gives a wrong answer); the supervised warm
+start of the toy model (`tokencredit.models.warm_start`) imitates that teacher, which is what
+leaves room for RL (see that module).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from tokencredit.data.loaders import Problem
+
+__all__ = [
+    "LABELS",
+    "ArithmeticProblem",
+    "ArithmeticTask",
+    "ErrorLocation",
+    "check",
+    "extract_answer",
+    "label_chars",
+    "locate_first_error",
+    "parse_problem",
+    "reference_solution",
+]
+
+
+@dataclass(frozen=True)
+class ArithmeticProblem(Problem):
+    """A `Problem` plus its reference chain-of-thought ``solution`` (for supervised warm starts)."""
+
+    solution: str = ""
+
+
+Kind = Literal["correct", "wrong-step", "wrong-final", "malformed"]
+LABELS: tuple[str, str, str] = ("format", "computed", "answer")
+
+
+@dataclass(frozen=True)
+class ErrorLocation:
+    """Where a completion first departs from the reference solution (character offsets).
+
+    kind: "correct" (every step and the answer right), "wrong-step" (a well-formed step line with
+      a wrong operand, operator or result), "wrong-final" (all steps right, wrong boxed answer) or
+      "malformed" (a line that is not a well-formed step / answer line, missing lines, or extra text).
+    step: 0-based line index of the first error (the answer line has index ``n_steps``); None when
+      correct.
+    start: offset of the first wrong character; for "correct", the first character of the boxed
+      answer. A completion that stops early gets ``start == len(completion_text)``: the wrong
+      "token" is the end of sequence itself.
+    end: exclusive end of the wrong field (the whole wrong number when the first wrong character is
+      a digit, otherwise ``start + 1``, capped at the text length); for "correct", the end of the
+      boxed answer.
+    expected: the reference line at ``step`` (None when correct).
+    """
+
+    kind: Kind
+    step: int | None
+    start: int
+    end: int
+    expected: str | None = None
+
+
+_PROBLEM_RE = re.compile(r"^Compute (\d+(?: [+-] \d+)+)\.$")
+_STEP_RE = re.compile(r"^(-?\d+) ([+-]) (-?\d+) = (-?\d+)$")
+_ANSWER_PREFIX = "The answer is \\boxed{"
+_ANSWER_RE = re.compile(r"^The answer is \\boxed\{(-?\d+)\}\.$")
+_BOXED_INT_RE = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
+
+
+def _problem_text(problem: Problem | str) -> str:
+    return problem if isinstance(problem, str) else problem.problem
+
+
+def parse_problem(problem: Problem | str) -> tuple[list[int], list[str]]:
+    """Operands and operators of an arithmetic problem: ``"Compute 4 + 3 - 1."`` -> ([4, 3, 1], ["+", "-"]).
+
+    Raises ValueError naming the problem when the text is not of this task's form.
+    """
+    text = _problem_text(problem)
+    m = _PROBLEM_RE.match(text)
+    if m is None:
+        ident = problem if isinstance(problem, str) else f"{problem.id}: {problem.problem}"
+        raise ValueError(f"not an arithmetic-task problem (expected 'Compute a + b - c.'): {ident!r}")
+    parts = m.group(1).split(" ")
+    return [int(p) for p in parts[0::2]], parts[1::2]
+
+
+def _apply(a: int, op: str, b: int, forget: bool = False) -> int:
+    """a op b; with ``forget`` an addition drops its carries (digit-wise mod-10 sum).
+
+    Only additions of non-negative operands can forget (a negative running total is possible only
+    after an earlier slip and is computed exactly). Forgetting only ever lowers a sum, so slips in
+    several steps never cancel out: a teacher solution with a slip always has a wrong answer.
+    """
+    if op == "-":
+        return a - b
+    if not forget or a < 0 or b < 0:
+        return a + b
+    out, place = 0, 1
+    while a or b:
+        out += ((a % 10 + b % 10) % 10) * place
+        a, b, place = a // 10, b // 10, place * 10
+    return out
+
+
+def _has_carry(a: int, op: str, b: int) -> bool:
+    return _apply(a, op, b, forget=True) != _apply(a, op, b)
+
+
+def _chain(terms: Sequence[int], ops: Sequence[str], forget: Sequence[bool] | None = None) -> list[str]:
+    lines, acc = [], terms[0]
+    for i, (op, b) in enumerate(zip(ops, terms[1:])):
+        c = _apply(acc, op, b, forget=bool(forget[i]) if forget is not None else False)
+        lines.append(f"{acc} {op} {b} = {c}")
+        acc = c
+    lines.append(f"{_ANSWER_PREFIX}{acc}}}.")
+    return lines
+
+
+def reference_solution(problem: Problem | str) -> str:
+    """The correct step-by-step solution of a problem (no trailing newline)."""
+    terms, ops = parse_problem(problem)
+    return "\n".join(_chain(terms, ops))
+
+
+def _gold(problem: Problem | str) -> int:
+    if isinstance(problem, str):
+        terms, ops = parse_problem(problem)
+        acc = terms[0]
+        for op, b in zip(ops, terms[1:]):
+            acc = _apply(acc, op, b)
+        return acc
+    answer = problem.answer[0] if isinstance(problem.answer, list) and problem.answer else problem.answer
+    try:
+        return int(str(answer).strip())
+    except ValueError as e:
+        raise ValueError(f"problem {problem.id}: answer {problem.answer!r} is not an integer") from e
+
+
+def extract_answer(completion_text: str) -> int | None:
+    """The integer in the last ``\\boxed{...}`` of a completion, or None when there is none."""
+    found = _BOXED_INT_RE.findall(completion_text)
+    return int(found[-1]) if found else None
+
+
+def check(problem: Problem | str, completion_text: str) -> bool:
+    """Outcome check: does the last ``\\boxed{}`` hold the gold integer?
+
+    ``problem`` is a record with ``answer`` or the problem text (the gold is then computed). This is
+    the exact-integer version of what `tokencredit.rewards.math_reward` decides on this task; a
+    boxed non-integer such as ``72.0`` is wrong here.
+    """
+    got = extract_answer(completion_text)
+    return got is not None and got == _gold(problem)
+
+
+def _lines_with_offsets(text: str) -> list[tuple[int, str]]:
+    out, pos = [], 0
+    for line in text.split("\n"):
+        out.append((pos, line))
+        pos += len(line) + 1
+    return out
+
+
+def _field_end(text: str, start: int) -> int:
+    """End of the number starting at ``start`` (or ``start + 1`` for a non-digit), within ``text``."""
+    if start >= len(text):
+        return len(text)
+    if not text[start].isdigit():
+        return start + 1
+    end = start
+    while end < len(text) and text[end].isdigit():
+        end += 1
+    return end
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def locate_first_error(problem: Problem | str, completion_text: str) -> ErrorLocation:
+    """Process-level check: the first line and character where a completion departs from the
+    reference solution, and what kind of error it is (see `ErrorLocation`).
+
+    Lines are compared with the reference one by one; trailing whitespace after the answer line is
+    ignored. This is stricter than `check`: a completion whose steps are wrong but whose boxed
+    answer happens to be right is a "wrong-step" here (and True for `check`).
+    """
+    ref = _chain(*parse_problem(problem))
+    gold = _gold(problem)
+    n_steps = len(ref) - 1
+    lines = _lines_with_offsets(completion_text)
+    text_len = len(completion_text)
+    for i, expected in enumerate(ref):
+        if i >= len(lines):
+            return ErrorLocation("malformed", i, text_len, text_len, expected)
+        offset, line = lines[i]
+        # Trailing whitespace after the answer is not an error.
+        if (line.rstrip() if i == n_steps else line) == expected:
+            continue
+        start = offset + _common_prefix(line, expected)
+        if start >= text_len:
+            # The text stops inside (or right before) this line: it ended early.
+            return ErrorLocation("malformed", i, text_len, text_len, expected)
+        end = _field_end(completion_text, start)
+        if i < n_steps:
+            kind: Kind = "wrong-step" if _STEP_RE.match(line) else "malformed"
+        else:
+            m = _ANSWER_RE.match(line.rstrip())
+            kind = "wrong-final" if m is not None and int(m.group(1)) != gold else "malformed"
+        return ErrorLocation(kind, i, start, end, expected)
+    # Every reference line matched: anything but whitespace after the answer is extra text.
+    answer_offset = lines[n_steps][0]
+    tail_start = answer_offset + len(ref[-1])
+    tail = completion_text[tail_start:]
+    if tail.strip():
+        start = tail_start + (len(tail) - len(tail.lstrip()))
+        return ErrorLocation("malformed", n_steps + 1, start, start + 1, None)
+    a_start = answer_offset + len(_ANSWER_PREFIX)
+    return ErrorLocation("correct", None, a_start, a_start + len(str(gold)), None)
+
+
+def label_chars(problem: Problem | str, completion_text: str) -> list[str]:
+    """Per-character labels of a completion, one of `LABELS`:
+
+    - "answer": the characters inside the last ``\\boxed{...}``;
+    - "computed": elsewhere, digits and the signs / operators ``+ - *`` (problem-dependent
+      arithmetic: operands, operators, intermediate results);
+    - "format": everything else (spaces, ``=``, newlines, "The answer is \\boxed{", "}.") -- the
+      boilerplate shared by every solution.
+
+    Labels depend only on the characters, so malformed text is labelled too; ``problem`` is checked
+    to be of this task (a uniform checker interface with `check` / `locate_first_error`).
+    """
+    parse_problem(problem)
+    labels = ["computed" if (c.isdigit() or c in "+-*") else "format" for c in completion_text]
+    box = completion_text.rfind("\\boxed{")
+    if box >= 0:
+        open_at = box + len("\\boxed{")
+        close_at = completion_text.find("}", open_at)
+        if close_at >= 0:
+            labels[open_at:close_at] = ["answer"] * (close_at - open_at)
+    return labels
+
+
+class ArithmeticTask:
+    """Generator + checker for the arithmetic chain task.
+
+    Args:
+        difficulty: number of steps (operands = difficulty + 1), >= 1.
+        digits: operands and running totals lie in ``[0, 10**digits - 1]`` (operands >= 1), 1..4.
+        seed: sampling seed (split membership does not depend on it).
+        heldout_fraction: share of the problem space reserved for the held-out split, in (0, 1).
+    """
+
+    def __init__(self, difficulty: int = 3, digits: int = 2, seed: int = 0, heldout_fraction: float = 0.1):
+        if not isinstance(difficulty, int) or difficulty < 1:
+            raise ValueError(f"difficulty must be an int >= 1 (number of steps), got {difficulty!r}")
+        if not isinstance(digits, int) or not 1 <= digits <= 4:
+            raise ValueError(f"digits must be an int in 1..4, got {digits!r}")
+        if not 0.0 < heldout_fraction < 1.0:
+            raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction!r}")
+        self.difficulty = difficulty
+        self.digits = digits
+        self.seed = seed
+        self.heldout_fraction = heldout_fraction
+        self.max_value = 10**digits - 1
+
+    def __repr__(self) -> str:
+        return f"ArithmeticTask(difficulty={self.difficulty}, digits={self.digits}, seed={self.seed})"
+
+    def split_of(self, expression: str) -> str:
+        """'heldout' or 'train' for an expression such as ``"47 + 38 - 19"`` (seed-independent)."""
+        h = int.from_bytes(hashlib.sha256(expression.encode()).digest()[:8], "big")
+        return "heldout" if h < self.heldout_fraction * 2**64 else "train"
+
+    def _draw(self, rng: random.Random) -> tuple[list[int], list[str]]:
+        terms = [rng.randint(1, self.max_value)]
+        ops: list[str] = []
+        acc = terms[0]
+        while len(ops) < self.difficulty:
+            op = rng.choice("+-")
+            b = rng.randint(1, self.max_value)
+            c = acc + b if op == "+" else acc - b
+            if 0 <= c <= self.max_value:
+                terms.append(b)
+                ops.append(op)
+                acc = c
+        return terms, ops
+
+    def sample(self, n: int, split: str = "train") -> list[ArithmeticProblem]:
+        """n distinct problems of one split, deterministic in (difficulty, digits, seed, split)."""
+        if split not in ("train", "heldout"):
+            raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        rng = random.Random(f"arith|{self.difficulty}|{self.digits}|{self.seed}|{split}")
+        seen: set[str] = set()
+        out: list[ArithmeticProblem] = []
+        attempts, max_attempts = 0, 200 * n + 10_000
+        while len(out) < n:
+            attempts += 1
+            if attempts > max_attempts:
+                raise ValueError(
+                    f"{self!r}: could only find {len(out)} distinct {split} problems of the {n} asked; "
+                    "raise difficulty or digits"
+                )
+            terms, ops = self._draw(rng)
+            expr = " ".join([str(terms[0])] + [f"{op} {b}" for op, b in zip(ops, terms[1:])])
+            if expr in seen or self.split_of(expr) != split:
+                continue
+            seen.add(expr)
+            text = f"Compute {expr}."
+            lines = _chain(terms, ops)
+            answer = lines[-1][len(_ANSWER_PREFIX) : -2]
+            pid = f"arith-d{self.difficulty}-{split}-{self.seed}-{len(out)}"
+            out.append(ArithmeticProblem(id=pid, problem=text, answer=answer, solution="\n".join(lines)))
+        return out
+
+    def solution(
+        self, problem: Problem | str, *, forget_rate: float = 0.0, rng: random.Random | None = None
+    ) -> str:
+        """A teacher's solution: correct when ``forget_rate`` is 0; otherwise each addition with a carry
+        forgets it with probability ``forget_rate`` (drawn from ``rng``), the slip propagating
+        consistently through the later steps to the boxed answer."""
+        if not 0.0 <= forget_rate <= 1.0:
+            raise ValueError(f"forget_rate must be in [0, 1], got {forget_rate!r}")
+        terms, ops = parse_problem(problem)
+        if forget_rate == 0.0:
+            return "\n".join(_chain(terms, ops))
+        if rng is None:
+            raise ValueError("a noisy solution (forget_rate > 0) needs an explicit rng for determinism")
+        forget, acc = [], terms[0]
+        for op, b in zip(ops, terms[1:]):
+            f = _has_carry(acc, op, b) and rng.random() < forget_rate
+            forget.append(f)
+            acc = _apply(acc, op, b, forget=f)
+        return "\n".join(_chain(terms, ops, forget))
+
+    @staticmethod
+    def check(problem: Problem | str, completion_text: str) -> bool:
+        return check(problem, completion_text)
+
+    @staticmethod
+    def locate_first_error(problem: Problem | str, completion_text: str) -> ErrorLocation:
+        return locate_first_error(problem, completion_text)
+
+    @staticmethod
+    def label_chars(problem: Problem | str, completion_text: str) -> list[str]:
+        return label_chars(problem, completion_text)

@@ -1,0 +1,88 @@
+"""Verifier worker process, started by `tokencredit.rewards.verifier.MathVerifier` as
+``python _worker.py`` (a fresh interpreter: it imports only the standard library and math-verify,
+never torch or the rest of tokencredit, so a replacement starts in about a second).
+
+Protocol, one JSON object per line:
+  worker -> parent once ready:  {"ready": true}
+  parent -> worker:             {"id": int, "gold": [str, ...], "pred": str}
+  worker -> parent:             {"id": int, "ok": bool}
+End of stdin ends the worker. The parent enforces the wall-clock limit per answer by killing a
+worker that does not answer in time, which is why math-verify's own signal-based timeouts are
+off (they only work in the main thread of the main interpreter).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+
+def _limit_memory() -> None:
+    # A pathological answer (a power tower) can try to build a gigantic integer; a MemoryError
+    # inside this process is a wrong answer, not an out-of-memory machine.
+    limit_mb = int(os.environ.get("TOKENCREDIT_VERIFIER_MAX_MB", "0") or 0)
+    if limit_mb <= 0:
+        return
+    try:
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        soft = limit_mb << 20
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def main() -> int:
+    # Keep the protocol channel private: anything a library prints goes to stderr instead.
+    proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    _limit_memory()
+    logging.disable(logging.CRITICAL)
+
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    # The expression extractor only admits digits, operators and brackets before sympy's
+    # parse_expr sees them; LaTeX goes through latex2sympy's ANTLR parser. Neither runs the text
+    # as Python.
+    config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+
+    def parsed(text: str) -> list:
+        return parse("\\boxed{" + text + "}", extraction_config=config, parsing_timeout=None)
+
+    gold_cache: dict[str, list] = {}
+
+    def judge(golds: list[str], pred: str) -> bool:
+        target = parsed(pred)
+        if not target:
+            return False
+        for g in golds:
+            gp = gold_cache.get(g)
+            if gp is None:
+                gp = parsed(g)
+                if len(gold_cache) > 10_000:
+                    gold_cache.clear()
+                gold_cache[g] = gp
+            if gp and verify(gp, target, timeout_seconds=None):
+                return True
+        return False
+
+    proto.write('{"ready": true}\n')
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        try:
+            ok = bool(judge(list(req["gold"]), str(req["pred"])))
+        except Exception:  # noqa: BLE001 - any failure on untrusted text is a wrong answer
+            ok = False
+        proto.write(json.dumps({"id": req["id"], "ok": ok}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

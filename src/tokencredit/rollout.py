@@ -1,0 +1,239 @@
+"""Batched sampling of completions with a Hugging Face causal LM (used by the trainer and by eval).
+
+Each prompt is tokenised once (left-padded) and its ids repeated `num_samples` times; all
+prompts x samples go through one ``model.generate`` call (or chunks of `batch_size` sequences)
+with the KV cache on and finished sequences stopped at EOS. The output is right-padded: for
+rollout i, ``response_ids[i, :L_i]`` are the generated tokens up to and including the EOS that
+ended it, and ``response_mask`` marks exactly those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Rollouts:
+    """N = len(prompts) * num_samples sampled completions, rollout i answering prompt prompt_index[i].
+
+    prompt_ids [N,P] int64, left-padded with the pad id; prompt_mask [N,P] bool (real tokens).
+    response_ids [N,T] int64, right-padded with the pad id; response_mask [N,T] bool (generated
+      tokens including the EOS that ended the answer); truncated [N] bool (hit max_new_tokens
+      without EOS); texts: decoded responses without special tokens; prompt_index [N] int64.
+    """
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+    truncated: Tensor
+    texts: list[str]
+    prompt_index: Tensor
+    pad_token_id: int
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def num_rollouts(self) -> int:
+        return int(self.response_ids.shape[0])
+
+    @property
+    def response_lengths(self) -> Tensor:
+        """[N] int64 number of valid response tokens."""
+        return self.response_mask.sum(dim=1)
+
+
+def _as_list(x: Any) -> list[int]:
+    if x is None:
+        return []
+    if isinstance(x, int):
+        return [x]
+    return [int(v) for v in x]
+
+
+def special_ids(
+    model: Any, tokenizer: Any, eos_token_id: int | Sequence[int] | None = None
+) -> tuple[list[int], int]:
+    """(eos ids, pad id): eos from the argument, else the model's generation config plus the
+    tokenizer's eos; pad from the tokenizer, else the first eos id."""
+    if eos_token_id is not None:
+        eos = _as_list(eos_token_id)
+    else:
+        gen_cfg = getattr(model, "generation_config", None)
+        eos = _as_list(getattr(gen_cfg, "eos_token_id", None))
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+            eos.append(int(tokenizer.eos_token_id))
+    if not eos:
+        raise ValueError(
+            "generation needs an EOS token: the tokenizer and the model's generation config define none"
+        )
+    pad = tokenizer.pad_token_id
+    return eos, int(eos[0] if pad is None else pad)
+
+
+@contextmanager
+def _generation_mode(model: Any, tokenizer: Any, pad_id: int):
+    """Left padding, a pad token and eval mode while generating; everything restored afterwards."""
+    side = tokenizer.padding_side
+    had_pad = tokenizer.pad_token_id is not None
+    was_training = bool(getattr(model, "training", False))
+    tokenizer.padding_side = "left"
+    if not had_pad:
+        tokenizer.pad_token_id = pad_id
+    model.eval()
+    try:
+        yield
+    finally:
+        tokenizer.padding_side = side
+        if not had_pad:
+            tokenizer.pad_token = None
+        if was_training:
+            model.train()
+
+
+def response_mask_from_ids(response_ids: Tensor, eos_ids: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """(mask [N,T] bool, truncated [N] bool) from generated ids: valid up to and including the
+    first EOS; a row with no EOS is truncated and fully valid."""
+    is_eos = torch.isin(response_ids, torch.as_tensor(list(eos_ids), device=response_ids.device))
+    seen = is_eos.long().cumsum(dim=1)
+    mask = (seen - is_eos.long()) == 0
+    truncated = ~is_eos.any(dim=1)
+    return mask, truncated
+
+
+def _seed_from(seed: int | None, generator: torch.Generator | None) -> int | None:
+    if seed is not None and generator is not None:
+        raise ValueError("give either seed or generator, not both")
+    if generator is not None:
+        return int(torch.randint(0, 2**62, (1,), generator=generator).item())
+    return seed
+
+
+@contextmanager
+def _rng(seed: int | None, device: torch.device):
+    if seed is None:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    num_samples: int = 1,
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_new_tokens: int = 256,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    batch_size: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    add_special_tokens: bool | None = None,
+) -> Rollouts:
+    """Sample `num_samples` completions for each already-templated prompt.
+
+    temperature == 0 decodes greedily. `top_k` = 0 disables top-k (the model's generation config
+    is overridden, so sampling follows softmax(logits / temperature) restricted only by top_p).
+    `seed` (or a draw from `generator`) seeds sampling without disturbing the global RNG.
+    `batch_size` caps the sequences per ``generate`` call (default: all in one call).
+    `add_special_tokens` (default: True unless the prompts already start with the BOS token)
+    is passed to the tokenizer.
+    """
+    from transformers import GenerationConfig
+
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("no prompts to generate from")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise ValueError(f"prompt {i}: expected a str, got {type(p).__name__}")
+    eos_ids, pad_id = special_ids(model, tokenizer, eos_token_id)
+    run_seed = _seed_from(seed, generator)
+    device = next(model.parameters()).device
+    if add_special_tokens is None:
+        bos = getattr(tokenizer, "bos_token", None)
+        add_special_tokens = not (bos and all(p.startswith(bos) for p in prompts))
+
+    greedy = temperature == 0
+    gen_cfg = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=not greedy,
+        temperature=None if greedy else float(temperature),
+        top_p=None if greedy else float(top_p),
+        top_k=None if greedy else int(top_k),
+        min_p=None,
+        typical_p=1.0,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        num_beams=1,
+        num_return_sequences=1,
+        min_new_tokens=0,
+        eos_token_id=eos_ids,
+        pad_token_id=pad_id,
+        use_cache=True,
+    )
+
+    with _generation_mode(model, tokenizer, pad_id):
+        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)
+        p_ids = enc["input_ids"].to(torch.long)
+        p_mask = enc["attention_mask"].to(torch.bool)
+        prompt_index = torch.arange(len(prompts)).repeat_interleave(num_samples)
+        prompt_ids = p_ids.repeat_interleave(num_samples, dim=0)
+        prompt_mask = p_mask.repeat_interleave(num_samples, dim=0)
+        n = prompt_ids.shape[0]
+        step = n if batch_size is None else batch_size
+        chunks: list[Tensor] = []
+        with _rng(run_seed, device), torch.no_grad():
+            for s in range(0, n, step):
+                ids = prompt_ids[s : s + step].to(device)
+                att = prompt_mask[s : s + step].to(device).long()
+                out = model.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg)
+                chunks.append(out[:, ids.shape[1] :].to("cpu", torch.long))
+
+    T = max(c.shape[1] for c in chunks)
+    response_ids = torch.full((n, T), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((n, T), dtype=torch.bool)
+    truncated = torch.zeros(n, dtype=torch.bool)
+    row = 0
+    for c in chunks:
+        m, tr = response_mask_from_ids(c, eos_ids)
+        k, t = c.shape
+        response_mask[row : row + k, :t] = m
+        truncated[row : row + k] = tr
+        response_ids[row : row + k, :t] = torch.where(m, c, torch.full_like(c, pad_id))
+        row += k
+    texts = tokenizer.batch_decode(
+        [response_ids[i, response_mask[i]].tolist() for i in range(n)], skip_special_tokens=True
+    )
+    return Rollouts(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        truncated=truncated,
+        texts=texts,
+        prompt_index=prompt_index,
+        pad_token_id=pad_id,
+        eos_token_ids=tuple(eos_ids),
+    )

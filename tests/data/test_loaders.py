@@ -1,0 +1,149 @@
+import json
+from importlib import resources
+
+import pytest
+
+from tokencredit.data import DataError, Problem, benchmarks, load_problems
+from tokencredit.errors import ConfigError
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_jsonl_basic_and_field_names(tmp_path):
+    f = write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {"id": "a", "problem": "1+1?", "answer": "2"},
+            {"question": "2+2?", "answer": 4},
+            {"prompt": "amc", "answer": 142.0},
+            {"idx": 7, "problem": "list", "answer": ["0.01", "0.02"]},
+        ],
+    )
+    probs = load_problems(f)
+    assert probs == [
+        Problem("a", "1+1?", "2"),
+        Problem("p-1", "2+2?", "4"),
+        Problem("p-2", "amc", "142.0"),
+        Problem("7", "list", ["0.01", "0.02"]),
+    ]
+    assert load_problems(f, limit=2) == probs[:2]
+
+
+def test_math_style_solution_and_gsm8k_answer(tmp_path):
+    f = write_jsonl(
+        tmp_path / "m.jsonl",
+        [
+            {
+                "id": "m1",
+                "problem": "x",
+                "solution": "We get $\\boxed{\\frac{1}{2}}$. Check: \\boxed{\\{1,2\\}}",
+            },
+            {"id": "g1", "question": "y", "answer": "Natalia sold 48/2 = 24 clips.\n#### 72"},
+            {"id": "b1", "problem": "z", "answer": "so \\boxed{5}"},
+        ],
+    )
+    assert [p.answer for p in load_problems(f)] == ["\\{1,2\\}", "72", "5"]
+
+
+def test_explicit_and_nested_fields(tmp_path):
+    f = write_jsonl(tmp_path / "n.jsonl", [{"uid": "u1", "q": "what", "meta": {"gt": "3"}}])
+    (p,) = load_problems(f, problem_field="q", answer_field="meta.gt", id_field="uid")
+    assert p == Problem("u1", "what", "3")
+
+
+def test_malformed_line_names_file_and_line(tmp_path):
+    f = write_jsonl(
+        tmp_path / "bad.jsonl", [{"problem": "a", "answer": "1"}, "", '{"problem": "b", "answer": ']
+    )
+    with pytest.raises(DataError, match=r"bad\.jsonl:3: malformed JSON"):
+        load_problems(f)
+
+
+def test_missing_answer_names_the_problem_id(tmp_path):
+    f = write_jsonl(
+        tmp_path / "x.jsonl", [{"id": "ok", "problem": "a", "answer": "1"}, {"id": "q-17", "problem": "b"}]
+    )
+    with pytest.raises(DataError, match=r"x\.jsonl:2: problem 'q-17' has no answer"):
+        load_problems(f)
+    f2 = write_jsonl(tmp_path / "y.jsonl", [{"id": "e", "problem": "a", "answer": "  "}])
+    with pytest.raises(DataError, match="problem 'e' has an empty answer"):
+        load_problems(f2)
+    f3 = write_jsonl(tmp_path / "z.jsonl", [{"id": "s", "problem": "a", "solution": "no box at all"}])
+    with pytest.raises(DataError, match="problem 's' has an empty answer"):
+        load_problems(f3)
+
+
+def test_other_errors(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        load_problems(tmp_path / "missing.jsonl")
+    f = write_jsonl(tmp_path / "np.jsonl", [{"id": "k", "answer": "1"}])
+    with pytest.raises(DataError, match="problem 'k' has no problem text"):
+        load_problems(f)
+    f = write_jsonl(tmp_path / "dup.jsonl", [{"id": "d", "problem": "a", "answer": "1"}] * 2)
+    with pytest.raises(
+        DataError, match=r"dup\.jsonl:2: duplicate problem id 'd' \(first at .*dup\.jsonl:1\)"
+    ):
+        load_problems(f)
+    (tmp_path / "a.csv").write_text("x")
+    with pytest.raises(DataError, match="unknown data format"):
+        load_problems(tmp_path / "a.csv")
+    assert issubclass(DataError, ConfigError)
+
+
+def test_parquet_with_chat_prompt_and_ground_truth(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = [
+        {
+            "data_source": "gsm8k",
+            "prompt": [{"role": "system", "content": "sys"}, {"role": "user", "content": "What is 6*7?"}],
+            "reward_model": {"style": "rule", "ground_truth": "42"},
+        }
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    assert load_problems(tmp_path / "train.parquet") == [Problem("train-0", "What is 6*7?", "42")]
+
+
+def test_datasets_directory(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"problem": f"p{i}", "solution": f"... \\boxed{{{i}}}"} for i in range(3)]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    assert [p.answer for p in load_problems(tmp_path / "ds")] == ["0", "1", "2"]
+    dd = datasets.DatasetDict(
+        {"test": datasets.Dataset.from_list(rows[:1]), "val": datasets.Dataset.from_list(rows)}
+    )
+    dd.save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(DataError, match="several splits"):
+        load_problems(tmp_path / "dd")
+    assert len(load_problems(tmp_path / "dd", split="val")) == 3
+    with pytest.raises(DataError, match="no split 'train'"):
+        load_problems(tmp_path / "dd", split="train")
+
+
+@pytest.mark.parametrize("name", benchmarks.NAMES)
+def test_shipped_benchmarks_load_with_documented_counts(name):
+    probs = benchmarks.load(name)
+    assert len(probs) == benchmarks.COUNTS[name]
+    assert len({p.id for p in probs}) == len(probs)
+    assert all(p.problem.strip() and p.answer for p in probs)
+
+
+def test_benchmark_details():
+    assert benchmarks.COUNTS == {
+        "math500": 500,
+        "aime24": 30,
+        "amc23": 83,
+        "minerva_math": 272,
+        "olympiadbench": 675,
+        "gsm8k_train": 8792,
+    }
+    amc = benchmarks.load("amc23", limit=3)
+    assert len(amc) == 3 and amc[0].answer == "142.0"
+    assert any(isinstance(p.answer, list) for p in benchmarks.load("minerva_math"))
+    readme = resources.files("tokencredit.data").joinpath("benchmarks", "README.md").read_text()
+    assert "sail-sg/oat" in readme and "Apache-2.0" in readme
+    with pytest.raises(ConfigError, match="unknown benchmark 'math50'.*closest: math500"):
+        benchmarks.load("math50")

@@ -1,0 +1,285 @@
+import json
+from math import comb
+
+import numpy as np
+import pytest
+import torch
+
+from tokencredit.cli import main
+from tokencredit.data import Problem
+from tokencredit.evaluation import (
+    avg_at_k,
+    evaluate,
+    greedy_accuracy,
+    majority_vote,
+    markdown_table,
+    mean_maj_at_k,
+    mean_pass_at_k,
+    mean_response_length,
+    pass_at_k,
+    powers_of_two,
+)
+from tokencredit.rewards import MathVerifier
+from tokencredit.rollout import Rollouts
+
+# ---- metrics ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "n, c, k",
+    [
+        (1, 0, 1),
+        (1, 1, 1),
+        (4, 2, 2),
+        (10, 3, 1),
+        (10, 3, 5),
+        (10, 0, 4),
+        (10, 10, 3),
+        (5, 1, 5),
+        (64, 7, 16),
+    ],
+)
+def test_pass_at_k_matches_closed_form(n, c, k):
+    assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k), abs=1e-12)
+
+
+def test_pass_at_k_hand_values_and_vector_form():
+    assert pass_at_k(4, 2, 2) == pytest.approx(5 / 6)  # 1 - C(2,2)/C(4,2) = 1 - 1/6
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(3, 0, 2) == 0.0
+    # Large n where the binomials themselves overflow float64: the product form stays exact.
+    assert pass_at_k(2000, 1, 1000) == pytest.approx(0.5)
+    out = pass_at_k(np.array([4, 4, 4]), np.array([0, 1, 4]), 2)
+    np.testing.assert_allclose(out, [0.0, 0.5, 1.0])
+    correct = [[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]
+    assert mean_pass_at_k(correct, 2) == pytest.approx((5 / 6 + 0 + 0.5) / 3)
+    assert mean_pass_at_k(correct, 1) == pytest.approx(avg_at_k(correct)) == pytest.approx(3 / 12)
+    with pytest.raises(ValueError, match="at least 5 samples"):
+        pass_at_k(4, 1, 5)
+    with pytest.raises(ValueError, match="0 <= c <= n"):
+        pass_at_k(4, 5, 1)
+
+
+def test_maj_at_k_votes_and_ties():
+    # Correct answers form one group even when written differently (verifier-equivalent).
+    assert majority_vote(["\\frac12", "0.5", "3"], [True, True, False], 3) == 1.0
+    # Wrong answers group by normalised string: "142" and "142.0" are one group of 2.
+    assert majority_vote(["142.0", "142", "7"], [False, False, True], 3) == 0.0
+    # Ties: expected accuracy of a uniform pick among the tied groups.
+    assert majority_vote(["1", "2"], [True, False], 2) == 0.5
+    assert majority_vote(["1", "2", "3"], [True, False, False], 3) == pytest.approx(1 / 3)
+    assert majority_vote(["1", "1", "2", "2"], [True, True, False, False], 4) == 0.5
+    assert majority_vote(["2", "2", "3", "3", "1"], [False, False, False, False, True], 5) == 0.0
+    # Samples without an answer do not vote; no votes at all is 0.
+    assert majority_vote([None, None, "5"], [False, False, True], 3) == 1.0
+    assert majority_vote([None, None], [False, False], 2) == 0.0
+    # Only the first k samples vote.
+    assert majority_vote(["1", "2", "2"], [True, False, False], 1) == 1.0
+    assert mean_maj_at_k([["1", "2"], ["3", "3"]], [[True, False], [True, True]], 2) == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="maj@3"):
+        majority_vote(["1"], [True], 3)
+
+
+def test_small_metrics():
+    assert greedy_accuracy([True, False, True, True]) == 0.75
+    assert mean_response_length([3, 5]) == 4.0
+    assert powers_of_two(1) == [1] and powers_of_two(8) == [1, 2, 4, 8] and powers_of_two(6) == [1, 2, 4, 6]
+    with pytest.raises(ValueError):
+        greedy_accuracy([])
+    table = markdown_table(
+        {
+            "math500": {
+                "metrics": {
+                    "num_problems": 5.0,
+                    "pass@2": 0.5,
+                    "greedy_acc": 0.2,
+                    "pass@1": 0.25,
+                    "avg@2": 0.25,
+                },
+                "std": {"pass@2": 0.1},
+            }
+        }
+    )
+    lines = table.splitlines()
+    assert lines[0] == "| benchmark | n | greedy | avg@2 | pass@1 | pass@2 |"
+    assert lines[2] == "| math500 | 5 | 20.0 | 25.0 | 25.0 | 50.0 ± 10.0 |"
+
+
+# ---- evaluate (scripted generations, real verifier) --------------------------------------------
+
+
+def scripted_generate(scripts):
+    """A stand-in for rollout.generate that returns fixed texts per prompt and sample."""
+
+    def fake(model, tokenizer, prompts, num_samples=1, *, temperature, max_new_tokens, **kw):
+        texts = []
+        for p in prompts:
+            key = "greedy" if temperature == 0 else "sampled"
+            texts += scripts[key][p][:num_samples]
+        n = len(texts)
+        lengths = torch.tensor([len(t) for t in texts])
+        T = int(lengths.max())
+        mask = torch.arange(T)[None, :] < lengths[:, None]
+        return Rollouts(
+            prompt_ids=torch.zeros(n, 1, dtype=torch.long),
+            prompt_mask=torch.ones(n, 1, dtype=torch.bool),
+            response_ids=torch.zeros(n, T, dtype=torch.long),
+            response_mask=mask,
+            truncated=lengths >= max_new_tokens,
+            texts=texts,
+            prompt_index=torch.arange(len(prompts)).repeat_interleave(num_samples),
+            pad_token_id=0,
+            eos_token_ids=(1,),
+        )
+
+    return fake
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    with MathVerifier(timeout=3.0, num_workers=1) as v:
+        yield v
+
+
+def test_evaluate_metrics_plumbing(monkeypatch, verifier):
+    import tokencredit.rollout as rollout
+
+    problems = [Problem("a", "P-A", "0.5"), Problem("b", "P-B", ["7", "8"])]
+    scripts = {
+        "greedy": {"P-A": ["\\boxed{1/2}"], "P-B": ["\\boxed{9}"]},
+        "sampled": {
+            "P-A": ["\\boxed{\\frac{1}{2}}", "\\boxed{3}", "\\boxed{3}", "\\boxed{0.5}"],
+            "P-B": ["no answer", "\\boxed{8}", "\\boxed{6}", "\\boxed{6}"],
+        },
+    }
+    monkeypatch.setattr(rollout, "generate", scripted_generate(scripts))
+    m = evaluate(
+        None,
+        None,
+        problems,
+        samples=4,
+        temperature=1.0,
+        top_p=1.0,
+        max_new_tokens=100,
+        template="{problem}",
+        seed=0,
+        verifier=verifier,
+        progress=False,
+        batch_size=3,
+    )
+    assert m["num_problems"] == 2 and m["greedy_acc"] == 0.5
+    assert m["avg@4"] == pytest.approx(3 / 8)
+    assert m["pass@1"] == pytest.approx(3 / 8)
+    assert m["pass@2"] == pytest.approx(((1 - 1 / 6) + 0.5) / 2)  # c=2 and c=1 of n=4
+    assert m["pass@4"] == 1.0
+    # maj@4: A ties {1/2 x2} vs {3 x2} -> 0.5; B: {6 x2} beats {8} -> 0.
+    assert m["maj@4"] == pytest.approx(0.25)
+    assert m["maj@1"] == pytest.approx(0.5)
+    lengths = [len(t) for p in ("P-A", "P-B") for t in scripts["sampled"][p]]
+    assert m["mean_response_length"] == pytest.approx(np.mean(lengths))
+    assert m["truncated_rate"] == 0.0
+
+
+def test_evaluate_greedy_temperature_zero_repeats_the_greedy_answer(monkeypatch, verifier):
+    import tokencredit.rollout as rollout
+
+    scripts = {"greedy": {"Q": ["\\boxed{2}"]}, "sampled": {}}
+    monkeypatch.setattr(rollout, "generate", scripted_generate(scripts))
+    m = evaluate(
+        None,
+        None,
+        [Problem("q", "Q", "2")],
+        samples=2,
+        temperature=0.0,
+        template="{problem}",
+        verifier=verifier,
+    )
+    assert m["greedy_acc"] == m["avg@2"] == m["pass@2"] == m["maj@2"] == 1.0
+
+
+# ---- end to end: tokencredit eval on a tiny random model ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    vocab = {"<pad>": 0, "<eos>": 1}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", pad_token="<pad>")
+    torch.manual_seed(0)
+    cfg = Qwen3Config(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+    d = tmp_path_factory.mktemp("tiny_model")
+    Qwen3ForCausalLM(cfg).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def test_cli_eval_end_to_end(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "res" / "eval.json"
+    argv = ["eval", "--model", str(tiny_model_dir), "--bench", "math500", "--limit", "5", "--samples", "2"]
+    rc = main(argv + ["--max-new-tokens", "4", "--seed", "3", "--out", str(out), "--device", "cpu"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["settings"]["template"] == "qwen-math" and res["settings"]["max_new_tokens"] == 4
+    metrics = res["results"]["math500"]["metrics"]
+    assert metrics["num_problems"] == 5
+    for key in (
+        "greedy_acc",
+        "avg@2",
+        "pass@1",
+        "pass@2",
+        "maj@1",
+        "maj@2",
+        "mean_response_length",
+        "truncated_rate",
+    ):
+        assert 0.0 <= metrics[key] <= (4 if key == "mean_response_length" else 1), key
+    assert 1 <= metrics["mean_response_length"] <= 4
+    printed = capsys.readouterr().out
+    assert "math500" in printed and "pass@2" in printed and "temperature=0.6" in printed
+
+
+def test_cli_eval_errors(capsys):
+    assert main(["eval", "--model", "toy", "--bench", "math5000"]) == 2
+    assert "unknown benchmark 'math5000'" in capsys.readouterr().err
+    assert main(["eval", "--model", "x", "--seed", "a,b"]) == 2
+
+
+def test_cli_eval_toy_model(tmp_path):
+    models = pytest.importorskip("tokencredit.models")
+    if not (models.TOY_ASSET_DIR / "model.safetensors").is_file():
+        pytest.skip("the toy model asset is not built in this checkout")
+    out = tmp_path / "toy.json"
+    argv = [
+        "eval",
+        "--model",
+        "toy",
+        "--bench",
+        "math500",
+        "--limit",
+        "2",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "4",
+    ]
+    assert main(argv + ["--out", str(out), "--no-progress"]) == 0
+    assert json.loads(out.read_text())["results"]["math500"]["metrics"]["num_problems"] == 2

@@ -1,0 +1,196 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tokencredit import models
+from tokencredit.data.synthetic import ArithmeticTask
+from tokencredit.data.templates import QWEN_MATH_SYSTEM, render
+from tokencredit.errors import ConfigError
+from tokencredit.models import (
+    EOS_TOKEN,
+    PAD_TOKEN,
+    TOY_ASSET_DIR,
+    WarmStartConfig,
+    build_toy,
+    build_toy_model,
+    build_toy_tokenizer,
+    load_model,
+    warm_start,
+)
+
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 16}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_toy_tokenizer()
+
+
+def test_tokenizer_is_character_level(tok):
+    text = "47 + 38 = 85\nThe answer is \\boxed{85}."
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text)
+    assert tok.decode(ids) == text
+    assert tok.convert_ids_to_tokens(ids)[:3] == ["4", "7", " "]
+    # every printable ASCII character and newline has its own id; special tokens are single ids
+    assert len(tok) == 3 + 1 + 95
+    assert tok.eos_token == EOS_TOKEN and tok.pad_token == PAD_TOKEN and tok.eos_token_id != tok.pad_token_id
+    assert tok(EOS_TOKEN + "<|im_start|>", add_special_tokens=False)["input_ids"] == [tok.eos_token_id, 1]
+    assert tok.decode([tok.eos_token_id, tok.convert_tokens_to_ids(" ")], skip_special_tokens=True) == " "
+
+
+def test_chat_template_renders_qwen_math(tok):
+    prompt = render("qwen-math", "Compute 1 + 2.", tok)
+    assert prompt == (
+        f"<|im_start|>system\n{QWEN_MATH_SYSTEM}<|im_end|>\n<|im_start|>user\nCompute 1 + 2.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == prompt
+    assert tok.unk_token_id not in ids[1:]  # pad doubles as unk: no character was unknown
+    # the r1-zero template (plain text) encodes without unknown characters too
+    r1 = tok(render("r1-zero", "Compute 1 + 2.", tok), add_special_tokens=False)["input_ids"]
+    assert tok.pad_token_id not in r1
+
+
+def test_build_toy_model_is_a_qwen3_and_deterministic(tok):
+    from transformers import Qwen3ForCausalLM
+
+    a, b, c = (build_toy_model(TINY, seed=s, tokenizer=tok) for s in (0, 0, 1))
+    assert isinstance(a, Qwen3ForCausalLM)
+    assert a.config.vocab_size == len(tok) and a.config.eos_token_id == tok.eos_token_id
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+    ids = torch.tensor([tok("1 + 2 =")["input_ids"]])
+    out = a(input_ids=ids, output_hidden_states=True)
+    assert out.logits.shape == (1, ids.shape[1], len(tok))
+    assert out.hidden_states[-1].shape == (1, ids.shape[1], TINY["hidden_size"])
+
+
+def test_shared_prefix_loss_equals_the_plain_loss(tok):
+    from tokencredit.models import _encode_examples, _sft_loss
+
+    probs = ArithmeticTask(difficulty=2).sample(5)
+    prompts = [render("qwen-math", p.problem, tok) for p in probs]
+    ids, mask, labels = _encode_examples(tok, prompts, [p.solution for p in probs])
+    grads = []
+    for fn in (lambda m: m(input_ids=ids, attention_mask=mask, labels=labels).loss, lambda m: _sft_loss(m, ids, mask, labels)):
+        m = build_toy_model(TINY, tokenizer=tok)
+        loss = fn(m)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad for p in m.parameters()]))
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    for a, b in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    # no shared prefix (different first tokens): falls back to the plain forward
+    ids2 = ids.clone()
+    ids2[0, 0] = 5
+    m = build_toy_model(TINY, tokenizer=tok)
+    torch.testing.assert_close(_sft_loss(m, ids2, mask, labels), m(input_ids=ids2, attention_mask=mask, labels=labels).loss)
+
+
+def test_warm_start_few_steps_is_deterministic(tok):
+    cfg = WarmStartConfig(steps=3, batch_size=4, warmup_steps=1, model=TINY)
+    states, losses = [], []
+    for _ in range(2):
+        m = build_toy_model(cfg.model, seed=cfg.seed, tokenizer=tok)
+        losses.append(warm_start(m, tok, cfg))
+        states.append(m.state_dict())
+    assert losses[0] == losses[1] and len(losses[0]) == 3
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+    assert not m.training
+
+
+def test_build_toy_writes_loadable_deterministic_files(tmp_path):
+    cfg = WarmStartConfig(steps=2, batch_size=4, warmup_steps=1, model=TINY)
+    d1, d2 = build_toy(tmp_path / "a", cfg), build_toy(tmp_path / "b", cfg)
+    w1, w2 = load_file(d1 / "model.safetensors"), load_file(d2 / "model.safetensors")
+    assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)
+    assert json.loads((d1 / "warm_start.json").read_text())["steps"] == 2
+    model, tk = load_model(str(d1))
+    assert model.config.num_hidden_layers == 1 and tk.eos_token == EOS_TOKEN and tk.padding_side == "left"
+    # the loaded tokenizer is the same character-level tokenizer (chat template included)
+    assert render("qwen-math", "Compute 1 + 2.", tk) == render(
+        "qwen-math", "Compute 1 + 2.", build_toy_tokenizer()
+    )
+
+
+def test_build_toy_cli(tmp_path, capsys):
+    threads = torch.get_num_threads()
+    try:
+        assert models.main(["build-toy", "--out", str(tmp_path), "--steps", "1", "--eval", "0"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "tokenizer.json").is_file()
+    assert "built the toy model" in capsys.readouterr().out
+
+
+def test_shipped_toy_loads_and_answers():
+    files = {p.name: p.stat().st_size for p in TOY_ASSET_DIR.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "warm_start.json"} <= files.keys()
+    assert sum(files.values()) < 5 * 2**20
+    model, tk = load_model("toy")
+    assert type(model).__name__ == "Qwen3ForCausalLM" and tk.eos_token == EOS_TOKEN
+    built = json.loads((TOY_ASSET_DIR / "warm_start.json").read_text())
+    task = ArithmeticTask(difficulty=built["difficulty"], digits=built["digits"])
+    probs = task.sample(8, "heldout")
+    enc = tk([render("qwen-math", p.problem, tk) for p in probs], return_tensors="pt", padding=True)
+    out = model.generate(**enc, max_new_tokens=96, do_sample=False)
+    texts = tk.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    # the warm start writes the solution format (one "a op b = c" step per line, a boxed answer)
+    for t in texts:
+        lines = t.strip().split("\n")
+        assert len(lines) == built["difficulty"] + 1, t
+        assert lines[-1].startswith("The answer is \\boxed{"), t
+    assert (out[:, enc["input_ids"].shape[1] :] == tk.eos_token_id).any(dim=1).all()
+
+
+def test_toy_supports_lora(tok):
+    from peft import LoraConfig, get_peft_model
+
+    m = get_peft_model(
+        build_toy_model(TINY, tokenizer=tok), LoraConfig(r=2, target_modules=["q_proj", "v_proj"])
+    )
+    ids = torch.tensor([tok("12 + 3")["input_ids"]])
+    m(input_ids=ids, labels=ids).loss.backward()
+    assert any(p.grad is not None for n, p in m.named_parameters() if "lora_" in n)
+
+
+def test_load_model_errors(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="no/such/dir"):
+        load_model(str(tmp_path / "no/such/dir"))
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match="not a directory"):
+        load_model(str(f))
+    with pytest.raises(ConfigError, match="dtype"):
+        load_model("toy", dtype="float64")
+    monkeypatch.setattr(models, "TOY_ASSET_DIR", tmp_path / "empty")
+    with pytest.raises(ConfigError, match="build-toy"):
+        load_model("toy")
+
+
+def test_load_model_needs_an_eos_token(tmp_path, tok):
+    from transformers import PreTrainedTokenizerFast
+
+    build_toy_model(TINY, tokenizer=tok).save_pretrained(tmp_path)
+    no_eos = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, pad_token=PAD_TOKEN)
+    no_eos.save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match="no EOS token"):
+        load_model(str(tmp_path))
+
+
+def test_load_model_local_path_dtype_and_pad_default(tmp_path, tok):
+    from transformers import PreTrainedTokenizerFast
+
+    build_toy_model(TINY, tokenizer=tok).save_pretrained(tmp_path)
+    PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, eos_token=EOS_TOKEN).save_pretrained(
+        tmp_path
+    )
+    model, tk = load_model(str(tmp_path), dtype="bfloat16")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert tk.pad_token == EOS_TOKEN  # a missing pad token falls back to EOS

@@ -337,7 +337,7 @@ class Trainer:
         g = torch.Generator().manual_seed(seed_for(self.cfg.run.seed, step, 99))
         mets: list[dict[str, float]] = []
         grad_norms = []
-        for epoch in range(o.ppo_epochs):
+        for _epoch in range(o.ppo_epochs):
             order = torch.randperm(n, generator=g) if o.mini_batches > 1 else torch.arange(n)
             for mb in order.tensor_split(o.mini_batches):
                 mb = mb.to(dev)

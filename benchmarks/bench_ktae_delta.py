@@ -6,10 +6,12 @@ are the worst case for KTAE: almost every (group, id) pair is distinct), scores 
 GRPO advantages. DelTA gets a float32 final hidden state [N, T, H], H = 1024, and old
 log-probs, and runs the registered method's path (proxy (1 - p) h, never materialised).
 
-Reported: median seconds over --repeats runs (after one warm-up run) and valid tokens / s.
+Reported: median wall seconds over --repeats runs (after one warm-up run), valid tokens / s,
+the median process CPU seconds per run (all threads; on a busy machine, CPU / threads is the
+better estimate of the unloaded wall time) and the 1-minute load average.
 DelTA's hidden state alone is N x T x H x 4 bytes (17.2 GB at the defaults); when the machine
-lacks the memory, the DelTA part runs on fewer groups (the largest count that fits) and also
-prints the time scaled linearly to the requested size (the cost is a fixed number of passes
+lacks the memory (or --delta-groups asks for fewer), the DelTA part runs on fewer groups (the
+largest count that fits) and also prints the time scaled linearly to the requested size (the cost is a fixed number of passes
 over the hidden states, so it is linear in N x T x H). DelTA reads the hidden states
 2 (K + 1) times; the printed GB/s is that traffic divided by the time (a memory-bandwidth bound).
 
@@ -47,19 +49,31 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def _time(fn, repeats: int, device: torch.device) -> list[float]:
+def _time(fn, repeats: int, device: torch.device) -> tuple[list[float], float]:
+    """Wall seconds of each run, and the median process CPU seconds (all threads) per run."""
     fn()  # warm-up
     _sync(device)
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
         _sync(device)
         times.append(time.perf_counter() - t0)
-    return times
+        cpu.append(time.process_time() - c0)
+    return times, statistics.median(cpu)
 
 
-def _rollouts(groups: int, size: int, max_len: int, min_frac: float, vocab: int, seed: int, device: torch.device):
+def _load() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return f.read().split()[0]
+    except OSError:
+        return "?"
+
+
+def _rollouts(
+    groups: int, size: int, max_len: int, min_frac: float, vocab: int, seed: int, device: torch.device
+):
     g = torch.Generator().manual_seed(seed)
     n = groups * size
     lo = int(round(min_frac * max_len))
@@ -78,7 +92,7 @@ def bench_ktae(args: argparse.Namespace, device: torch.device) -> None:
     correct = scores > 0
     tokens = int(mask.sum())
     for fisher in ("exact", "official-fp32"):
-        times = _time(
+        times, cpu = _time(
             lambda fisher=fisher: key_token_values(ids, mask, correct, group_ids, fisher=fisher),
             args.repeats,
             device,
@@ -86,13 +100,14 @@ def bench_ktae(args: argparse.Namespace, device: torch.device) -> None:
         med = statistics.median(times)
         print(
             f"KTAE  fisher={fisher:<13} N={ids.shape[0]} T={args.max_len} valid tokens={tokens:,}: "
-            f"median {med:.3f} s ({', '.join(f'{t:.3f}' for t in times)}), {tokens / med:,.0f} tokens/s"
+            f"median {med:.3f} s ({', '.join(f'{t:.3f}' for t in times)}), {tokens / med:,.0f} tokens/s, "
+            f"CPU {cpu:.2f} s, load {_load()}"
         )
 
 
 def bench_delta(args: argparse.Namespace, device: torch.device) -> None:
     per_group = args.group_size * args.max_len * args.hidden * 4
-    groups = args.groups
+    groups = args.delta_groups or args.groups
     if device.type == "cpu":
         avail = _mem_available_bytes()
         if avail is not None:
@@ -113,22 +128,30 @@ def bench_delta(args: argparse.Namespace, device: torch.device) -> None:
     adv = grpo(scores, group_ids)
     scale = -torch.expm1(old_logp)
     tokens = int(mask.sum())
-    times = _time(
+    times, cpu = _time(
         lambda: coefficients_from_hidden(hidden, scale, adv, mask, refine_iters=args.refine_iters),
         args.repeats,
         device,
     )
     med = statistics.median(times)
-    gb = 2 * (args.refine_iters + 1) * hidden.numel() * 4 / 1e9
+    # Roofline: one plain read of the hidden states, the floor for each of DelTA's passes.
+    read, _ = _time(lambda: hidden.sum(), args.repeats, device)
+    read_s = statistics.median(read)
+    passes = 2 * (args.refine_iters + 1)
+    gb = passes * hidden.numel() * 4 / 1e9
     print(
         f"DelTA K={args.refine_iters} N={n} T={args.max_len} H={args.hidden} float32, valid tokens={tokens:,}: "
         f"median {med:.3f} s ({', '.join(f'{t:.3f}' for t in times)}), {tokens / med:,.0f} tokens/s, "
-        f"{gb / med:.1f} GB/s over {2 * (args.refine_iters + 1)} passes"
+        f"{gb / med:.1f} GB/s over {passes} passes, CPU {cpu:.2f} s, load {_load()}"
+    )
+    print(
+        f"DelTA roofline: one read of the hidden states takes {read_s:.3f} s "
+        f"({hidden.numel() * 4 / 1e9 / read_s:.1f} GB/s), so {passes} passes need >= {passes * read_s:.3f} s"
     )
     if groups != args.groups:
         print(
             f"DelTA scaled to {args.groups} groups ({args.groups * args.group_size} rollouts): "
-            f"~{med * args.groups / groups:.2f} s"
+            f"~{med * args.groups / groups:.2f} s (roofline >= {passes * read_s * args.groups / groups:.2f} s)"
         )
 
 
@@ -142,11 +165,19 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=151_936)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--refine-iters", type=int, default=1)
+    p.add_argument(
+        "--delta-groups",
+        type=int,
+        default=0,
+        help="run DelTA on this many groups and scale the time linearly to --groups (0: --groups)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--mem-margin-gb", type=float, default=3.0, help="memory left free when sizing DelTA's batch")
+    p.add_argument(
+        "--mem-margin-gb", type=float, default=3.0, help="memory left free when sizing DelTA's batch"
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -126,6 +126,7 @@ class WarmStartConfig:
 
     difficulty: int = 3
     digits: int = 2
+    operand_digits: int = 1
     forget_rate: float = 0.7  # P(the teacher drops the carry of an addition that has one)
     template: str = "qwen-math"
     steps: int = 600
@@ -197,7 +198,9 @@ def warm_start(model: Any, tokenizer: Any, config: WarmStartConfig | None = None
     from tokencredit.data.templates import render
 
     cfg = config or WarmStartConfig()
-    task = ArithmeticTask(difficulty=cfg.difficulty, digits=cfg.digits, seed=cfg.seed)
+    task = ArithmeticTask(
+        difficulty=cfg.difficulty, digits=cfg.digits, operand_digits=cfg.operand_digits, seed=cfg.seed
+    )
     problems = task.sample(cfg.steps * cfg.batch_size, "train")
     teacher_rng = random.Random(f"teacher|{cfg.seed}")
     torch.manual_seed(cfg.seed)
@@ -366,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         from tokencredit.data.synthetic import ArithmeticTask
 
         model, tok = load_model(str(out))
-        heldout = ArithmeticTask(difficulty=cfg.difficulty, digits=cfg.digits, seed=0).sample(args.eval, "heldout")
+        task = ArithmeticTask(difficulty=cfg.difficulty, digits=cfg.digits, operand_digits=cfg.operand_digits)
+        heldout = task.sample(args.eval, "heldout")
         greedy = toy_accuracy(model, tok, heldout, temperature=0.0)
         sampled = toy_accuracy(model, tok, heldout, temperature=1.0)
         print(f"held-out accuracy on {args.eval} problems: greedy {greedy:.3f}, sampled (T=1) {sampled:.3f}")

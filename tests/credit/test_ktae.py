@@ -277,6 +277,19 @@ def test_vectorised_matches_per_group_reference(seed: int) -> None:
     assert bool((got[~mask] == 0).all())
 
 
+def test_large_groups_match_reference() -> None:
+    gen = torch.Generator().manual_seed(42)
+    n, width = 40 + 24, 12
+    groups = torch.tensor([5] * 40 + [9] * 24)
+    ids = torch.randint(0, 30, (n, width), generator=gen)
+    mask = torch.arange(width)[None] < torch.randint(1, width + 1, (n,), generator=gen)[:, None]
+    correct = torch.rand(n, generator=gen) < 0.3
+    for fisher in ("exact", "official-fp32"):
+        got = key_token_values(ids, mask, correct, groups, fisher=fisher)
+        ref = reference_key_values(ids, mask, correct, groups, True, 1.0, 1.0, 1.0, fisher, set())
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
 def test_permutation_equivariance_and_group_labels() -> None:
     ids, mask, correct, groups = random_batch(3, n_groups=10)
     k = key_token_values(ids, mask, correct, groups)

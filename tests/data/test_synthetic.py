@@ -37,9 +37,9 @@ def test_reference_solution_and_parse():
         parse_problem(Problem(id="hand-1", problem="What is 2 + 2?", answer="4"))
 
 
-@pytest.mark.parametrize("difficulty,digits", [(1, 2), (3, 2), (5, 3)])
-def test_sample_records_are_consistent(difficulty, digits):
-    task = ArithmeticTask(difficulty=difficulty, digits=digits, seed=3)
+@pytest.mark.parametrize("difficulty,digits,operand_digits", [(1, 2, 1), (3, 2, 1), (3, 2, 2), (5, 3, 2)])
+def test_sample_records_are_consistent(difficulty, digits, operand_digits):
+    task = ArithmeticTask(difficulty=difficulty, digits=digits, operand_digits=operand_digits, seed=3)
     probs = task.sample(200, "train")
     assert len(probs) == 200 and len({p.problem for p in probs}) == 200
     assert len({p.id for p in probs}) == 200
@@ -47,7 +47,8 @@ def test_sample_records_are_consistent(difficulty, digits):
         assert isinstance(p, Problem) and isinstance(p, ArithmeticProblem)
         terms, ops = parse_problem(p)
         assert len(ops) == difficulty
-        assert all(1 <= t <= 10**digits - 1 for t in terms)
+        assert 1 <= terms[0] <= 10**digits - 1
+        assert all(1 <= t <= 10**operand_digits - 1 for t in terms[1:])
         acc = terms[0]
         for op, b in zip(ops, terms[1:]):
             acc = acc + b if op == "+" else acc - b

@@ -42,9 +42,8 @@ class Page(HTMLParser):
         self.legends = 0
         self.external: list[str] = []
         self.blob = ""
-        self._cell_method: list[str | None] = []
+        self._cell: list[tuple[str, int] | None] = []
         self._capture: tuple | None = None
-        self._depth = 0
         self._in_blob = False
         self._skip_row: str | None = None
         self.feed(text)
@@ -59,10 +58,10 @@ class Page(HTMLParser):
             self.external.append(str(a))
         cls = (a.get("class") or "").split()
         if tag == "div":
-            self._cell_method.append(a.get("data-m") if "cell" in cls else None)
+            self._cell.append((a["data-m"], int(a["data-r"])) if "cell" in cls else None)
         if tag == "span" and "t" in cls:
-            m = next(x for x in reversed(self._cell_method) if x is not None)
-            self.tokens[(m, int(a["data-r"]), int(a["data-t"]))] = {
+            m, r = next(x for x in reversed(self._cell) if x is not None)
+            self.tokens[(m, r, int(a["data-t"]))] = {
                 "a": a["data-a"],
                 "style": a.get("style", ""),
             }
@@ -81,8 +80,8 @@ class Page(HTMLParser):
             self._in_blob = True
 
     def handle_endtag(self, tag):
-        if tag == "div" and self._cell_method:
-            self._cell_method.pop()
+        if tag == "div" and self._cell:
+            self._cell.pop()
         if tag == "script":
             self._in_blob = False
         if tag == "td":
@@ -327,12 +326,13 @@ def test_cli_jsonl_recomputes_signals_with_the_model(tmp_path, tiny_model_dir):
     out = tmp_path / "report.html"
     assert (
         _explain(
-            "--jsonl", f, "--model", tiny_model_dir, "--methods", "ktae,delta,arca,uniform", "--out", out
+            "--jsonl", f, "--model", tiny_model_dir, "--methods", "ktae,delta,arca,uniform,gcpo", "--out", out
         )
         == 0
     )
     page = Page(out.read_text())
     assert "LoRA" in page.skipped["arca"]
+    assert "'problem' text" in page.skipped["gcpo"]  # the second group gives a literal prompt only
     # entropy and probability of the first completion = an independent forward on the templated prompt
     model, tok = load_model(str(tiny_model_dir))
     prompt = tok(render("qwen-math", "What is 12+30?", tok), add_special_tokens=True)["input_ids"]
@@ -393,11 +393,12 @@ def _write_run(run: Path, model_dir: Path | None, *, lora_rank: int = 0, steps=(
 def test_cli_run_dir_reads_saved_signals(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
     _write_run(run, tiny_model_dir)
-    assert _explain(run, "--methods", "ktae,strace,uniform,delta,arca", "--groups", "2") == 0
+    assert _explain(run, "--methods", "ktae,strace,uniform,delta,arca,gcpo", "--groups", "2") == 0
     out = run / "explain_step_000002.html"  # the latest saved step by default
     page = Page(out.read_text())
     assert len({k[1] for k in page.tokens}) == 8  # 2 groups x 4 responses
     assert "model.lora_rank = 0" in page.skipped["arca"]
+    assert "gcpo" not in page.skipped and "delta" not in page.skipped  # recomputed with RUN_DIR/final
     # rebuild the batch from the saved file and check the page against the core
     step, groups = load_run_rollouts(run)
     assert step == 2
@@ -425,8 +426,15 @@ def json_recipe(run: Path):
 def test_cli_run_dir_without_a_model_still_reports(tmp_path):
     run = tmp_path / "run"
     _write_run(run, None, steps=(3,))
-    assert _explain(run, "--methods", "ktae,delta,uniform", "--out", tmp_path / "r.html") == 0
+    assert (
+        _explain(run, "--methods", "ktae,delta,uniform", "--advantage", "rloo", "--out", tmp_path / "r.html")
+        == 0
+    )
     page = Page((tmp_path / "r.html").read_text())
+    batch = assemble_batch(load_run_rollouts(run)[1])
+    rloo = advantages.rloo(batch.scores, batch.group_ids)
+    assert page.data["rows"]["1"]["advantage"] == pytest.approx(float(rloo[1]), abs=1e-6)
+    assert page.data["rows"]["1"]["credit"]["uniform"][0] == pytest.approx(float(rloo[1]), abs=1e-6)
     assert "hidden" in page.skipped["delta"]
     assert page.data["rows"]["0"]["tokens"] == [
         chr(i + 29) for i in load_run_rollouts(run)[1][0].completions[0].token_ids
@@ -470,6 +478,8 @@ def test_cli_argument_errors(tmp_path, capsys):
     assert _explain(run, "--methods", "ktea") == 2
     assert "closest: ktae" in capsys.readouterr().err
     assert _explain(run, "--groups", "0") == 2
+    assert _explain("--jsonl", tmp_path / "x.jsonl", "--model", "toy", "--step", "3") == 2
+    assert "--step" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------ screenshot

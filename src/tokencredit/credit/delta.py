@@ -36,7 +36,8 @@ from tokencredit.batch import RolloutBatch
 from tokencredit.credit import register
 from tokencredit.errors import ConfigError
 
-# Elements per float32 chunk when hidden states must be upcast or copied (64 MiB).
+# Elements per float32 block when hidden states must be upcast or copied (64 MiB: few blocks,
+# since each block costs a few parallel-region launches).
 _CHUNK_ELEMS = 1 << 24
 _VAR_FLOOR = 1e-8
 _DEN_FLOOR = 1e-8
@@ -73,10 +74,14 @@ def _row_blocks(hidden: Tensor) -> Iterator[tuple[int, int, Tensor]]:
     if hidden.dtype == torch.float32 and hidden.is_contiguous():
         yield 0, n, hidden
         return
-    rows = max(1, _CHUNK_ELEMS // max(1, t * h))
+    rows = max(1, min(n, _CHUNK_ELEMS // max(1, t * h)))
+    # One reused buffer: a fresh allocation per block costs more in page faults than the copy.
+    buf = torch.empty(rows, t, h, dtype=torch.float32, device=hidden.device)
     for i0 in range(0, n, rows):
         i1 = min(n, i0 + rows)
-        yield i0, i1, hidden[i0:i1].to(torch.float32).contiguous()
+        block = buf[: i1 - i0]
+        block.copy_(hidden[i0:i1])
+        yield i0, i1, block
 
 
 def _project(hidden: Tensor, direction: Tensor) -> Tensor:
@@ -84,7 +89,7 @@ def _project(hidden: Tensor, direction: Tensor) -> Tensor:
     n, t, h = hidden.shape
     out = torch.empty(n, t, dtype=torch.float32, device=hidden.device)
     for i0, i1, block in _row_blocks(hidden):
-        out[i0:i1] = (block.view(-1, h) @ direction).view(i1 - i0, t)
+        torch.mv(block.view(-1, h), direction, out=out[i0:i1].view(-1))
     return out
 
 
@@ -97,51 +102,77 @@ def _rollout_sums(hidden: Tensor, weights: Tensor) -> Tensor:
     n, _, h = hidden.shape
     out = torch.empty(n, h, dtype=torch.float32, device=hidden.device)
     for i0, i1, block in _row_blocks(hidden):
-        out[i0:i1] = torch.bmm(weights[i0:i1].unsqueeze(1), block).squeeze(1)
+        torch.bmm(weights[i0:i1].unsqueeze(1), block, out=out[i0:i1].unsqueeze(1))
     return out
 
 
 # ---------------------------------------------------------------------------- statistics
-def _centroids(
-    hidden: Tensor, scale: Tensor, omega: Tensor, pos: Tensor, neg: Tensor
-) -> tuple[Tensor, Tensor]:
-    """mu+/- = sum_side omega * s * h / max(sum_side omega, 1e-8), float32 [H] each."""
-    per_rollout = _rollout_sums(hidden, torch.where(pos | neg, omega * scale, 0.0)).double()
-    sums = torch.stack(
-        [(per_rollout * pos.any(1)[:, None]).sum(0), (per_rollout * neg.any(1)[:, None]).sum(0)]
-    )
-    if not bool(torch.isfinite(sums).all()):
-        raise ValueError(
-            "DelTA: the centroid sums are not finite: the hidden states / proxy hold inf or NaN "
-            "(masked positions are read too, so fill padding with zeros)"
+# A rollout's tokens all share its side (sign of A_i), so side bookkeeping is per rollout ([N]
+# tensors) and per-token work is a handful of [N,T] element-wise ops per stage.
+class _Sides:
+    """Per-rollout side (sign of A), token counts per side, and the side statistics."""
+
+    def __init__(self, adv: Tensor, valid: Tensor) -> None:
+        self.sign = torch.sign(adv)  # [N] +1 P, -1 Q, 0 Z
+        self.pos, self.neg = self.sign > 0, self.sign < 0
+        lengths = valid.sum(1).to(torch.float64)
+        self.count_pos = lengths[self.pos].sum()
+        self.count_neg = lengths[self.neg].sum()
+        self.abs_len = adv.abs().to(torch.float64) * lengths  # sum over a row's tokens of |A|
+
+    def temperatures(self, margins: Tensor, valid_f: Tensor) -> tuple[Tensor, Tensor]:
+        """Population std of the margins over P and over Q (variance floored at 1e-8), float32."""
+        row_sum = margins.sum(1).to(torch.float64)
+        mean_pos = row_sum[self.pos].sum() / self.count_pos.clamp(min=1)
+        mean_neg = row_sum[self.neg].sum() / self.count_neg.clamp(min=1)
+        row_mean = torch.where(self.pos, mean_pos, torch.where(self.neg, mean_neg, 0.0)).to(torch.float32)
+        # Two-pass variance: margins are not centred, so E[m^2] - E[m]^2 could cancel.
+        dev = margins - row_mean[:, None]
+        row_sq = dev.square_().mul_(valid_f).sum(1).to(torch.float64)
+        var_pos = row_sq[self.pos].sum() / self.count_pos.clamp(min=1)
+        var_neg = row_sq[self.neg].sum() / self.count_neg.clamp(min=1)
+        return (
+            var_pos.clamp(min=_VAR_FLOOR).sqrt().to(torch.float32),
+            var_neg.clamp(min=_VAR_FLOOR).sqrt().to(torch.float32),
         )
-    den = torch.stack(
-        [
-            torch.where(pos, omega, 0.0).sum(dtype=torch.float64),
-            torch.where(neg, omega, 0.0).sum(dtype=torch.float64),
-        ]
-    ).clamp(min=_DEN_FLOOR)
-    mu = (sums / den[:, None]).to(torch.float32)
-    return mu[0], mu[1]
+
+    def row_gamma(self, gammas: tuple[Tensor, Tensor]) -> Tensor:
+        """[N,1] gamma of each rollout's side (gamma- on Z rows, whose margins are 0 anyway)."""
+        return torch.where(self.pos, gammas[0], gammas[1])[:, None]
+
+
+def _centroids(hidden: Tensor, weights: Tensor, den_rows: Tensor, sides: _Sides) -> tuple[Tensor, Tensor]:
+    """mu+/- = sum_side weights * h / max(sum_side den, 1e-8), float32 [H] each.
+
+    weights [N,T] = omega * s (0 on Z rows and masked positions); den_rows [N] = a row's sum of
+    omega (the centroid denominators do not include s).
+    """
+    per_rollout = _rollout_sums(hidden, weights)
+    if not bool(torch.isfinite(per_rollout).all()):
+        i = int((~torch.isfinite(per_rollout)).any(1).nonzero()[0, 0])
+        raise ValueError(
+            f"DelTA: hidden states / proxy of rollout {i} hold inf or NaN (masked positions are read "
+            "too with weight 0, so padding must be finite, e.g. zeros); the centroid sums are not finite"
+        )
+    per_rollout = per_rollout.to(torch.float64)
+    den_pos = den_rows[sides.pos].sum().clamp(min=_DEN_FLOOR)
+    den_neg = den_rows[sides.neg].sum().clamp(min=_DEN_FLOOR)
+    mu_pos = (per_rollout[sides.pos].sum(0) / den_pos).to(torch.float32)
+    mu_neg = (per_rollout[sides.neg].sum(0) / den_neg).to(torch.float32)
+    return mu_pos, mu_neg
 
 
 def _margins(
-    hidden: Tensor, scale: Tensor, mu_pos: Tensor, mu_neg: Tensor, pos: Tensor, neg: Tensor
+    hidden: Tensor, scale: Tensor, valid_f: Tensor, mu_pos: Tensor, mu_neg: Tensor, sides: _Sides
 ) -> Tensor:
-    """m [N,T]: |v - mu_other|^2 - |v - mu_own|^2 via the affine form; 0 off P and Q."""
+    """m [N,T] = side * (2 s h.(mu+ - mu-) + |mu-|^2 - |mu+|^2): |v - mu_other|^2 - |v - mu_own|^2.
+
+    0 on Z rows and masked positions (s = 0 and valid_f = 0 there).
+    """
     proj = _project(hidden, mu_pos - mu_neg)
     offset = (mu_neg.double().square().sum() - mu_pos.double().square().sum()).to(torch.float32)
-    m_pos = 2.0 * scale * proj + offset
-    return torch.where(pos, m_pos, torch.where(neg, -m_pos, 0.0))
-
-
-def _temperature(margins: Tensor, side: Tensor) -> Tensor:
-    """Population std of margins over `side` (variance floored at 1e-8), float32 0-dim."""
-    count = side.sum().clamp(min=1).to(torch.float64)
-    m = margins.to(torch.float64)
-    mean = torch.where(side, m, 0.0).sum() / count
-    var = torch.where(side, (m - mean).square(), 0.0).sum() / count
-    return var.clamp(min=_VAR_FLOOR).sqrt().to(torch.float32)
+    m = torch.add(valid_f * offset, proj.mul_(scale), alpha=2.0)
+    return m.mul_(sides.sign[:, None])
 
 
 def _check(
@@ -212,47 +243,44 @@ def discriminate(
     n, t, h = hidden.shape
     device = hidden.device
     valid = mask.to(device) != 0
+    valid_f = valid.to(torch.float32)
     adv = advantages.to(device=device, dtype=torch.float32)
-    pos = valid & (adv > 0)[:, None]
-    neg = valid & (adv < 0)[:, None]
-    scored = pos | neg
-    s = (
-        valid.to(torch.float32)
-        if scale is None
-        else torch.where(valid, scale.to(device=device, dtype=torch.float32), 0.0)
-    )
-    abs_adv = adv.abs()[:, None].expand(n, t)
-    zeros_h = torch.zeros(h, dtype=torch.float32, device=device)
+    sides = _Sides(adv, valid)
+    s = valid_f if scale is None else torch.where(valid, scale.to(device=device, dtype=torch.float32), 0.0)
+    abs_adv = adv.abs()[:, None]
     floor = torch.tensor(_VAR_FLOOR, dtype=torch.float32, device=device).sqrt()
 
-    if bool(scored.any()):
-        omega = torch.where(scored, abs_adv, 0.0)
-        mu_pos, mu_neg = _centroids(hidden, s, omega, pos, neg)
+    if bool((sides.sign != 0).any()) and bool(valid.any()):
+        # Initial weights omega = |A| (0 on Z rows, since |A| = 0 there).
+        base = s * abs_adv
+        mu_pos, mu_neg = _centroids(hidden, base, sides.abs_len, sides)
         centroids = [(mu_pos, mu_neg)]
-        margins = _margins(hidden, s, mu_pos, mu_neg, pos, neg)
+        margins = _margins(hidden, s, valid_f, mu_pos, mu_neg, sides)
         initial = margins
-        gam_pos, gam_neg = _temperature(margins, pos), _temperature(margins, neg)
+        gammas = sides.temperatures(margins, valid_f)
         for it in range(refine_iters):
             if it > 0:
-                gam_pos, gam_neg = _temperature(margins, pos), _temperature(margins, neg)
-            weight = torch.sigmoid(margins / torch.where(pos, gam_pos, gam_neg))
-            mu_pos, mu_neg = _centroids(hidden, s, weight * omega, pos, neg)
+                gammas = sides.temperatures(margins, valid_f)
+            sig = torch.sigmoid(margins / sides.row_gamma(gammas))
+            den_rows = (sig * valid_f).sum(1).to(torch.float64) * abs_adv[:, 0].to(torch.float64)
+            mu_pos, mu_neg = _centroids(hidden, sig.mul_(base), den_rows, sides)
             centroids.append((mu_pos, mu_neg))
-            margins = _margins(hidden, s, mu_pos, mu_neg, pos, neg)
-        sig = torch.sigmoid(margins / torch.where(pos, gam_pos, gam_neg))
-        raw = torch.where(scored, lam_min + (lam_max - lam_min) * sig, lam_min)
+            margins = _margins(hidden, s, valid_f, mu_pos, mu_neg, sides)
+        sig = torch.sigmoid(margins / sides.row_gamma(gammas))
+        scored = (sides.sign != 0)[:, None] & valid
+        raw = torch.where(scored, sig.mul_(lam_max - lam_min).add_(lam_min), valid_f * lam_min)
+        gam_pos, gam_neg = gammas
     else:
         margins = initial = torch.zeros(n, t, dtype=torch.float32, device=device)
+        zeros_h = torch.zeros(h, dtype=torch.float32, device=device)
         centroids = [(zeros_h, zeros_h)] * (refine_iters + 1)
         gam_pos = gam_neg = floor
-        raw = torch.full((n, t), lam_min, dtype=torch.float32, device=device)
-    raw = torch.where(valid, raw, 0.0)
+        raw = valid_f * lam_min
 
-    n_valid = valid.sum()
+    n_valid = valid_f.sum(dtype=torch.float64)
     total = raw.sum(dtype=torch.float64)
     factor = torch.where(n_valid > 0, n_valid / total.clamp(min=1e-30), 0.0).to(torch.float32)
-    coef = raw * factor
-    return DeltaTerms(coef, raw, margins, initial, tuple(centroids), (gam_pos, gam_neg))
+    return DeltaTerms(raw * factor, raw, margins, initial, tuple(centroids), (gam_pos, gam_neg))
 
 
 def coefficients_from_hidden(

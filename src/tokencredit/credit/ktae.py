@@ -15,15 +15,18 @@ and the token advantage is Â[i,t] = mask[i,t] * (A_i + k(token[i,t])). This fol
 official code (verl fork, `compute_key_tokens.py` / `core_algos.py`), which differs from the
 paper's formulas in places; see docs spec `ktae.md`.
 
-Implementation: vectorised over the whole batch. One sort of int64 keys
-(group, id, rank-in-group) gives the distinct (group, id) pairs, their presence counts
-(distinct rollouts) and occurrence counts by segment sums; F, IG and h depend only on
-(G, N_T, a, b) and are computed once per distinct table. Cost grows with the number of
-valid tokens, never with the vocabulary size; there is no Python loop over groups or ids.
+Implementation: vectorised over the whole batch. One sort of bit-packed int64 keys
+(group | id | correctness | rank of the rollout in its group) gives the distinct (group, id)
+pairs, their presence counts (distinct rollouts) and occurrence counts by segment sums over
+runs. F, IG and h depend only on (G, N_T, a, b): they are computed for every (a, b) of each
+distinct (G, N_T) combo once and cached (a run sees only a few combos). Cost grows with the
+number of valid tokens, never with the vocabulary size; there is no Python loop over groups
+or ids (only over the distinct (G, N_T) combos, at most G + 1 per group size).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -145,6 +148,20 @@ def table_statistics(
     p_false = (b / (n_false + 1e-10)).clamp(0.0, 1.0)
     cohen = torch.asin(torch.sqrt(p_true)) - torch.asin(torch.sqrt(p_false))
     return f_score, info_gain, cohen
+
+
+@functools.lru_cache(maxsize=4096)
+def _combo_table(n: int, n_true: int, fisher: str, alpha: float, beta: float) -> Tensor:
+    """[2, (n_true+1) * (n-n_true+1)] float64 CPU: strength S and Cohen h for every (a, b),
+    entry a * (n - n_true + 1) + b. Cached: a run sees few (G, N_T) combos, so after the first
+    steps the per-table statistics cost nothing. Treat the result as read-only.
+    """
+    a, b = torch.meshgrid(torch.arange(n_true + 1), torch.arange(n - n_true + 1), indexing="ij")
+    a, b = a.flatten(), b.flatten()
+    f_score, info_gain, cohen = table_statistics(
+        torch.full_like(a, n), torch.full_like(a, n_true), a, b, fisher=fisher
+    )
+    return torch.stack([(alpha * f_score + beta * info_gain) / (alpha + beta), cohen])
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -279,27 +296,23 @@ def key_token_values(
     pair_group = pair_key >> id_bits
     del sorted_key, sorted_pair, new_pair, new_rollout, is_true
 
-    # Distinct tables: (group size, correct count) combo x a x b; F, IG, h once per table.
+    # S and h depend only on (G, N_T, a, b): one cached [2, (N_T+1)(N_F+1)] table per distinct
+    # (G, N_T) combo, concatenated; a pair's entry is base[group] + a * (N_F + 1) + b.
     side = int(g_size.max()) + 1
-    combos, combo_of_group = torch.unique(g_size * side + g_true, return_inverse=True)
-    code = (combo_of_group * (side * side))[pair_group] + a * side + b
-    dense = combos.numel() * side * side
-    if dense <= max(1 << 20, code.numel()):
-        seen = torch.zeros(dense, dtype=torch.bool, device=device)
-        seen[code] = True
-        tables = seen.nonzero().squeeze(1)
-        lut = torch.empty(dense, dtype=torch.int64, device=device)
-        lut[tables] = torch.arange(tables.numel(), device=device)
-        table_of_pair = lut[code]
-    else:
-        tables, table_of_pair = torch.unique(code, return_inverse=True)
-    t_combo = combos[tables // (side * side)]
-    f_score, info_gain, cohen = table_statistics(
-        t_combo // side, t_combo % side, (tables // side) % side, tables % side, fisher=fisher
-    )
-    strength = (alpha * f_score + beta * info_gain) / (alpha + beta)
-    per_table = torch.stack([strength, cohen], 1)[table_of_pair]
-    strength, direction = per_table[:, 0], per_table[:, 1]
+    combos, combo_of_mixed = torch.unique((g_size * side + g_true)[mixed], return_inverse=True)
+    luts, bases = [], []
+    offset = 0
+    for c in combos.tolist():
+        table = _combo_table(c // side, c % side, fisher, float(alpha), float(beta))
+        luts.append(table)
+        bases.append((offset, c // side - c % side + 1))
+        offset += table.shape[1]
+    lut = torch.cat(luts, 1).to(device)
+    group_base = torch.zeros(n_groups, 2, dtype=torch.int64, device=device)
+    group_base[mixed] = torch.tensor(bases, dtype=torch.int64, device=device)[combo_of_mixed]
+    base_stride = group_base[pair_group]
+    per_pair = lut[:, base_stride[:, 0] + a * base_stride[:, 1] + b]
+    strength, direction = per_pair[0], per_pair[1]
 
     if use_tf:
         # Per-group BM25 constants, gathered once per pair as one [P, 4] row lookup.

@@ -18,8 +18,10 @@ character that differs from the reference, e.g. the first digit of a wrong inter
 and which characters are shared boilerplate, problem-dependent arithmetic, or the final answer
 (`label_chars`). Credit-assignment probes use both.
 
-Difficulty: ``difficulty`` is the number of steps (operands = difficulty + 1); ``digits`` bounds
-the operands and the running total to ``[0, 10**digits - 1]``.
+Difficulty: ``difficulty`` is the number of steps (operands = difficulty + 1); the first operand
+and every running total lie in ``[0, 10**digits - 1]`` and the later operands in
+``[1, 10**operand_digits - 1]`` (default: two-digit totals, one-digit operands, so about half the
+additions carry).
 
 Train / held-out split: a problem belongs to the held-out split iff a SHA-256 hash of its
 expression falls in a fixed ``heldout_fraction`` of the hash range. Membership depends only on
@@ -287,26 +289,41 @@ class ArithmeticTask:
 
     Args:
         difficulty: number of steps (operands = difficulty + 1), >= 1.
-        digits: operands and running totals lie in ``[0, 10**digits - 1]`` (operands >= 1), 1..4.
+        digits: the first operand and the running totals lie in ``[0, 10**digits - 1]``, 1..4.
+        operand_digits: the later operands lie in ``[1, 10**operand_digits - 1]``, 1..digits.
         seed: sampling seed (split membership does not depend on it).
         heldout_fraction: share of the problem space reserved for the held-out split, in (0, 1).
     """
 
-    def __init__(self, difficulty: int = 3, digits: int = 2, seed: int = 0, heldout_fraction: float = 0.1):
+    def __init__(
+        self,
+        difficulty: int = 3,
+        digits: int = 2,
+        operand_digits: int = 1,
+        seed: int = 0,
+        heldout_fraction: float = 0.1,
+    ):
         if not isinstance(difficulty, int) or difficulty < 1:
             raise ValueError(f"difficulty must be an int >= 1 (number of steps), got {difficulty!r}")
         if not isinstance(digits, int) or not 1 <= digits <= 4:
             raise ValueError(f"digits must be an int in 1..4, got {digits!r}")
+        if not isinstance(operand_digits, int) or not 1 <= operand_digits <= digits:
+            raise ValueError(f"operand_digits must be an int in 1..digits ({digits}), got {operand_digits!r}")
         if not 0.0 < heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction!r}")
         self.difficulty = difficulty
         self.digits = digits
+        self.operand_digits = operand_digits
         self.seed = seed
         self.heldout_fraction = heldout_fraction
         self.max_value = 10**digits - 1
+        self.max_operand = 10**operand_digits - 1
 
     def __repr__(self) -> str:
-        return f"ArithmeticTask(difficulty={self.difficulty}, digits={self.digits}, seed={self.seed})"
+        return (
+            f"ArithmeticTask(difficulty={self.difficulty}, digits={self.digits}, "
+            f"operand_digits={self.operand_digits}, seed={self.seed})"
+        )
 
     def split_of(self, expression: str) -> str:
         """'heldout' or 'train' for an expression such as ``"47 + 38 - 19"`` (seed-independent)."""
@@ -319,7 +336,7 @@ class ArithmeticTask:
         acc = terms[0]
         while len(ops) < self.difficulty:
             op = rng.choice("+-")
-            b = rng.randint(1, self.max_value)
+            b = rng.randint(1, self.max_operand)
             c = acc + b if op == "+" else acc - b
             if 0 <= c <= self.max_value:
                 terms.append(b)
@@ -328,12 +345,12 @@ class ArithmeticTask:
         return terms, ops
 
     def sample(self, n: int, split: str = "train") -> list[ArithmeticProblem]:
-        """n distinct problems of one split, deterministic in (difficulty, digits, seed, split)."""
+        """n distinct problems of one split, deterministic in the task's arguments and `split`."""
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        rng = random.Random(f"arith|{self.difficulty}|{self.digits}|{self.seed}|{split}")
+        rng = random.Random(f"arith|{self.difficulty}|{self.digits}|{self.operand_digits}|{self.seed}|{split}")
         seen: set[str] = set()
         out: list[ArithmeticProblem] = []
         attempts, max_attempts = 0, 200 * n + 10_000

@@ -48,7 +48,10 @@ class CreditSpec:
         """(keep_ratio, scope) of a kernel that trains only a kept token set (S-trace), else None."""
         if self.kernel in ENGINE_KERNELS or not objectives.get_kernel(self.kernel).uses_keep:
             return None
-        return {"keep_ratio": self.kernel_params.get("keep_ratio", 0.2), "scope": self.kernel_params.get("scope", "batch")}
+        return {
+            "keep_ratio": self.kernel_params.get("keep_ratio", 0.2),
+            "scope": self.kernel_params.get("scope", "batch"),
+        }
 
     def needs(self) -> frozenset[str]:
         """Per-token signals needed to compute the token advantages (credit method + kept set)."""

@@ -20,7 +20,8 @@ What it registers (generated, never listed by hand):
 Inputs verl does not pass. A registered estimator receives only ``token_level_rewards``,
 ``response_mask``, ``index`` and ``config``; token credit needs the response token ids and, for
 some methods, the old policy's entropy. `install_hooks` (run once at import; the one place that
-touches verl) supplies them by the least invasive routes of the integration spec:
+touches verl) supplies them by the least invasive routes of the integration spec, patching each
+verl module right after it is first imported (`HOOK_TARGETS`), so ``import verl`` stays light:
 
 1. the module-level ``compute_advantage`` (in ``verl.trainer.ppo.ray_trainer`` and, on the v1
    trainer, ``verl.trainer.ppo.v1.utils``) is wrapped: for a ``tc_`` estimator it hands the whole
@@ -41,10 +42,14 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import importlib.abc
+import importlib.machinery
 import inspect
 import logging
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -80,6 +85,7 @@ __all__ = [
     "SIGNAL_KEYS",
     "SUPPORTED_VERSIONS",
     "batch_from_dataproto",
+    "HOOK_TARGETS",
     "check_version",
     "estimator_spec",
     "install_hooks",
@@ -136,8 +142,9 @@ class _StepContext:
     fetch: Callable[[list[str]], dict[str, Tensor]] | None = None  # v1: fields from the TransferQueue
 
 
-_CONTEXT: contextvars.ContextVar[_StepContext | None] = contextvars.ContextVar("tokencredit_verl_step", default=None)
-_LEGACY_SPECIAL_IDS: list[tuple[int, ...] | None] = [None]  # the legacy trainer's tokenizer ids (driver process)
+_CONTEXT: contextvars.ContextVar[_StepContext | None] = contextvars.ContextVar("tc_verl_step", default=None)
+# The legacy trainer's tokenizer special ids (set by its hook in the driver process).
+_LEGACY_SPECIAL_IDS: list[tuple[int, ...] | None] = [None]
 
 
 def _special_ids(tokenizer: Any) -> tuple[int, ...] | None:
@@ -174,7 +181,9 @@ def batch_from_dataproto(
             f"{who}: the DataProto has no 'responses' (response token ids); keys: {sorted(batch.keys())}"
         )
     if "uid" not in data.non_tensor_batch:
-        raise ConfigError(f"{who}: the DataProto has no non_tensor_batch['uid'] (the prompt group of each response)")
+        raise ConfigError(
+            f"{who}: the DataProto has no non_tensor_batch['uid'] (the prompt group of each response)"
+        )
     token_ids = batch["responses"]
     if token_ids.shape != mask.shape:
         raise ConfigError(
@@ -276,7 +285,9 @@ def _fetch_missing(data: DataProto, needs: Iterable[str], ctx: _StepContext | No
     for key in missing:
         value = fetched[key]
         if value.shape[0] != len(data):
-            raise ConfigError(f"TransferQueue field {key!r}: {value.shape[0]} rows for a batch of {len(data)}")
+            raise ConfigError(
+                f"TransferQueue field {key!r}: {value.shape[0]} rows for a batch of {len(data)}"
+            )
         if value.shape[-1] < mask.shape[-1]:
             value = torch.nn.functional.pad(value, (0, mask.shape[-1] - value.shape[-1]))
         data.batch[key] = value[:, : mask.shape[-1]].to(mask.device)
@@ -316,7 +327,9 @@ def register_estimator(
 
 
 # ---------------------------------------------------------------------------------------------- losses
-def _make_loss(verl_name: str, kernel: str, kernel_params: Mapping[str, Any]) -> Callable[..., tuple[Tensor, dict]]:
+def _make_loss(
+    verl_name: str, kernel: str, kernel_params: Mapping[str, Any]
+) -> Callable[..., tuple[Tensor, dict]]:
     uses_keep = objectives.get_kernel(kernel).uses_keep
     params = {k: v for k, v in kernel_params.items() if k not in ("keep_ratio", "scope")}
 
@@ -458,7 +471,8 @@ def _wrap_legacy_old_log_prob(original: Callable[..., Any]) -> Callable[..., Any
         result = original(self, *args, **kwargs)
         old = result[0] if isinstance(result, tuple) else result
         if "entropys" in old.batch.keys():
-            old.batch["tc_entropy"] = old.batch["entropys"]  # `fit` pops "entropys"; keep it for the estimators
+            # `fit` pops "entropys" after logging it; keep it for the estimators.
+            old.batch["tc_entropy"] = old.batch["entropys"]
         return result
 
     _compute_old_log_prob.tokencredit_hook = True  # type: ignore[attr-defined]
@@ -477,7 +491,9 @@ def _wrap_v1_compute_advantage(original: Callable[..., Any], tq_module: Any) -> 
         _check_pairing(self.config)
 
         def fetch(fields: list[str]) -> dict[str, Tensor]:
-            got = tq_module.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+            got = tq_module.kv_batch_get(
+                keys=batch.keys, partition_id=batch.partition_id, select_fields=fields
+            )
             padded = got.to_padded_tensor()
             return {f: padded[f] for f in fields}
 
@@ -491,28 +507,78 @@ def _wrap_v1_compute_advantage(original: Callable[..., Any], tq_module: Any) -> 
     return _compute_advantage
 
 
-def install_hooks() -> list[str]:
-    """Install the hooks described in the module docstring (idempotent); returns what was hooked."""
-    from verl.trainer.ppo import ray_trainer
-
-    done = []
-    ray_trainer.compute_advantage = _wrap_compute_advantage(ray_trainer.compute_advantage)
-    done.append("verl.trainer.ppo.ray_trainer.compute_advantage")
-    legacy = getattr(ray_trainer, "RayPPOTrainer", None)
+def _patch_ray_trainer(module: ModuleType) -> None:
+    module.compute_advantage = _wrap_compute_advantage(module.compute_advantage)
+    legacy = getattr(module, "RayPPOTrainer", None)
     if legacy is not None and hasattr(legacy, "_compute_old_log_prob"):
         legacy._compute_old_log_prob = _wrap_legacy_old_log_prob(legacy._compute_old_log_prob)
-        done.append("RayPPOTrainer._compute_old_log_prob")
-    try:  # the v1 trainer needs the TransferQueue package, which a minimal install may lack
-        from verl.trainer.ppo.v1 import trainer_base, utils as v1_utils
-    except ImportError as err:
-        log.info("tokencredit: verl v1 trainer not importable (%s); hooked the legacy trainer only", err)
-        return done
-    v1_utils.compute_advantage = _wrap_compute_advantage(v1_utils.compute_advantage)
-    trainer_base.PPOTrainer._compute_advantage = _wrap_v1_compute_advantage(
-        trainer_base.PPOTrainer._compute_advantage, trainer_base.tq
+
+
+def _patch_v1_utils(module: ModuleType) -> None:
+    module.compute_advantage = _wrap_compute_advantage(module.compute_advantage)
+
+
+def _patch_v1_trainer_base(module: ModuleType) -> None:
+    module.PPOTrainer._compute_advantage = _wrap_v1_compute_advantage(
+        module.PPOTrainer._compute_advantage, module.tq
     )
-    done += ["verl.trainer.ppo.v1.utils.compute_advantage", "PPOTrainer._compute_advantage"]
-    return done
+
+
+# verl module -> the patch applied right after it is executed (or at once if it already was).
+HOOK_TARGETS: dict[str, Callable[[ModuleType], None]] = {
+    "verl.trainer.ppo.ray_trainer": _patch_ray_trainer,
+    "verl.trainer.ppo.v1.utils": _patch_v1_utils,
+    "verl.trainer.ppo.v1.trainer_base": _patch_v1_trainer_base,
+}
+_PENDING: dict[str, Callable[[ModuleType], None]] = {}
+
+
+class _PostImportPatcher(importlib.abc.MetaPathFinder):
+    """Patches a pending verl module right after its code runs, so `import verl` stays light.
+
+    verl imports this plugin from its package __init__ (VERL_USE_EXTERNAL_MODULES), before any
+    trainer module exists; importing the trainers there would pull the whole training stack into
+    every Ray worker and risk import cycles. Instead the loader of each target is wrapped once.
+    """
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _PENDING:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                run = spec.loader.exec_module
+
+                def exec_module(module: ModuleType, run: Callable[[ModuleType], None] = run) -> None:
+                    run(module)
+                    patch = _PENDING.pop(fullname, None)
+                    if patch is not None:
+                        patch(module)
+
+                spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+                return spec
+        return None
+
+
+def install_hooks() -> list[str]:
+    """Schedule (or apply, for already imported modules) the hooks of the module docstring; idempotent.
+
+    Returns the verl modules hooked. A module that is never imported (e.g. the v1 trainer on an
+    install without TransferQueue) is simply never patched.
+    """
+    for name, patch in HOOK_TARGETS.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+        else:
+            _PENDING[name] = patch
+    if _PENDING and not any(isinstance(f, _PostImportPatcher) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PostImportPatcher())
+    return list(HOOK_TARGETS)
 
 
 def _register_all() -> None:

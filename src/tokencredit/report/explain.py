@@ -575,7 +575,7 @@ def explain_batch(
         defined = dg.defined_rows(w, m_cpu)
         view.row_gini = {r: (float(g[k]) if bool(defined[k]) else None) for k, r in enumerate(rows)}
         summ = dg.summary(eff, m_cpu, seq, None if entropy is None else entropy.cpu())
-        view.diagnostics = {key: summ.get(key) for key in summ}
+        view.diagnostics = dict(summ)
         peak = float(eff[m_cpu].abs().max()) if bool(m_cpu.any()) else 0.0
         view.scale = peak if peak > 0 else 1.0
         views.append(view)
@@ -900,6 +900,8 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.run_dir is None) == (args.jsonl is None):
         raise ConfigError("give either a RUN_DIR or --jsonl FILE (with --model PATH)")
+    if args.jsonl is not None and args.step is not None:
+        raise ConfigError("--step selects a saved step of a run directory; it has no meaning with --jsonl")
     if args.jsonl is not None and not args.model:
         raise ConfigError("--jsonl needs --model PATH (its tokenizer and signals explain the completions)")
     if args.groups < 1:

@@ -3,8 +3,8 @@
 Self-contained: inline CSS and a small inline script, no network asset. Every number the page
 shows is also machine-readable, so tests can compare it with the core without a browser:
 
-- each token is a ``<span class="t" data-r=ROW data-t=POS data-a=VALUE>`` inside a
-  ``<div class="cell" data-m=METHOD>``; its background is a diverging colour centred at 0;
+- each token is a ``<span class="t" data-t=POS data-a=VALUE>`` inside a
+  ``<div class="cell" data-m=METHOD data-r=ROW>``; its background is a diverging colour centred at 0;
 - diagnostics cells carry ``data-m``, ``data-k`` (key) and ``data-value``; rank-correlation cells
   carry ``data-a``, ``data-b``, ``data-value`` (empty when undefined) and ``data-rows``;
 - a ``<script type="application/json" id="tc-data">`` blob holds per row the tokens, entropy,
@@ -187,7 +187,7 @@ td.skip{text-align:left;color:var(--mut);font-style:italic;white-space:normal;ma
 .meta{font-size:12px;color:#333;border-left:0!important}
 .meta .ok{color:#1a7f37;font-weight:700}.meta .bad{color:#b42318;font-weight:700}
 .meta .k{color:var(--mut)}
-.cell{font:12.5px/1.55 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;white-space:pre-wrap;word-break:break-all}
+.cell{font:12.5px/1.55 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;white-space:pre-wrap;overflow-wrap:anywhere}
 .cell .cm{display:block;font:11px system-ui,sans-serif;color:var(--mut);margin-bottom:1px}
 .t{border-radius:2px;padding:0 .5px;cursor:default}
 .t.d{color:#fff}
@@ -213,8 +213,8 @@ _JS = """
     var v = x.toFixed(d); if (s && x >= 0) v = '+' + v; return v.replace('-', '\\u2212'); }
   function td(tr, text){ var c = document.createElement('td'); c.textContent = text; tr.appendChild(c); }
   function show(s, ev){
-    var r = s.getAttribute('data-r'), t = +s.getAttribute('data-t');
-    var m = s.parentNode.getAttribute('data-m'), row = D.rows[r];
+    var cell = s.parentNode, r = cell.getAttribute('data-r'), t = +s.getAttribute('data-t');
+    var m = cell.getAttribute('data-m'), row = D.rows[r];
     tip.textContent = '';
     var head = document.createElement('div'), tk = document.createElement('span');
     tk.className = 'tk'; tk.textContent = JSON.stringify(row.tokens[t]); head.appendChild(tk);
@@ -233,7 +233,7 @@ _JS = """
     });
     tip.appendChild(tb);
     lit.forEach(function(x){ x.classList.remove('hl'); });
-    lit = Array.prototype.slice.call(document.querySelectorAll('.t[data-r="' + r + '"][data-t="' + t + '"]'));
+    lit = Array.prototype.slice.call(document.querySelectorAll('.cell[data-r="' + r + '"] .t[data-t="' + t + '"]'));
     lit.forEach(function(x){ x.classList.add('hl'); });
     tip.style.display = 'block'; move(ev);
   }
@@ -374,7 +374,7 @@ def _group_html(g: GroupView, methods: list[MethodView]) -> str:
                 bg, dark = colour(v, m.scale)
                 cls = "t" + (" d" if dark else "") + (" sp" if r.special and r.special[t] else "")
                 spans.append(
-                    f'<span class="{cls}" data-r="{r.row}" data-t="{t}" data-a="{_num(v)!r}" '
+                    f'<span class="{cls}" data-t="{t}" data-a="{_num(v)!r}" '
                     f'style="background:{bg}">{_token_html(tok)}</span>'
                 )
             parts.append(

@@ -1,0 +1,298 @@
+"""TRL plugin: `CreditGRPOTrainer`, a GRPOTrainer that trains on tokencredit's (B, T) token advantages.
+
+    trainer = CreditGRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=...,
+                                credit="ktae")   # any credit method or recipe name
+
+The hook is the one TRL's maintainers recommend (trl issue 4525): override
+`_generate_and_score_completions`, call super, replace ``output["advantages"]`` (B,) with (B, T);
+`_compute_loss` accepts (B, T) advantages from TRL 1.0 on. All group-level work happens there,
+before TRL shuffles and splits the generation batch:
+
+- scores: TRL gathers every reward function's output across processes (`_calculate_rewards`,
+  captured here); the score of a completion is their weighted sum, as TRL's default
+  ``multi_objective_aggregation="sum_then_normalize"`` uses;
+- a prompt's group (``num_generations`` consecutive completions of the global batch) may span
+  processes, so the completion ids, masks and signals are padded and gathered, the core computes
+  Â on the global batch, and each process keeps its own rows, cut to its ``completion_ids.size(1)``;
+- TRL computes no entropy or hidden state at scoring time: when the credit method needs per-token
+  signals, ONE extra no-grad pass (`tokencredit.signals.compute_signals`) computes exactly those.
+
+Group baseline: a recipe name brings its own (`tokencredit.recipes`); a bare credit method uses
+TRL's normalisation (``scale_rewards`` group / batch / none, eps 1e-4), so ``credit="uniform"``
+reproduces TRL's own advantages. TRL's loss stays TRL's (``loss_type``, clipping,
+``importance_sampling_level``): recipes whose ratio kernel TRL lacks (P-/S-trace) are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from packaging.version import Version
+from torch import Tensor
+
+from tokencredit.batch import RolloutBatch
+from tokencredit.errors import ConfigError
+from tokencredit.integrations._common import CreditSpec, resolve, token_advantages
+from tokencredit.signals import compute_signals
+
+try:
+    import trl
+    from trl import GRPOTrainer
+    from trl.data_utils import apply_chat_template, is_conversational
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise ImportError("tokencredit.integrations.trl needs TRL: pip install 'tokencredit[trl]'") from err
+
+__all__ = ["SUPPORTED_VERSIONS", "CreditGRPOTrainer", "check_version"]
+
+SUPPORTED_VERSIONS = ">=1.0,<2"
+_MIN_VERSION, _MAX_VERSION = Version("1.0.0"), Version("2.0.0")
+
+# TRL's scale_rewards -> the core's group baseline (TRL's eps is 1e-4).
+_TRL_BASELINES = {"group": "grpo", "batch": "grpo-batch", "none": "dr-grpo"}
+_TRL_EPS = 1e-4
+
+
+def check_version(version: str | None = None) -> str:
+    """Raise ImportError unless TRL's version is in SUPPORTED_VERSIONS."""
+    found = trl.__version__ if version is None else version
+    if not _MIN_VERSION <= Version(found) < _MAX_VERSION:
+        raise ImportError(
+            f"tokencredit.integrations.trl supports TRL {SUPPORTED_VERSIONS} (tested with 1.0.0 and 1.16.0); found TRL "
+            f"{found}. It overrides GRPOTrainer internals (_generate_and_score_completions, _calculate_rewards) "
+            "whose contract differs in other major versions."
+        )
+    return found
+
+
+check_version()
+
+NegativePromptFn = Callable[[Mapping[str, Any]], Any]
+
+
+class CreditGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose loss sees per-token advantages Â (B, T) from a tokencredit method or recipe.
+
+    credit: a registered credit method (tokencredit.credit.CREDIT_METHODS, e.g. "ktae",
+        "entropy-80-20", "delta") or a recipe (tokencredit.recipes.RECIPES, e.g. "dapo+ktae").
+    credit_params: overrides of the credit method's hyperparameters. For KTAE the tokenizer's special
+        ids are ignored (`ignore_token_ids`) unless given here.
+    negative_prompt: GCPO only: example -> the negative prompt (string or messages). By default the
+        dataset's "problem" text inside the prompt is replaced by tokencredit.credit.gcpo.negative_prompt.
+    After each scoring, `last_credit` holds this process's rows: completion ids, mask, scores, group ids,
+    the sequence advantages A and the token advantages Â handed to the loss, and the signals used.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        credit: str = "uniform",
+        credit_params: Mapping[str, Any] | None = None,
+        negative_prompt: NegativePromptFn | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.credit_spec: CreditSpec = resolve(credit, credit_params)
+        self._negative_prompt_fn = negative_prompt
+        self._tc_rewards: Tensor | None = None
+        self.last_credit: dict[str, Any] | None = None
+        super().__init__(*args, **kwargs)
+        self._check_compatible()
+
+    # ------------------------------------------------------------------ configuration
+    def _check_compatible(self) -> None:
+        spec, args = self.credit_spec, self.args
+        if spec.kernel not in ("token", "gspo", "gspo-token", "reinforce"):
+            raise ConfigError(
+                f"recipe {spec.name!r} uses the {spec.kernel!r} ratio kernel, which TRL's GRPO loss does not have; "
+                "use the verl plugin (loss_mode tc_" + spec.kernel + ") or tokencredit's own trainer"
+            )
+        if (
+            spec.kernel in ("gspo", "gspo-token")
+            and getattr(args, "importance_sampling_level", "token") != "sequence"
+        ):
+            raise ConfigError(
+                f"recipe {spec.name!r} uses GSPO's sequence ratio: set GRPOConfig(importance_sampling_level='sequence')"
+            )
+        if getattr(args, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
+            raise ConfigError(
+                "CreditGRPOTrainer scores a completion by the weighted sum of its rewards; "
+                "multi_objective_aggregation='normalize_then_sum' has no single score per completion"
+            )
+        if getattr(args, "use_liger_loss", False):
+            raise ConfigError(
+                "the Liger fused GRPO loss takes (B,) advantages only; set use_liger_loss=False"
+            )
+        if not spec.from_recipe and getattr(args, "scale_rewards", "group") not in _TRL_BASELINES:
+            raise ConfigError(
+                f"unknown scale_rewards {args.scale_rewards!r}; expected one of {list(_TRL_BASELINES)}"
+            )
+
+    @property
+    def _text_tokenizer(self) -> Any:
+        """The text tokenizer (TRL 1.x keeps it as `_tokenizer`; a processor wraps it as `.tokenizer`)."""
+        tok = getattr(self, "_tokenizer", None)
+        return tok if tok is not None else getattr(self.processing_class, "tokenizer", self.processing_class)
+
+    def _baseline(self) -> tuple[str | None, dict[str, Any] | None]:
+        """(estimator, params) for the core's group baseline: the recipe's, or TRL's normalisation."""
+        if self.credit_spec.from_recipe:
+            return None, None
+        return _TRL_BASELINES[self.args.scale_rewards], {"eps": _TRL_EPS}
+
+    # ------------------------------------------------------------------ TRL hooks
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._tc_rewards = rewards  # [B_global, n_funcs], gathered across processes by TRL
+        return rewards
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        output = super()._generate_and_score_completions(inputs)
+        output["advantages"] = self._token_advantages(inputs, output)
+        return output
+
+    # ------------------------------------------------------------------ credit
+    def _token_advantages(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> Tensor:
+        """Â (B_local, T_local) for this process's rows, computed on the gathered global batch."""
+        if self._tc_rewards is None:
+            raise RuntimeError("CreditGRPOTrainer: no rewards were captured for this batch")
+        if "pixel_values" in output:
+            raise ConfigError(
+                "CreditGRPOTrainer supports text-only models (the signals pass takes no images)"
+            )
+        acc = self.accelerator
+        rewards, self._tc_rewards = self._tc_rewards, None
+        unscorable = torch.isnan(rewards).all(dim=1)
+        if bool(unscorable.any()):
+            i = int(unscorable.nonzero()[0])
+            raise ValueError(
+                f"every reward function returned None for completion {i} of the global batch; token credit needs "
+                "a score for every completion"
+            )
+        scores = (rewards * self.reward_weights.to(rewards.device).unsqueeze(0)).nansum(dim=1)
+
+        ids = output["completion_ids"]
+        mask = output["completion_mask"].bool()
+        if "tool_mask" in output:
+            mask = mask & output["tool_mask"].bool()
+        n_local, t_local = ids.shape
+        signals = self._signals(inputs, output, mask)
+
+        if acc.num_processes > 1:
+            pad_id = self._text_tokenizer.pad_token_id
+
+            def gather(x: Tensor, pad: float) -> Tensor:
+                return acc.gather(acc.pad_across_processes(x, dim=1, pad_index=pad))
+
+            ids_all, mask_all = gather(ids, pad_id), gather(mask, 0).bool()
+            signals_all = {k: gather(v, 0) for k, v in signals.items()}
+        else:
+            ids_all, mask_all, signals_all = ids, mask, signals
+        n_all = ids_all.shape[0]
+        if scores.numel() != n_all:
+            raise RuntimeError(f"CreditGRPOTrainer: {scores.numel()} scores for {n_all} gathered completions")
+        mode = "train" if self.model.training else "eval"
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        group_ids = torch.arange(n_all, device=ids_all.device) // group_size  # TRL's RepeatSampler layout
+
+        batch = RolloutBatch(ids_all, mask_all, group_ids, scores.float().to(ids_all.device), **signals_all)
+        advantage, params = self._baseline()
+        seq_adv, tok_adv = token_advantages(
+            self.credit_spec,
+            batch,
+            advantage=advantage,
+            advantage_params=params,
+            special_ids=getattr(self._text_tokenizer, "all_special_ids", None),
+        )
+        rows = slice(acc.process_index * n_local, (acc.process_index + 1) * n_local)
+        local = tok_adv[rows, :t_local].to(device=ids.device, dtype=torch.float32).contiguous()
+        self.last_credit = {
+            "completion_ids": ids.detach().clone(),
+            "mask": mask.detach().clone(),
+            "scores": batch.scores[rows].detach().clone(),
+            "group_ids": group_ids[rows].detach().clone(),
+            "sequence_advantages": seq_adv[rows].detach().clone(),
+            "advantages": local.detach().clone(),
+            "signals": {k: v.detach().clone() for k, v in signals.items()},
+        }
+        return local
+
+    def _signals(
+        self, inputs: list[dict[str, Any]], output: dict[str, Any], mask: Tensor
+    ) -> dict[str, Tensor]:
+        """The per-token signals the credit method needs for this process's rows, in one no-grad pass."""
+        needs = set(self.credit_spec.needs())
+        if not needs:
+            return {}
+        if needs == {"old_log_probs"} and output.get("old_per_token_logps") is not None:
+            lp = output["old_per_token_logps"].float()
+            return {"old_log_probs": torch.where(mask, lp, torch.zeros((), dtype=lp.dtype, device=lp.device))}
+        prompt_ids, prompt_mask = output["prompt_ids"], output["prompt_mask"]
+        sequences = torch.cat([prompt_ids, output["completion_ids"]], dim=1)
+        attention = torch.cat([prompt_mask, output["completion_mask"]], dim=1)
+        neg = self._negative_inputs(inputs, output) if "neg_log_probs" in needs else {}
+        model = self.accelerator.unwrap_model(self.model)
+        return compute_signals(
+            model,
+            sequences,
+            attention,
+            int(prompt_ids.shape[1]),
+            mask,
+            needs,
+            temperature=float(self.temperature),
+            batch_size=self.args.per_device_train_batch_size,
+            **neg,
+        )
+
+    def _negative_inputs(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> dict[str, Any]:
+        """GCPO: the same completions after a prompt that asks for a wrong answer."""
+        from tokencredit.credit.gcpo import negative_prompt
+
+        prompts = []
+        for i, example in enumerate(inputs):
+            if self._negative_prompt_fn is not None:
+                prompts.append(self._negative_prompt_fn(example))
+                continue
+            problem = example.get("problem")
+            if not isinstance(problem, str) or not problem.strip():
+                raise ConfigError(
+                    f"GCPO needs the problem text of example {i} to build its negative prompt: add a 'problem' "
+                    "column to the dataset, or pass CreditGRPOTrainer(negative_prompt=fn)"
+                )
+            prompts.append(_replace_problem(example["prompt"], problem, negative_prompt(problem), i))
+        texts = [
+            apply_chat_template({"prompt": p}, self.processing_class, **self.chat_template_kwargs)["prompt"]
+            if is_conversational({"prompt": p})
+            else p
+            for p in prompts
+        ]
+        tok = self._text_tokenizer
+        side = tok.padding_side
+        tok.padding_side = "left"
+        try:
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        finally:
+            tok.padding_side = side
+        device = output["completion_ids"].device
+        return {
+            "neg_sequences": torch.cat([enc["input_ids"].to(device), output["completion_ids"]], dim=1),
+            "neg_attention_mask": torch.cat(
+                [enc["attention_mask"].to(device), output["completion_mask"]], dim=1
+            ),
+            "neg_prompt_len": int(enc["input_ids"].shape[1]),
+        }
+
+
+def _replace_problem(prompt: Any, problem: str, replacement: str, index: int) -> Any:
+    """The prompt (string or messages) with the problem text replaced (in the last message that holds it)."""
+    if isinstance(prompt, str):
+        if problem not in prompt:
+            raise ConfigError(f"example {index}: the 'problem' text does not occur in the prompt")
+        return prompt.replace(problem, replacement, 1)
+    messages = [dict(m) for m in prompt]
+    for message in reversed(messages):
+        content = message.get("content")
+        if isinstance(content, str) and problem in content:
+            message["content"] = content.replace(problem, replacement, 1)
+            return messages
+    raise ConfigError(f"example {index}: the 'problem' text does not occur in any message of the prompt")

@@ -1,0 +1,214 @@
+"""TRL plugin: CreditGRPOTrainer trains a tiny random Qwen3 on CPU; the (B, T) advantages TRL's loss
+receives are exactly the core's credit on the same completions."""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("trl", reason="TRL is not installed (extra tokencredit[trl])")
+from datasets import Dataset  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
+
+import tokencredit.integrations.trl as tc_trl  # noqa: E402  (a wrong trl version fails here, loudly)
+from tokencredit import advantages, credit  # noqa: E402
+from tokencredit.batch import RolloutBatch  # noqa: E402
+from tokencredit.errors import ConfigError  # noqa: E402
+from tokencredit.rewards import math_reward  # noqa: E402
+
+# Whole boxed answers are single tokens, so a random policy answers right about half the time.
+WORDS = ["<pad>", "<eos>", "\\boxed{1}", "\\boxed{2}", "1", "2", "+", "=", "x", "y", "what", "is", "?"]
+PROMPTS = {"what is 1 + 1 ?": "2", "what is 2 ?": "2", "x + y = 1 ?": "1", "is y = x ?": "1"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_qwen3")
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="x"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>").save_pretrained(d)
+    torch.manual_seed(0)
+    cfg = Qwen3Config(
+        vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=64, pad_token_id=0, eos_token_id=1,
+        bos_token_id=1, tie_word_embeddings=False,
+    )  # fmt: skip
+    Qwen3ForCausalLM(cfg).save_pretrained(d)
+    return d
+
+
+def math_answer_reward(completions, answer, **_):
+    """The real verifier: 1.0 when the completion's boxed answer equals the gold answer."""
+    return math_reward(completions, answer)
+
+
+class Recording(tc_trl.CreditGRPOTrainer):
+    """Records every scoring (what the plugin computed) and every loss call (what TRL's loss received)."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.scored, self.loss_inputs, self.losses = [], [], []
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        self.scored.append(
+            {**self.last_credit, "prompt_ids": out["prompt_ids"].clone(), "inputs": list(inputs)}
+        )
+        return out
+
+    def _compute_loss(self, model, inputs):
+        self.loss_inputs.append(
+            {k: inputs[k].clone() for k in ("prompt_ids", "completion_ids", "advantages")}
+        )
+        loss = super()._compute_loss(model, inputs)
+        self.losses.append(float(loss.detach()))
+        return loss
+
+
+def _trainer(model_dir, tmp_path, credit_name, max_steps=2, **kw):
+    tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    ds = Dataset.from_list([{"prompt": p, "answer": a} for p, a in PROMPTS.items()] * 4)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4, steps_per_generation=2,
+        max_completion_length=8, max_steps=max_steps, learning_rate=1e-2, logging_steps=1, report_to="none",
+        use_cpu=True, save_strategy="no", seed=0, beta=0.0, **kw,
+    )  # fmt: skip
+    return Recording(
+        model=str(model_dir), reward_funcs=math_answer_reward, args=args, train_dataset=ds, processing_class=tok,
+        credit=credit_name,
+    )  # fmt: skip
+
+
+def _rows_match(a_prompt, a_comp, b_prompt, b_comp):
+    return torch.equal(a_prompt, b_prompt) and torch.equal(a_comp, b_comp)
+
+
+def _check_loss_saw_plugin_advantages(trainer):
+    """Every row TRL's loss saw (after its shuffle/split) carries the Â the plugin computed for it."""
+    rows = 0
+    for call in trainer.loss_inputs:
+        assert call["advantages"].shape == call["completion_ids"].shape  # (B, T)
+        for p, c, a in zip(call["prompt_ids"], call["completion_ids"], call["advantages"]):
+            cands = [
+                rec["advantages"][i]
+                for rec in trainer.scored
+                for i in range(len(rec["advantages"]))
+                if _rows_match(rec["prompt_ids"][i], rec["completion_ids"][i], p, c)
+            ]
+            assert cands and all(torch.equal(x, a) for x in cands)
+            rows += 1
+    assert rows == sum(len(r["advantages"]) for r in trainer.scored)
+    assert trainer.losses and all(math.isfinite(x) for x in trainer.losses)
+    assert all(math.isfinite(h["loss"]) for h in trainer.state.log_history if "loss" in h)
+
+
+def test_ktae_two_steps_trl_uses_the_core_advantages(model_dir, tmp_path):
+    trainer = _trainer(model_dir, tmp_path, "ktae")
+    trainer.train()
+    assert trainer.state.global_step == 2 and trainer.scored
+    tok = trainer.processing_class
+    for rec in trainer.scored:
+        ids, mask = rec["completion_ids"], rec["mask"]
+        # the scores are the real verifier's verdicts on the decoded completions
+        texts = tok.batch_decode(ids.masked_fill(~mask, tok.pad_token_id), skip_special_tokens=True)
+        golds = [x["answer"] for x in rec["inputs"]]
+        assert rec["scores"].tolist() == math_answer_reward(texts, golds)
+        # non-degenerate: some group has right and wrong answers, so the comparison below can fail
+        per_group = rec["scores"].view(-1, 4).sum(-1)
+        assert ((per_group > 0) & (per_group < 4)).any(), texts
+        gids = torch.arange(len(ids)) // 4
+        seq = advantages.grpo(rec["scores"], gids, eps=1e-4)  # TRL's scale_rewards="group"
+        batch = RolloutBatch(ids, mask, gids, rec["scores"])
+        want = credit.compute("ktae", batch, seq, ignore_token_ids=tuple(sorted(tok.all_special_ids)))
+        torch.testing.assert_close(rec["advantages"], want, rtol=0, atol=0)
+        assert (rec["advantages"][~mask] == 0).all() and not torch.equal(want, seq[:, None] * mask)
+    # the sequence baseline is TRL's own (B,) advantage
+    trl_adv = torch.tensor(list(trainer._logs["advantages"]))
+    torch.testing.assert_close(
+        torch.cat([r["sequence_advantages"] for r in trainer.scored]), trl_adv, atol=1e-6, rtol=0
+    )
+    _check_loss_saw_plugin_advantages(trainer)
+
+
+def test_entropy_method_runs_one_signals_pass_on_the_old_policy(model_dir, tmp_path):
+    initial = Qwen3ForCausalLM.from_pretrained(model_dir).eval()
+    trainer = _trainer(model_dir, tmp_path, "entropy-80-20")
+    trainer.train()
+    rec = trainer.scored[0]  # generated with the initial weights
+    ids, mask, prompt_ids = rec["completion_ids"], rec["mask"], rec["prompt_ids"]
+    seq = torch.cat([prompt_ids, ids], 1)
+    attn = torch.cat([prompt_ids != 0, mask], 1).long()
+    with torch.no_grad():
+        logits = initial(
+            input_ids=seq, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)
+        ).logits
+    logp = torch.log_softmax(logits[:, prompt_ids.shape[1] - 1 : -1].float(), -1)
+    entropy = -(logp.exp() * logp).sum(-1) * mask
+    torch.testing.assert_close(rec["signals"]["entropy"], entropy, atol=1e-5, rtol=1e-5)
+    gids = torch.arange(len(ids)) // 4
+    batch = RolloutBatch(ids, mask, gids, rec["scores"], entropy=rec["signals"]["entropy"])
+    # "entropy-80-20" is a recipe: its own baseline (GRPO, eps 1e-6) and keep ratio 0.2
+    want = credit.compute("entropy-80-20", batch, advantages.grpo(rec["scores"], gids), keep_ratio=0.2)
+    torch.testing.assert_close(rec["advantages"], want, rtol=0, atol=0)
+    assert (rec["advantages"] != 0).sum() < mask.sum()  # the 80/20 mask removed tokens
+    _check_loss_saw_plugin_advantages(trainer)
+
+
+def test_unsupported_configurations_fail_clearly(model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="strace"):
+        _trainer(model_dir, tmp_path, "strace")
+    with pytest.raises(ConfigError, match="importance_sampling_level"):
+        _trainer(model_dir, tmp_path, "gspo")
+    with pytest.raises(ConfigError, match="unknown credit method or recipe 'ktea'.*ktae"):
+        _trainer(model_dir, tmp_path, "ktea")
+    with pytest.raises(ImportError, match=r"TRL >=1.0,<2"):
+        tc_trl.check_version("0.29.0")
+
+
+def _logprobs(model, prompt_ids, prompt_mask, ids, mask):
+    """log pi(y_t) of the completion after a left-padded prompt, from the full logits (independent check)."""
+    seq = torch.cat([prompt_ids, ids], 1)
+    attn = torch.cat([prompt_mask, mask], 1).long()
+    with torch.no_grad():
+        logits = model(
+            input_ids=seq, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)
+        ).logits
+    logp = torch.log_softmax(logits[:, prompt_ids.shape[1] - 1 : -1].float(), -1)
+    return logp.gather(-1, ids[..., None]).squeeze(-1) * mask
+
+
+def test_gcpo_scores_the_completions_after_a_negative_prompt(model_dir, tmp_path):
+    """GCPO needs old log-probs and a negative-prompt pass: one scoring call, no training needed."""
+    from tokencredit.credit.gcpo import negative_prompt
+
+    trainer = _trainer(model_dir, tmp_path, "gcpo")
+    tok = trainer.processing_class
+    problems = ["1 + 1", "2"]
+    inputs = [{"prompt": f"what is {p} ?", "problem": p, "answer": "2"} for p in problems for _ in range(4)]
+    enc = tok([x["prompt"] for x in inputs], return_tensors="pt", padding=True, padding_side="left")
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(2, len(WORDS), (8, 6), generator=g)
+    mask = torch.arange(6)[None, :] < torch.tensor([6, 3, 5, 2, 6, 4, 1, 6])[:, None]
+    output = {
+        "prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"], "completion_ids": ids,
+        "completion_mask": mask.long(),
+    }  # fmt: skip
+    scores = torch.tensor([1.0, 0, 1, 0, 0, 1, 1, 1])
+    trainer._tc_rewards = scores[:, None]
+    got = trainer._token_advantages(inputs, output)
+
+    model = trainer.accelerator.unwrap_model(trainer.model).eval()
+    old = _logprobs(model, enc["input_ids"], enc["attention_mask"], ids, mask)
+    neg_text = [x["prompt"].replace(x["problem"], negative_prompt(x["problem"])) for x in inputs]
+    neg = tok(neg_text, return_tensors="pt", padding=True, padding_side="left")
+    neg_lp = _logprobs(model, neg["input_ids"], neg["attention_mask"], ids, mask)
+    torch.testing.assert_close(trainer.last_credit["signals"]["old_log_probs"], old, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(trainer.last_credit["signals"]["neg_log_probs"], neg_lp, atol=1e-5, rtol=1e-5)
+    gids = torch.arange(8) // 4
+    batch = RolloutBatch(ids, mask, gids, scores, **trainer.last_credit["signals"])
+    want = credit.compute("gcpo", batch, advantages.grpo(scores, gids))  # recipe "gcpo": GRPO eps 1e-6
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert not torch.equal(want, advantages.grpo(scores, gids)[:, None] * mask)

@@ -1,0 +1,332 @@
+"""verl plugin: DataProto -> verl's registry / patched compute_advantage -> exactly the core's Â."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip(
+    "verl", reason="verl is not installed (extra tokencredit[verl]; see docs/integrations.md)"
+)
+from tensordict import TensorDict  # noqa: E402
+from verl import DataProto  # noqa: E402
+from verl.trainer.config import AlgoConfig  # noqa: E402
+from verl.trainer.ppo import core_algos, ray_trainer  # noqa: E402
+from verl.workers.config import FSDPActorConfig  # noqa: E402
+
+import tokencredit.integrations.verl as tc_verl  # noqa: E402  (a wrong verl version fails here, loudly)
+from tokencredit import advantages, credit, objectives  # noqa: E402
+from tokencredit.batch import RolloutBatch  # noqa: E402
+from tokencredit.credit.entropy import top_entropy_mask  # noqa: E402
+from tokencredit.errors import ConfigError  # noqa: E402
+from tokencredit.recipes import RECIPES  # noqa: E402
+
+N, T, H, VOCAB = 12, 7, 5, 9
+
+
+def _fixture():
+    """3 prompts x 4 responses: mixed, mixed, all-wrong groups; variable lengths; every signal."""
+    g = torch.Generator().manual_seed(7)
+    lengths = torch.tensor([7, 5, 3, 6, 2, 7, 4, 4, 5, 1, 6, 3])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    token_ids = torch.randint(0, VOCAB, (N, T), generator=g)
+    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    uid = np.array(["p-a"] * 4 + ["p-b"] * 4 + ["p-c"] * 4, dtype=object)
+    signals = {
+        "entropy": torch.rand(N, T, generator=g) * 3,
+        "old_log_probs": -torch.rand(N, T, generator=g) * 4 - 0.01,
+        "ref_log_probs": -torch.rand(N, T, generator=g) * 4 - 0.01,
+        "base_log_probs": -torch.rand(N, T, generator=g) * 4 - 0.01,
+        "neg_log_probs": -torch.rand(N, T, generator=g) * 4 - 0.01,
+        "hidden": torch.randn(N, T, H, generator=g),
+        "base_hidden": torch.randn(N, T, H, generator=g),
+    }
+    signals = {k: v * (mask[..., None] if v.dim() == 3 else mask) for k, v in signals.items()}
+    # Outcome reward at the last valid token (verl's layout).
+    rewards = torch.zeros(N, T).scatter(1, (lengths - 1)[:, None], scores[:, None])
+    return token_ids, mask, scores, uid, signals, rewards
+
+
+def _dataproto(*, with_signals=True):
+    token_ids, mask, _, uid, signals, rewards = _fixture()
+    keys = {"old_log_probs": "old_log_probs", "ref_log_probs": "ref_log_prob"}
+    tensors = {"responses": token_ids, "response_mask": mask.long(), "token_level_rewards": rewards}
+    if with_signals:
+        for name, value in signals.items():
+            tensors[keys.get(name, f"tc_{name}")] = value
+    return DataProto.from_dict(tensors=tensors, non_tensors={"uid": uid})
+
+
+def _gids(uid):
+    return torch.tensor([int(u[-1], 16) for u in uid])  # p-a, p-b, p-c -> 10, 11, 12
+
+
+def _core(verl_name):
+    """The core's Â for a registered estimator, computed here from the recipe table / registry."""
+    token_ids, mask, scores, uid, signals, _ = _fixture()
+    gids = _gids(uid)
+    method = verl_name[3:]
+    recipe = next((r for r in RECIPES.values() if r.name.replace("-", "_").replace("+", "_") == method), None)
+    batch = RolloutBatch(token_ids, mask, gids, scores, **signals)
+    if recipe is None:
+        name = next(m for m in credit.CREDIT_METHODS if m.replace("-", "_") == method)
+        seq = advantages.grpo(scores, gids)  # verl's default: z-score, eps 1e-6
+        return credit.compute(name, batch, seq)
+    seq = advantages.compute(recipe.advantage, scores, gids, **recipe.advantage_params)
+    tok = credit.compute(recipe.credit, batch, seq, **recipe.credit_params)
+    if recipe.kernel == "strace":
+        keep = top_entropy_mask(signals["entropy"], mask, recipe.kernel_params["keep_ratio"], "batch")
+        tok = tok * keep
+    return tok
+
+
+def test_every_recipe_and_method_is_registered_in_verl():
+    names = set(core_algos.ADV_ESTIMATOR_REGISTRY)
+    for required in (
+        "tc_ktae",
+        "tc_delta",
+        "tc_strace",
+        "tc_arca",
+        "tc_entropy_80_20",
+        "tc_gcpo",
+        "tc_dapo_ktae",
+    ):
+        assert required in names
+    expected = {f"tc_{r.replace('-', '_').replace('+', '_')}" for r in RECIPES}
+    expected |= {f"tc_{m.replace('-', '_')}" for m in credit.CREDIT_METHODS}
+    assert expected == set(tc_verl.ESTIMATORS)
+    assert {"tc_ptrace", "tc_strace"} <= set(core_algos.POLICY_LOSS_REGISTRY)
+
+
+@pytest.mark.parametrize("verl_name", sorted(tc_verl.ESTIMATORS))
+def test_patched_compute_advantage_gives_core_advantages(verl_name):
+    data = _dataproto()
+    out = ray_trainer.compute_advantage(
+        data, adv_estimator=verl_name, config=AlgoConfig(adv_estimator=verl_name)
+    )
+    want = _core(verl_name)
+    assert out.batch["advantages"].shape == (N, T)
+    torch.testing.assert_close(out.batch["advantages"], want, rtol=0, atol=0)
+    torch.testing.assert_close(out.batch["returns"], want, rtol=0, atol=0)
+    assert (out.batch["advantages"][~_fixture()[1]] == 0).all()
+
+
+def test_dr_grpo_switch_and_verl_own_estimators_untouched():
+    data = _dataproto()
+    cfg = AlgoConfig(adv_estimator="tc_ktae", norm_adv_by_std_in_grpo=False)
+    out = ray_trainer.compute_advantage(data, adv_estimator="tc_ktae", config=cfg)
+    token_ids, mask, scores, uid, _, _ = _fixture()
+    gids = _gids(uid)
+    want = credit.compute(
+        "ktae", RolloutBatch(token_ids, mask, gids, scores), advantages.dr_grpo(scores, gids)
+    )
+    torch.testing.assert_close(out.batch["advantages"], want, rtol=0, atol=0)
+    # verl's GRPO goes through verl's code and equals the core's uniform GRPO up to float32 rounding.
+    grpo = ray_trainer.compute_advantage(_dataproto(), adv_estimator="grpo", config=AlgoConfig())
+    torch.testing.assert_close(grpo.batch["advantages"], _core("tc_uniform"), rtol=1e-5, atol=1e-6)
+
+
+def test_missing_signal_and_unhooked_call_are_clear_errors():
+    with pytest.raises(ConfigError, match="'hidden'.*tc_hidden"):
+        ray_trainer.compute_advantage(
+            _dataproto(with_signals=False), adv_estimator="tc_delta", config=AlgoConfig()
+        )
+    with pytest.raises(ConfigError, match="'entropy'"):
+        ray_trainer.compute_advantage(
+            _dataproto(with_signals=False), adv_estimator="tc_strace", config=AlgoConfig()
+        )
+    fn = core_algos.get_adv_estimator_fn("tc_ktae")
+    data = _dataproto()
+    with pytest.raises(ConfigError, match="whole DataProto"):
+        fn(token_level_rewards=data.batch["token_level_rewards"], response_mask=data.batch["response_mask"])
+
+
+def test_version_range_is_enforced():
+    assert tc_verl.check_version() == __import__("verl").__version__
+    for bad in ("0.8.5", "0.10.0", "1.0.0"):
+        with pytest.raises(ImportError, match=r"verl >=0.9,<0.10"):
+            tc_verl.check_version(bad)
+
+
+def test_ktae_ignores_the_trainer_tokenizer_special_ids():
+    class Tok:
+        all_special_ids = [3, 4]
+
+    class Trainer:
+        tokenizer = Tok()
+        config = None
+
+    def old_log_prob(self, batch):
+        return DataProto.from_dict(
+            tensors={"entropys": torch.ones(2, 3), "old_log_probs": torch.zeros(2, 3)}
+        ), 0.0
+
+    wrapped = tc_verl._wrap_legacy_old_log_prob(old_log_prob)
+    old, _ = wrapped(Trainer(), None)
+    assert "tc_entropy" in old.batch.keys()
+    old.batch.pop("entropys")  # what verl's fit does next
+    assert torch.equal(old.batch["tc_entropy"], torch.ones(2, 3))
+    try:
+        out = ray_trainer.compute_advantage(_dataproto(), adv_estimator="tc_ktae", config=AlgoConfig())
+    finally:
+        tc_verl._LEGACY_SPECIAL_IDS[0] = None
+    token_ids, mask, scores, uid, _, _ = _fixture()
+    gids = _gids(uid)
+    b = RolloutBatch(token_ids, mask, gids, scores)
+    want = credit.compute("ktae", b, advantages.grpo(scores, gids), ignore_token_ids=(3, 4))
+    torch.testing.assert_close(out.batch["advantages"], want, rtol=0, atol=0)
+    assert not torch.equal(want, _core("tc_ktae"))  # ids 3 and 4 occur, so the setting matters
+
+
+def test_v1_hook_fetches_responses_and_entropy_from_the_transfer_queue():
+    """The v1 trainer builds the advantage DataProto from a fixed field list (no responses, no entropy)."""
+    token_ids, mask, _, uid, signals, rewards = _fixture()
+    store = {"responses": token_ids, "entropy": signals["entropy"]}
+    calls = []
+
+    class FakeTQ:
+        @staticmethod
+        def kv_batch_get(keys, partition_id, select_fields):
+            calls.append((tuple(keys), partition_id, tuple(select_fields)))
+            # nested (one row per response length), as the v1 trainer stores them
+            nested = {
+                f: torch.nested.as_nested_tensor(
+                    [store[f][i, : int(mask[i].sum())] for i in range(N)], layout=torch.jagged
+                )
+                for f in select_fields
+            }
+            return TensorDict(nested, batch_size=[N])
+
+    class Batch:
+        keys = [f"k{i}" for i in range(N)]
+        partition_id = "train"
+
+    class Cfg:
+        class algorithm:
+            adv_estimator = "tc_strace"
+
+        actor_rollout_ref = None
+
+    class Trainer:
+        config = Cfg()
+        tokenizer = None
+
+        def _compute_advantage(self, batch, metrics):
+            data = DataProto.from_dict(
+                tensors={"response_mask": mask.long(), "token_level_rewards": rewards},
+                non_tensors={"uid": uid},
+            )
+            return ray_trainer.compute_advantage(data, adv_estimator=self.config.algorithm.adv_estimator)
+
+    hooked = tc_verl._wrap_v1_compute_advantage(Trainer._compute_advantage, FakeTQ)
+    out = hooked(Trainer(), Batch(), {})
+    assert calls == [(tuple(Batch.keys), "train", ("responses", "entropy"))]
+    torch.testing.assert_close(out.batch["advantages"], _core("tc_strace"), rtol=0, atol=0)
+    assert tc_verl._CONTEXT.get() is None
+
+
+def _loss_inputs():
+    g = torch.Generator().manual_seed(3)
+    _, mask, _, _, _, _ = _fixture()
+    old = -torch.rand(N, T, generator=g) * 3
+    new = (old + 0.3 * torch.randn(N, T, generator=g)).requires_grad_(True)
+    return old, new, mask
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("loss_name", ["tc_ptrace", "tc_strace"])
+def test_policy_losses_match_core_objective(loss_name, agg):
+    old, new, mask = _loss_inputs()
+    adv = ray_trainer.compute_advantage(_dataproto(), adv_estimator="tc_strace", config=AlgoConfig()).batch[
+        "advantages"
+    ]
+    cfg = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.28)
+    loss, metrics = core_algos.get_policy_loss_fn(loss_name)(old, new, adv, mask.long(), agg, cfg, None)
+    assert torch.isfinite(loss) and all(np.isfinite(v) for v in metrics.values())
+    kernel = loss_name[3:]
+    recipe = RECIPES[kernel]
+    kw = {"lam": recipe.kernel_params["lam"]}
+    if kernel == "strace":
+        _, _, _, _, signals, _ = _fixture()
+        kw["keep"] = top_entropy_mask(signals["entropy"], mask, 0.2, "batch") & (adv != 0)
+        kw["decay"] = "kept"
+    want, _ = objectives.policy_loss(
+        new, old, adv, mask, kernel=kernel, eps_low=0.2, eps_high=0.28, dual_clip=3.0, loss_agg_mode=agg, **kw
+    )
+    torch.testing.assert_close(loss, want, rtol=0, atol=0)
+    (grad,) = torch.autograd.grad(loss, new)
+    assert torch.isfinite(grad).all() and (grad[~mask] == 0).all() and grad.abs().sum() > 0
+
+    # verl's global-batch normalisers (dp_size 2) map to the core's global token / sequence counts.
+    cfg.global_batch_info.update(dp_size=2, batch_num_tokens=90, global_batch_size=30, loss_scale_factor=16)
+    loss2, _ = core_algos.get_policy_loss_fn(loss_name)(old, new, adv, mask.long(), agg, cfg, None)
+    want2, _ = objectives.policy_loss(
+        new, old, adv, mask, kernel=kernel, eps_low=0.2, eps_high=0.28, dual_clip=3.0, loss_agg_mode=agg,
+        norm_constant=16, global_tokens=45.0, global_seqs=15.0, **kw,
+    )  # fmt: skip
+    torch.testing.assert_close(loss2, want2, rtol=0, atol=0)
+
+
+def test_strace_loss_refuses_an_estimator_without_the_kept_set():
+    class Cfg:
+        class algorithm:
+            adv_estimator = "tc_ktae"
+
+        class actor_rollout_ref:
+            class actor:
+                class policy_loss:
+                    loss_mode = "tc_strace"
+
+    with pytest.raises(ConfigError, match="tc_strace"):
+        tc_verl._check_pairing(Cfg())
+    Cfg.algorithm.adv_estimator = "tc_strace"
+    tc_verl._check_pairing(Cfg())
+    old, new, mask = _loss_inputs()
+    with pytest.raises(ConfigError, match="rollout-correction"):
+        core_algos.get_policy_loss_fn("tc_ptrace")(old, new, old, mask, "token-mean", None, torch.ones(N, T))
+
+
+def test_hooks_patch_verl_modules_when_they_are_imported(tmp_path, monkeypatch):
+    assert getattr(ray_trainer.compute_advantage, "tokencredit_hook", False)
+    assert getattr(ray_trainer.RayPPOTrainer._compute_old_log_prob, "tokencredit_hook", False)
+    assert "verl.trainer.ppo.ray_trainer" not in tc_verl._PENDING
+    assert set(tc_verl.install_hooks()) == set(tc_verl.HOOK_TARGETS)  # idempotent: wrapped once
+    assert ray_trainer.compute_advantage.__wrapped__.__module__ == "verl.trainer.ppo.ray_trainer"
+    # A module imported after the plugin is patched right after its code runs.
+    (tmp_path / "tc_late_module.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(tc_verl._PENDING, "tc_late_module", lambda m: setattr(m, "VALUE", m.VALUE + 41))
+    monkeypatch.delitem(sys.modules, "tc_late_module", raising=False)
+    if not any(isinstance(f, tc_verl._PostImportPatcher) for f in sys.meta_path):
+        monkeypatch.setattr(sys, "meta_path", [tc_verl._PostImportPatcher(), *sys.meta_path])
+    import tc_late_module
+
+    assert tc_late_module.VALUE == 42 and "tc_late_module" not in tc_verl._PENDING
+
+
+@pytest.mark.slow
+def test_loaded_through_verl_use_external_modules():
+    """The documented route: `import verl` imports the module named in VERL_USE_EXTERNAL_MODULES."""
+    script = textwrap.dedent(
+        """
+        import sys
+        import verl
+        from verl.trainer.ppo import core_algos
+        plugin = sys.modules["tokencredit.integrations.verl"]
+        assert "tc_ktae" in core_algos.ADV_ESTIMATOR_REGISTRY and "tc_strace" in core_algos.POLICY_LOSS_REGISTRY
+        assert "verl.trainer.ppo.ray_trainer" not in sys.modules  # import verl stays light
+        assert "verl.trainer.ppo.ray_trainer" in plugin._PENDING  # patched when first imported
+        print("OK")
+        """
+    )
+    env = {
+        **os.environ,
+        "VERL_USE_EXTERNAL_MODULES": "tokencredit.integrations.verl",
+        "PYTHONWARNINGS": "ignore",
+    }
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]

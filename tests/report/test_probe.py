@@ -1,0 +1,439 @@
+"""`tokencredit probe`: token-level ground truth, blame metrics with known ranks, chance baselines, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from tokencredit import cli
+from tokencredit.batch import RolloutBatch
+from tokencredit.data.synthetic import locate_first_error
+from tokencredit.errors import ConfigError
+from tokencredit.report import probe
+from tokencredit.report.explain import resolve_methods
+
+P = "Compute 47 + 38 - 19 + 6."
+REF = "47 + 38 = 85\n85 - 19 = 66\n66 + 6 = 72\nThe answer is \\boxed{72}."
+WRONG_FIRST = "47 + 38 = 75\n75 - 19 = 56\n56 + 6 = 62\nThe answer is \\boxed{62}."
+WRONG_LATER = "47 + 38 = 85\n85 - 19 = 76\n76 + 6 = 82\nThe answer is \\boxed{82}."
+WRONG_FINAL = REF.replace("{72}", "{73}")
+MALFORMED = "47 + 38 = 85\nI think it is 85"
+EARLY_STOP = "47 + 38 = 85\n85 - 19 = 66"
+CASES = {
+    "correct": (REF, "correct", "answer"),
+    "wrong first step": (WRONG_FIRST, "wrong-step", "computed"),
+    "wrong later step": (WRONG_LATER, "wrong-step", "computed"),
+    "wrong final answer": (WRONG_FINAL, "wrong-final", "answer"),
+    "malformed": (MALFORMED, "malformed", "format"),
+    "early stop": (EARLY_STOP, "malformed", "format"),
+}
+
+
+@pytest.fixture(scope="module")
+def toy_tok():
+    from tokencredit.models import build_toy_tokenizer
+
+    return build_toy_tokenizer()
+
+
+def _ids(tok, text, eos=True):
+    return tok(text, add_special_tokens=False)["input_ids"] + ([tok.eos_token_id] if eos else [])
+
+
+# ------------------------------------------------------------------------------------ token ground truth
+@pytest.mark.parametrize("case", list(CASES))
+def test_char_level_tokenizer_maps_the_first_error_to_its_token(toy_tok, case):
+    text, kind, label = CASES[case]
+    ids = _ids(toy_tok, text)
+    truth = probe.rollout_truth(P, ids, toy_tok)
+    loc = locate_first_error(P, text)
+    assert truth.text == text and truth.kind == kind == loc.kind and truth.step == loc.step
+    assert truth.correct == (case == "correct")
+    assert len(truth.labels) == len(ids)
+    # one token per character, then EOS: the token index is the character offset
+    assert truth.target == loc.start
+    assert truth.labels[truth.target] == label
+    if loc.start < len(text):
+        assert toy_tok.decode([ids[truth.target]]) == text[loc.start]
+    else:
+        assert ids[truth.target] == toy_tok.eos_token_id
+    assert truth.labels[-1] == "format"  # EOS is boilerplate
+
+
+def test_specific_first_wrong_tokens(toy_tok):
+    first = probe.rollout_truth(P, _ids(toy_tok, WRONG_FIRST), toy_tok)
+    assert first.target == WRONG_FIRST.index("75")  # the tens digit of the wrong sum
+    later = probe.rollout_truth(P, _ids(toy_tok, WRONG_LATER), toy_tok)
+    assert later.target == WRONG_LATER.index("76") and later.step == 1
+    final = probe.rollout_truth(P, _ids(toy_tok, WRONG_FINAL), toy_tok)
+    assert final.target == WRONG_FINAL.index("73}") + 1  # "7" is right, "3" is the first wrong character
+    right = probe.rollout_truth(P, _ids(toy_tok, REF), toy_tok)
+    assert right.target == REF.index("72}")  # first answer token
+
+
+def test_truncated_completion_has_no_target_token(toy_tok):
+    truth = probe.rollout_truth(P, _ids(toy_tok, EARLY_STOP, eos=False), toy_tok)
+    assert truth.kind == "malformed" and truth.target is None
+
+
+def _bpe_tokenizer(kind):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from tokencredit.data.synthetic import ArithmeticTask
+
+    corpus = [p.solution for p in ArithmeticTask(difficulty=3, seed=1).sample(300, "train")]
+    core = Tokenizer(models.BPE(unk_token="<unk>" if kind == "metaspace" else None))
+    if kind == "bytelevel":
+        core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        core.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        core.pre_tokenizer = pre_tokenizers.Metaspace()
+        core.decoder = decoders.Metaspace()
+        alphabet = sorted(set("".join(corpus)) | set("I think it is"))
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<eos>", "<unk>"], initial_alphabet=alphabet
+    )
+    core.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>", pad_token="<eos>")
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
+def test_multi_character_tokenizers_map_the_first_error_to_its_token(kind):
+    tok = _bpe_tokenizer(kind)
+    multi_char_targets = 0
+    for case, (text, want_kind, label) in CASES.items():
+        ids = _ids(tok, text)
+        decoded, spans = probe.token_char_spans(tok, ids)
+        assert decoded == text, case
+        assert [s for s, _ in spans[1:]] == [e for _, e in spans[:-1]] and spans[-1][1] == len(text)
+        truth = probe.rollout_truth(P, ids, tok)
+        loc = locate_first_error(P, text)
+        assert truth.kind == want_kind
+        start, end = spans[truth.target]
+        if loc.start < len(text):
+            assert start <= loc.start < end, case  # the token whose text holds the first wrong character
+            # the prefix before the target token decodes to text that stops before the error
+            assert len(tok.decode(ids[: truth.target], skip_special_tokens=True)) <= loc.start
+            multi_char_targets += end - start > 1
+        else:
+            assert ids[truth.target] == tok.eos_token_id
+        assert truth.labels[truth.target] == label, case
+    assert multi_char_targets >= 2  # the tokenizer really merges (e.g. " 75" is one token)
+
+
+def test_character_split_over_byte_tokens_belongs_to_the_completing_token():
+    tok = _bpe_tokenizer("bytelevel")
+    ids = _ids(tok, "ab€c")
+    text, spans = probe.token_char_spans(tok, ids)
+    assert text == "ab€c"
+    euro = probe.char_to_token(spans, 2)
+    assert spans[euro] == (2, 3)
+    assert tok.decode(ids[: euro + 1], skip_special_tokens=True) == "ab€"
+    # the earlier byte pieces of "€" carry no character of their own
+    assert all(spans[j][0] == spans[j][1] for j in range(euro) if tok.decode(ids[: j + 1]).endswith("\ufffd"))
+    assert probe.char_to_token(spans, len(text)) == len(ids) - 1  # past the end: EOS
+    assert probe.char_to_token(probe.token_char_spans(tok, ids[:-1])[1], len(text)) is None
+    with pytest.raises(ValueError, match="character position"):
+        probe.char_to_token(spans, -1)
+
+
+def test_token_labels_priority():
+    chars = ["format", "computed", "computed", "format", "answer", "answer", "format"]
+    spans = [(0, 3), (3, 4), (4, 6), (6, 7), (7, 7)]
+    assert probe.token_labels(chars, spans) == ["computed", "format", "answer", "format", "format"]
+
+
+# ------------------------------------------------------------------------------------ metrics
+def _known_batch():
+    """Rows with known ranks of the target (marked *): ascending credit, ties, masked padding."""
+    credit = torch.tensor(
+        [
+            [-3.0, -1.0, -2.0, 0.5, 0.0],  # target 2 (-2*): one token ahead -> rank 2
+            [-1.0, -1.0, -1.0, -1.0, -1.0],  # target 3, all 5 tied -> rank 3
+            [0.0, -2.0, -2.0, 1.0, 0.0],  # target 2, tied with token 1 -> rank 1.5
+            [0.3, 0.2, 0.1, -100.0, -100.0],  # target 0 (largest of 3 valid), padding ignored -> rank 3
+        ]
+    )
+    mask = torch.tensor(
+        [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 0, 0]], dtype=torch.bool
+    )
+    target = torch.tensor([2, 3, 2, 0])
+    return credit, mask, target
+
+
+def test_blame_hits_and_ranks_on_known_ranks():
+    credit, mask, target = _known_batch()
+    ahead, tied, length = probe.tie_counts(credit, mask, target)
+    assert (
+        ahead.tolist() == [1, 0, 0, 2] and tied.tolist() == [1, 5, 2, 1] and length.tolist() == [4, 5, 4, 3]
+    )
+    assert probe.blame_hits(credit, mask, target, 1).tolist() == [0.0, 0.2, 0.5, 0.0]
+    assert probe.blame_hits(credit, mask, target, 2).tolist() == [1.0, 0.4, 1.0, 0.0]
+    assert probe.blame_hits(credit, mask, target, 3).tolist() == [1.0, 0.6, 1.0, 1.0]
+    assert probe.blame_hits(credit, mask, target, 10).tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert probe.target_ranks(credit, mask, target).tolist() == [2.0, 3.0, 1.5, 3.0]
+    assert probe.mean_rank(credit, mask, target) == pytest.approx((2 + 3 + 1.5 + 3) / 4)
+    # descending (praise): the largest credit first
+    assert probe.expected_hits(credit, mask, target, 1, descending=True).tolist() == [0.0, 0.2, 0.0, 1.0]
+    assert probe.target_ranks(credit, mask, target, descending=True).tolist() == [3.0, 3.0, 3.5, 1.0]
+
+
+def test_ties_within_float_rounding_count_as_ties():
+    credit = torch.tensor([[-1.0, -1.0 - 1e-9, -1.0 + 1e-9, 2.0]])
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    hit = probe.blame_hits(credit, mask, torch.tensor([0]), 1)
+    assert hit.item() == pytest.approx(1 / 3)
+
+
+def test_metric_errors_name_the_rollout():
+    credit, mask, target = _known_batch()
+    with pytest.raises(ValueError, match="rollout 3 is not a valid"):
+        probe.blame_hits(credit, mask, torch.tensor([2, 3, 2, 4]), 1)
+    with pytest.raises(ValueError, match="outside"):
+        probe.blame_hits(credit, mask, torch.tensor([2, 3, 2, 9]), 1)
+    bad = credit.clone()
+    bad[1, 4] = float("nan")
+    with pytest.raises(ValueError, match="rollout 1, token 4"):
+        probe.blame_hits(bad, mask, target, 1)
+    with pytest.raises(ValueError, match="k must be"):
+        probe.blame_hits(credit, mask, target, 0)
+
+
+def test_mass_shares_by_label():
+    adv = torch.tensor([[-1.0, -3.0, 2.0, 9.0], [0.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    labels = torch.tensor([[0, 1, 2, -1], [0, 1, -1, -1]])
+    shares, defined = probe.mass_shares(adv, mask, labels)
+    assert defined.tolist() == [True, False]
+    assert shares[0].tolist() == pytest.approx([1 / 6, 3 / 6, 2 / 6])
+    assert shares[1].tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="rollout 0, token 2"):
+        probe.mass_shares(adv, mask, torch.tensor([[0, 1, 3, -1], [0, 1, -1, -1]]))
+
+
+def test_random_baseline_hits_k_over_length_in_expectation():
+    g = torch.Generator().manual_seed(1234)
+    n, t = 6000, 40
+    lengths = torch.randint(5, t + 1, (n,), generator=g)
+    mask = torch.arange(t)[None, :] < lengths[:, None]
+    target = (torch.rand(n, generator=g) * lengths).long()
+    credit = probe.random_credit(mask, g)
+    assert bool((credit[~mask] == 0).all())
+    for k in (1, 3, 10):
+        p = (k / lengths.double()).clamp(max=1.0)
+        hits = probe.blame_hits(credit, mask, target, k)
+        sigma = math.sqrt(float((p * (1 - p)).sum())) / n
+        assert abs(float(hits.mean()) - float(p.mean())) < 4 * sigma, k
+        # uniform credit: every token tied, so the expected hit is exactly k / length
+        exact = probe.blame_hits(probe.uniform_credit(mask), mask, target, k)
+        assert torch.allclose(exact, p, atol=1e-12)
+    ranks = probe.target_ranks(probe.uniform_credit(mask), mask, target)
+    assert torch.allclose(ranks, (lengths.double() + 1) / 2)
+
+
+# ------------------------------------------------------------------------------------ batch scoring
+def _hand_batch(tok):
+    """Group 0 mixed (correct, wrong first step, early stop, wrong final), group 1 all wrong."""
+    texts = [REF, WRONG_FIRST, EARLY_STOP, WRONG_FINAL, WRONG_LATER, WRONG_FIRST]
+    rows = [_ids(tok, x) for x in texts]
+    t = max(map(len, rows))
+    ids = torch.full((len(rows), t), tok.pad_token_id)
+    mask = torch.zeros(len(rows), t, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = True
+    group_ids = torch.tensor([0, 0, 0, 0, 1, 1])
+    truth, truths = probe.build_truth([P] * len(rows), ids, mask, group_ids, tok)
+    batch = RolloutBatch(token_ids=ids, mask=mask, group_ids=group_ids, scores=truth.correct.float())
+    return batch, truth, truths
+
+
+def test_truth_rows_and_oracle_credit(toy_tok):
+    batch, truth, truths = _hand_batch(toy_tok)
+    assert truth.correct.tolist() == [True, False, False, False, False, False]
+    assert truth.mixed.tolist() == [True] * 4 + [False] * 2
+    assert truth.blame_rows.tolist() == [False, True, True, True, False, False]
+    assert truth.praise_rows.tolist() == [True] + [False] * 5
+    mask = truth.mask
+    oracle = torch.where(mask, torch.zeros(()), torch.zeros(()))
+    oracle[torch.arange(6), truth.target.clamp(min=0)] = -1.0
+    oracle[0] = torch.where(mask[0], 0.0, 0.0)
+    oracle[0, truth.target[0]] = 1.0  # praise the answer of the correct one
+    s = probe.score_credit(oracle, truth)
+    assert s["blame_rollouts"] == 3 and s["praise_rollouts"] == 1
+    assert s["blame@1"] == 1.0 and s["mean_rank"] == 1.0 and s["praise@1"] == 1.0
+    assert set(s["blame_by_kind"]) == {"wrong-step", "malformed", "wrong-final"}
+    # all the oracle's mass on one token: the first wrong digit (computed), EOS (format), the answer digit
+    assert s["mass_rollouts"] == 4
+    assert s["mass_answer"] == pytest.approx(2 / 4) and s["mass_computed"] == pytest.approx(1 / 4)
+    anti = torch.where(mask, -1.0, 0.0)
+    anti[torch.arange(6), truth.target.clamp(min=0)] = 5.0
+    worst = probe.score_credit(anti, truth)
+    lengths = mask.sum(1)[truth.blame_rows].double()
+    assert worst["blame@1"] == 0.0 and worst["mean_rank"] == pytest.approx(float(lengths.mean()))
+
+
+def test_probe_batch_methods_and_baselines(toy_tok):
+    batch, truth, _ = _hand_batch(toy_tok)
+    specs = resolve_methods(["grpo", "ktae", "delta", "arca"])
+    res = probe.probe_batch(batch, truth, specs)
+    assert res["arca"]["status"] == "n/a" and res["arca"]["reason"] == probe.NA_LORA
+    assert res["delta"]["status"] == "n/a" and "hidden" in res["delta"]["reason"]
+    assert res["ktae"]["status"] == "ok" and res["ktae"]["blame_rollouts"] == 3
+    base = probe.score_baselines(truth, draws=5, seed=3)
+    lengths = truth.mask.sum(1)[truth.blame_rows].double()
+    for k in probe.DEFAULT_KS:
+        chance = float((k / lengths).clamp(max=1).mean())
+        # GRPO's uniform credit is exactly at chance, like the uniform baseline
+        assert res["grpo"][f"blame@{k}"] == pytest.approx(chance)
+        assert base["uniform"][f"blame@{k}"] == pytest.approx(chance)
+        assert 0.0 <= base["random"][f"blame@{k}"] <= 1.0
+    # KTAE's key-token values differ by token id, so its ranking is not GRPO's
+    assert res["ktae"]["mean_rank"] != pytest.approx(res["grpo"]["mean_rank"])
+    point = {
+        "label": "hand",
+        "source": "hand-made",
+        "step": None,
+        "rollouts": probe.rollout_summary(
+            truth, probe.build_truth([P] * 6, batch.token_ids, batch.mask, batch.group_ids, toy_tok)[1]
+        ),
+        "methods": res,
+        "baselines": base,
+    }
+    result = {
+        "command": "tokencredit probe --model x",
+        "ks": list(probe.DEFAULT_KS),
+        "config": {"advantage": "grpo", "difficulty": 3, "digits": 2, "temperature": 1.0, "seed": 0},
+        "points": [point, {**point, "label": "again"}],
+    }
+    md = probe.markdown_report(result)
+    assert "| arca | n/a (needs a LoRA-trained model) |" in md
+    assert "| *random (chance)* |" in md and "| *uniform (chance)* |" in md
+    assert "## Evolution (blame@1 / blame@3)" in md and "| credit | hand | again |" in md
+    assert md.count("| grpo |") == 3  # two point tables and the evolution table
+    header = next(line for line in md.splitlines() if line.startswith("| credit | blame@1"))
+    assert header.count("|") == len(probe.DEFAULT_KS) + 6  # 1 + len(ks) + 4 columns
+
+
+# ------------------------------------------------------------------------------------ CLI
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, toy_tok):
+    from tokencredit.models import build_toy_model
+
+    d = tmp_path_factory.mktemp("tiny") / "model"
+    model = build_toy_model(
+        {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+         "num_key_value_heads": 1, "head_dim": 16},
+        tokenizer=toy_tok,
+    )  # fmt: skip
+    model.save_pretrained(d)
+    toy_tok.save_pretrained(d)
+    return d
+
+
+SMALL = [
+    "--groups",
+    "2",
+    "--group-size",
+    "2",
+    "--max-new-tokens",
+    "6",
+    "--random-draws",
+    "2",
+    "--threads",
+    "2",
+]
+
+
+def test_cli_writes_json_and_markdown(tmp_path, tiny_model_dir, capsys):
+    out = tmp_path / "p.json"
+    rc = cli.main(
+        ["probe", "--model", str(tiny_model_dir), "--methods", "grpo,ktae,strace,arca", "--out", str(out)]
+        + SMALL
+    )
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert [p["label"] for p in data["points"]] == [f"model {tiny_model_dir}"]
+    pt = data["points"][0]
+    assert pt["rollouts"]["rollouts"] == 4 and set(pt["methods"]) == {"grpo", "ktae", "strace", "arca"}
+    assert pt["methods"]["arca"]["status"] == "n/a" and pt["methods"]["strace"]["status"] == "ok"
+    assert set(pt["baselines"]) == {"random", "uniform"}
+    assert data["command"].startswith(f"tokencredit probe --model {tiny_model_dir}")
+    md = out.with_suffix(".md").read_text()
+    assert md in capsys.readouterr().out
+    assert "| strace |" in md
+
+
+def _write_run(run, model_dir, lora_rank):
+    from tokencredit.models import load_model
+    from tokencredit.train import checkpoint as ckpt
+    from tokencredit.train.config import TrainConfig, dump_toml
+
+    cfg = TrainConfig()
+    cfg.model.name = str(model_dir)
+    cfg.model.lora_rank = lora_rank
+    cfg.data.difficulty = 2
+    run.mkdir()
+    (run / "config.toml").write_text(dump_toml(cfg))
+    model, _ = load_model(str(model_dir))
+    if lora_rank:
+        model = probe._add_lora(model, cfg)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    with torch.no_grad():
+        for p in trainable:
+            p.add_(0.05)  # LoRA B is 0 when fresh: make the adapter do something
+    opt = torch.optim.AdamW(trainable)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    ckpt.save_checkpoint(run, 1, model, opt, sched)
+    return model
+
+
+def test_cli_run_dir_checkpoints_with_lora(tmp_path, tiny_model_dir):
+    from tokencredit.signals import has_lora_adapter
+
+    run = tmp_path / "run"
+    saved = _write_run(run, tiny_model_dir, lora_rank=4)
+    loaded, _ = probe.load_checkpoint_model(run, probe._run_context(run)[0], 1, "cpu")
+    assert has_lora_adapter(loaded)
+    want = {n: p for n, p in saved.named_parameters() if p.requires_grad}
+    got = dict(loaded.named_parameters())
+    assert all(torch.equal(want[n], got[n]) for n in want)
+
+    out = tmp_path / "all.json"
+    rc = cli.main(
+        ["probe", "--model", str(run), "--all-checkpoints", "--methods", "arca,grpo", "--out", str(out)]
+        + SMALL
+    )
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert [p["label"] for p in data["points"]] == ["step 0 (start)", "step 1"]
+    assert [p["step"] for p in data["points"]] == [0, 1]
+    assert data["config"]["difficulty"] == 2  # the run's task settings
+    assert data["points"][0]["methods"]["arca"]["status"] == "n/a"
+    assert data["points"][1]["methods"]["arca"]["status"] == "ok"
+    assert "## Evolution" in out.with_suffix(".md").read_text()
+
+
+def test_cli_errors(tmp_path, tiny_model_dir, capsys):
+    run = tmp_path / "run"
+    _write_run(run, tiny_model_dir, lora_rank=0)
+    args = ["probe", "--model", str(run), "--out", str(tmp_path / "x.json")] + SMALL
+    assert cli.main(args + ["--checkpoint", "step_5"]) == 2
+    assert "saved: step_1" in capsys.readouterr().err
+    assert cli.main(args) == 2  # no RUN_DIR/final yet
+    assert "--checkpoint step_N" in capsys.readouterr().err
+    assert cli.main(args + ["--checkpoint", "step_1", "--all-checkpoints"]) == 2
+    plain = ["probe", "--model", str(tiny_model_dir)] + SMALL
+    assert cli.main(plain + ["--checkpoint", "step_1"]) == 2
+    assert cli.main(plain + ["--ks", "0,3"]) == 2
+    assert cli.main(plain + ["--group-size", "1"]) == 2
+    assert cli.main(plain + ["--methods", "ktea"]) == 2
+    assert "closest: ktae" in capsys.readouterr().err
+    assert probe.parse_checkpoint("step_000020") == probe.parse_checkpoint("20") == 20
+    with pytest.raises(ConfigError):
+        probe.parse_checkpoint("latest")

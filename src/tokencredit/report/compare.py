@@ -840,7 +840,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML trainer config shared by every run (see `tokencredit train`)")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
-        help="trainer config override for every run, e.g. run.steps=40 (repeatable)",
+        help="trainer config override for every run, e.g. run.steps=40 (repeatable; algo.<field>=... "
+        "overrides that field of every recipe)",
     )  # fmt: skip
     parser.add_argument(
         "--lora-rank", type=int,

@@ -430,10 +430,16 @@ def _mean(x: Tensor) -> float | None:
     return float(x.double().mean()) if x.numel() else None
 
 
+def _stderr(x: Tensor) -> float | None:
+    """Standard error of the mean over rollouts (None below 2 rollouts)."""
+    return float(x.double().std() / math.sqrt(x.numel())) if x.numel() >= 2 else None
+
+
 def score_credit(credit: Tensor, truth: ProbeTruth, ks: Sequence[int] = DEFAULT_KS) -> dict[str, Any]:
     """The probe's numbers for one credit tensor [N,T] (None where no rollout qualifies).
 
-    Keys: blame_rollouts, blame@k, mean_rank, mean_rank_frac (rank / length), praise_rollouts,
+    Keys: blame_rollouts, blame@k (and blame@k_se, its standard error over rollouts), mean_rank,
+    mean_rank_frac (rank / length), praise_rollouts,
     praise@k, mass_rollouts, mass_format / mass_computed / mass_answer, blame_by_kind {kind: {n, blame@k}}.
     """
     c = credit.detach().cpu()
@@ -448,7 +454,9 @@ def score_credit(credit: Tensor, truth: ProbeTruth, ks: Sequence[int] = DEFAULT_
     if b.numel():
         cb, mb, tb = c[b], m[b], truth.target[b]
         for k in ks:
-            out[f"blame@{k}"] = _mean(blame_hits(cb, mb, tb, k))
+            hits = blame_hits(cb, mb, tb, k)
+            out[f"blame@{k}"] = _mean(hits)
+            out[f"blame@{k}_se"] = _stderr(hits)
         ranks = target_ranks(cb, mb, tb)
         out["mean_rank"] = _mean(ranks)
         out["mean_rank_frac"] = _mean(ranks / mb.sum(1).double())
@@ -463,6 +471,7 @@ def score_credit(credit: Tensor, truth: ProbeTruth, ks: Sequence[int] = DEFAULT_
         out["blame_by_kind"] = by_kind
     else:
         out.update({f"blame@{k}": None for k in ks})
+        out.update({f"blame@{k}_se": None for k in ks})
         out.update(mean_rank=None, mean_rank_frac=None, blame_by_kind={})
     p = truth.praise_rows.nonzero().squeeze(1)
     out["praise_rollouts"] = int(p.numel())

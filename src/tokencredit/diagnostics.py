@@ -53,7 +53,8 @@ def gini(weights: Tensor, mask: Tensor) -> Tensor:
     nn = n.double()[:, None]
     coef = torch.where(i[None, :] <= nn, 2 * i[None, :] - nn - 1, torch.zeros_like(srt))
     g = (coef * srt).sum(-1) / n.double().clamp(min=1)
-    return torch.where((n > 1) & (total > 0), g, torch.zeros_like(g))
+    # clamp: a uniform row can come out as -1e-17 from rounding
+    return torch.where((n > 1) & (total > 0), g.clamp(min=0.0), torch.zeros_like(g))
 
 
 def effective_token_ratio(weights: Tensor, mask: Tensor) -> Tensor:

@@ -299,6 +299,23 @@ def build_toy(out_dir: str | Path | None = None, config: WarmStartConfig | None 
     return out
 
 
+def toy_task(seed: int = 0, path: str | Path | None = None) -> Any:
+    """The `ArithmeticTask` the shipped toy model was warm-started on (difficulty, digits and
+    operand_digits read from its ``warm_start.json``), with sampling seed `seed`."""
+    from tokencredit.data.synthetic import ArithmeticTask
+
+    info = Path(path) if path is not None else TOY_ASSET_DIR / "warm_start.json"
+    if not info.is_file():
+        raise ConfigError(f"{info} is missing; rebuild the toy model with `{REBUILD_COMMAND}`")
+    cfg = json.loads(info.read_text())
+    return ArithmeticTask(
+        difficulty=int(cfg["difficulty"]),
+        digits=int(cfg["digits"]),
+        operand_digits=int(cfg["operand_digits"]),
+        seed=seed,
+    )
+
+
 def _resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype

@@ -12,7 +12,7 @@ from tokencredit.train.config import load_config
 from tokencredit.train.trainer import Trainer
 
 LORA_ONLY = {"arca", "policy-divergence"}
-TIMING_KEYS = {"time_generate", "time_signals", "time_update", "tokens_per_s"}
+TIMING_KEYS = {"time_generate", "time_signals", "time_update", "tokens_per_s", "wall_time"}
 
 
 @pytest.fixture(scope="module")

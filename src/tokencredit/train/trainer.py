@@ -182,6 +182,7 @@ class Trainer:
             self.history = self.metrics.read()
         else:
             self.metrics.truncate_after(-1)
+        self._t_session, self._time_offset = time.perf_counter(), 0.0
         ckpt.atomic_write_text(self.run_dir / "config.toml", dump_toml(cfg))
         ckpt.atomic_write_text(self.run_dir / "recipe.json", json.dumps(self.recipe.to_dict(), indent=2))
 
@@ -488,6 +489,8 @@ class Trainer:
         return out
 
     def log(self, rec: dict[str, Any]) -> None:
+        """Append one record; `wall_time` is seconds since the run started, summed over resumed sessions."""
+        rec["wall_time"] = self._time_offset + time.perf_counter() - self._t_session
         self.metrics.append(rec)
         self.history.append(rec)
 
@@ -496,7 +499,8 @@ class Trainer:
         from tokencredit.train.progress import StepProgress
 
         cfg = self.cfg
-        t_start = time.perf_counter()
+        self._t_session = time.perf_counter()
+        self._time_offset = float(self.history[-1].get("wall_time", 0.0)) if self.history else 0.0
         if self.step_done == 0 and cfg.eval.at_start and not any(h.get("type") == "eval" for h in self.history):
             self.console.print("evaluating the starting model on held-out problems ...")
             self.log(self.evaluate(0))
@@ -518,7 +522,7 @@ class Trainer:
                     self.save_checkpoint(done)
                 self.step_done = done
         self.reward_fn.close()
-        summary = self.summarize(time.perf_counter() - t_start)
+        summary = self.summarize(self._time_offset + time.perf_counter() - self._t_session)
         return summary
 
     def summarize(self, seconds: float) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokencredit.rewards.extract import clean_for_verifier, extract_answer, normalize_answer
+from tokencredit.rewards.extract import canonical_number, clean_for_verifier, extract_answer, normalize_answer
 
 Gold = str | int | float | Sequence[str | int | float]
 
@@ -342,9 +342,15 @@ class MathVerifier:
                     verdicts[i] = False
                     continue
                 na = normalize_answer(a)
-                if na in {normalize_answer(g) for g in gk}:
+                gold_norms = {normalize_answer(g) for g in gk}
+                if na in gold_norms:
                     self.stats["fast_path"] += 1
                     verdicts[i] = True
+                    continue
+                if canonical_number(na) == na and all(canonical_number(g) == g for g in gold_norms):
+                    # two different plain decimals can never be equal: no math-verify round trip
+                    self.stats["fast_path"] += 1
+                    verdicts[i] = False
                     continue
                 key = (gk, na)
                 hit = self._cache.get(key)

@@ -30,6 +30,12 @@ seconds (all threads; on a loaded machine CPU / threads estimates the unloaded w
 1-minute load average at the time. Scaling: every method at 1/16, 1/4 and 1 of its batch (groups
 scaled, T fixed); time / token should stay flat. Plot: `--plot` (default benchmarks/credit_scaling.png).
 
+OpenMP: unless OMP_WAIT_POLICY is already set, this script sets it to PASSIVE before torch loads. On a
+2-core machine shared with other processes, libgomp's default spin-waiting at every parallel region
+made medium-sized ops 10-20x slower with 2 threads (KTAE on 16 groups: 1.35 s vs 0.066 s PASSIVE, 0.057 s
+with 1 thread; load ~5.5): the figures then measure the neighbours, not the code. On a dedicated machine
+the default policy is fine: run `OMP_WAIT_POLICY=ACTIVE python benchmarks/...` to keep it.
+
     python benchmarks/bench_credit.py                          # full batch, 2 threads
     python benchmarks/bench_credit.py --scale 0.25 --hidden-scale 0.0625 --repeats 1
 """
@@ -38,11 +44,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+# Before torch loads (see the module docstring): libgomp reads this once, at start-up.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
@@ -55,6 +65,12 @@ from tokencredit.objectives import traces
 HIDDEN_SIGNALS = frozenset({"hidden", "base_hidden"})
 TARGET_S = 3.0
 SCALING = (1 / 16, 1 / 4, 1.0)
+
+
+def eval_fraction(text: str) -> float:
+    """'1/16' -> 0.0625, '4' -> 4.0."""
+    num, _, den = text.strip().partition("/")
+    return float(num) / float(den or 1)
 
 
 def _load() -> float:
@@ -86,8 +102,9 @@ class Timing:
         return self.tokens / self.seconds
 
 
-def timeit(fn: Callable[[], object], repeats: int, tokens: int) -> Timing:
-    fn()  # warm-up
+def timeit(fn: Callable[[], object], repeats: int, tokens: int, warmup: bool = True) -> Timing:
+    if warmup:
+        fn()
     wall, cpu = [], []
     for _ in range(repeats):
         c0, t0 = time.process_time(), time.perf_counter()
@@ -124,11 +141,47 @@ def make_inputs(args: argparse.Namespace, groups: int, with_hidden: bool) -> Inp
         "neg_log_probs": (old + 0.5 * torch.randn(n, t, generator=g)).clamp(max=0.0),
         "entropy": 5.0 * torch.rand(n, t, generator=g),
     }
-    if with_hidden:
-        sig["hidden"] = torch.empty(n, t, args.hidden).uniform_(-1.0, 1.0, generator=g)
-        sig["base_hidden"] = torch.empty(n, t, args.hidden).uniform_(-1.0, 1.0, generator=g)
     batch = RolloutBatch(ids, mask, group_ids, scores, **sig)
+    if with_hidden:
+        # Set after validation: RolloutBatch's finiteness check on [N,T,H] costs more than the
+        # methods at this size (timed on its own by `validation_cost`).
+        batch.hidden = torch.empty(n, t, args.hidden).uniform_(-1.0, 1.0, generator=g)
+        batch.base_hidden = torch.empty(n, t, args.hidden).uniform_(-1.0, 1.0, generator=g)
     return Inputs(batch, grpo(scores, group_ids), int(mask.sum()), groups)
+
+
+def validation_cost(x: Inputs, groups: int = 4) -> float:
+    """Seconds per GB that `RolloutBatch` validation of one hidden tensor takes, timed on `groups` groups of `x`."""
+    b = x.batch
+    rows = min(b.num_rollouts, groups * int((b.group_ids == b.group_ids[0]).sum()))
+    hid = b.hidden[:rows]
+    t0 = time.perf_counter()
+    RolloutBatch(b.token_ids[:rows], b.mask[:rows], b.group_ids[:rows], b.scores[:rows], hidden=hid)
+    seconds = time.perf_counter() - t0
+    gb = hid.numel() * 4 / 1e9
+    t1 = time.perf_counter()
+    finite = torch.isfinite(hid.amax(-1)) & torch.isfinite(
+        hid.amin(-1)
+    )  # NaN / inf propagate through amax/amin
+    alt = time.perf_counter() - t1
+    assert bool(finite.all())
+    print(
+        f"   RolloutBatch(..., hidden=[{', '.join(map(str, hid.shape))}]) validation: {seconds:.2f} s for {gb:.2f} GB "
+        f"({gb / seconds:.2f} GB/s; ~{seconds / gb * 17.18:.0f} s per hidden tensor of the standard batch); "
+        f"an amax/amin finiteness check takes {alt:.3f} s ({gb / alt:.1f} GB/s); load {_load():.2f}"
+    )
+    return seconds / gb
+
+
+def roofline(x: Inputs, repeats: int) -> None:
+    """One plain read of the hidden states: the floor for each of DelTA's 2 (K + 1) passes."""
+    h = x.batch.hidden
+    t = timeit(lambda: h.sum(), repeats, x.tokens)
+    gb = h.numel() * 4 / 1e9
+    print(
+        f"   roofline: one read of hidden ({gb:.2f} GB) takes {t.seconds:.3f} s ({gb / t.seconds:.1f} GB/s): DelTA "
+        f"(K=1, 4 passes) >= {4 * t.seconds:.3f} s here, ARCA's residual norm (2 tensors) >= {2 * t.seconds:.3f} s"
+    )
 
 
 def hidden_fraction(args: argparse.Namespace) -> float:
@@ -173,7 +226,10 @@ def _kernel_case(name: str) -> Case:
 
     def build(x: Inputs) -> Callable[[], object]:
         b = x.batch
-        lp0 = (b.old_log_probs + 0.01 * torch.randn(b.old_log_probs.shape, generator=torch.Generator().manual_seed(1))).clamp(max=0.0)
+        lp0 = (
+            b.old_log_probs
+            + 0.01 * torch.randn(b.old_log_probs.shape, generator=torch.Generator().manual_seed(1))
+        ).clamp(max=0.0)
         kw = {"keep": entropy.top_entropy_mask(b.entropy, b.mask, 0.2)} if k.uses_keep else {}
         adv_hat = x.adv[:, None] * b.mask
 
@@ -223,10 +279,31 @@ def _stat_cases() -> list[Case]:
         Case("ktae.key_token_values", "statistic", False, frozenset(), k_values, True),
         Case("entropy.top_entropy_mask", "statistic", False, frozenset({"entropy"}), ent_mask, True),
         Case("traces.trace_log_weights P", "statistic", False, frozenset({"old_log_probs"}), ptrace, True),
-        Case("traces.trace_log_weights S", "statistic", False, frozenset({"old_log_probs", "entropy"}), strace, True),
-        Case("gcpo.rank_power_weights", "statistic", False, frozenset({"old_log_probs", "neg_log_probs"}), gcpo_w, True),
+        Case(
+            "traces.trace_log_weights S",
+            "statistic",
+            False,
+            frozenset({"old_log_probs", "entropy"}),
+            strace,
+            True,
+        ),
+        Case(
+            "gcpo.rank_power_weights",
+            "statistic",
+            False,
+            frozenset({"old_log_probs", "neg_log_probs"}),
+            gcpo_w,
+            True,
+        ),
         Case("arca.normalize_scores", "statistic", False, frozenset(), arca_norm, True),
-        Case("delta.coefficients_from_hidden", "statistic", True, frozenset({"hidden", "old_log_probs"}), delta_coef, True),
+        Case(
+            "delta.coefficients_from_hidden",
+            "statistic",
+            True,
+            frozenset({"hidden", "old_log_probs"}),
+            delta_coef,
+            True,
+        ),
     ]
 
 
@@ -252,7 +329,10 @@ def lm_head_cost(args: argparse.Namespace) -> dict[bool, float]:
         y = torch.randint(0, args.vocab, (m,), generator=g)
         out = {}
         for with_entropy in (False, True):
-            t = timeit(lambda: chunked_log_probs(h, head, y, with_entropy=with_entropy), 1, m)
+            chunked_log_probs(h[:64], head, y[:64], with_entropy=with_entropy)  # warm-up
+            t = timeit(
+                lambda e=with_entropy: chunked_log_probs(h, head, y, with_entropy=e), 1, m, warmup=False
+            )
             out[with_entropy] = t.seconds / m
             print(
                 f"signals: chunked LM head V={args.vocab} H={args.hidden} {'log p + entropy' if with_entropy else 'log p'}"
@@ -301,6 +381,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--signal-tokens", type=int, default=1024, help="tokens for the LM-head timing (0: skip)")
     p.add_argument("--no-scaling", action="store_true", help="only the full batch, no 1/16 and 1/4 runs")
+    p.add_argument(
+        "--scaling",
+        default="1/16,1/4,1",
+        help="batch fractions for the scaling table; the largest runs at --scale (--hidden-scale for hidden cases)",
+    )
     p.add_argument("--only", default="", help="comma-separated case names to run (default: all)")
     p.add_argument("--plot", default=str(Path(__file__).resolve().parent / "credit_scaling.png"))
     args = p.parse_args()
@@ -313,25 +398,32 @@ def main() -> None:
     h_scale = hidden_fraction(args)
     full_tokens_est = args.groups * args.group_size * args.max_len * (1 + args.min_frac) / 2
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; standard batch {args.groups} groups x "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
+        f"{os.environ.get('OMP_WAIT_POLICY')}; standard batch {args.groups} groups x "
         f"{args.group_size} x T={args.max_len} (lengths {args.min_frac:.0%}-100%), V={args.vocab}, H={args.hidden}; "
         f"[N,T] methods at scale {args.scale:g}, hidden-state methods at scale {h_scale:g}; load {_load():.2f}"
     )
-    fractions = (1.0,) if args.no_scaling else SCALING
-    results: dict[str, dict[float, Timing]] = {c.name: {} for c in cases}
+    fractions = (
+        (1.0,) if args.no_scaling else tuple(sorted(float(eval_fraction(f)) for f in args.scaling.split(",")))
+    )
     base_scale = {c.name: (h_scale if c.hidden else args.scale) for c in cases}
+    results: dict[str, dict[float, Timing]] = {c.name: {} for c in cases}
     for with_hidden in (False, True):
         group_cases = [c for c in cases if c.hidden == with_hidden]
         if not group_cases:
             continue
         for frac in fractions:
-            groups = max(1, round(args.groups * (h_scale if with_hidden else args.scale) * frac))
+            # the largest fraction runs at the case's scale, the others below it
+            groups = max(1, round(args.groups * base_scale[group_cases[0].name] * frac / fractions[-1]))
             t0 = time.perf_counter()
             x = make_inputs(args, groups, with_hidden)
             print(
                 f"-- {groups} groups ({x.tokens:,} valid tokens){' with hidden states' if with_hidden else ''}: "
-                f"batch built and validated in {time.perf_counter() - t0:.1f} s, load {_load():.2f}"
+                f"batch built in {time.perf_counter() - t0:.1f} s, load {_load():.2f}"
             )
+            if with_hidden and frac == fractions[-1]:
+                validation_cost(x)
+                roofline(x, args.repeats)
             for c in group_cases:
                 t = timeit(c.build(x), args.repeats, x.tokens)
                 results[c.name][frac] = t
@@ -352,15 +444,19 @@ def main() -> None:
     print(hdr)
     print("-" * len(hdr))
     for c in cases:
-        t = results[c.name][1.0]
-        full_s = t.seconds / (base_scale[c.name])
+        t = results[c.name][fractions[-1]]
+        full_s = t.seconds / base_scale[c.name]
         target = ("PASS" if full_s <= TARGET_S else "FAIL") if c.target else ""
         sig = ""
         if head is not None:
             passes, ent, note = signal_passes(c.needs)
             full_tok = t.tokens / base_scale[c.name]
             cost = passes * head[False] * full_tok + ((head[True] - head[False]) * full_tok if ent else 0.0)
-            sig = f"{passes} pass(es){' + entropy' if ent else ''}: ~{cost:,.0f} s" if passes else "none"
+            sig = (
+                f"{passes} pass(es){' + entropy' if ent else ''}: ~{cost:,.0f} s (credit = {100 * full_s / cost:.3f}%)"
+                if passes
+                else "none"
+            )
             if note:
                 sig += f" (+ {note})"
         print(
@@ -369,7 +465,9 @@ def main() -> None:
         )
 
     if len(fractions) > 1:
-        print("\nScaling (groups scaled at fixed T): seconds and microseconds per 1k valid tokens; flat = linear")
+        print(
+            "\nScaling (groups scaled at fixed T): seconds and microseconds per 1k valid tokens; flat = linear"
+        )
         print(f"{'case':<32} " + "  ".join(f"{f'x{f:g}':>26}" for f in fractions) + "   max/min of s/token")
         for c in cases:
             cells, per_tok = [], []
@@ -377,7 +475,11 @@ def main() -> None:
                 t = results[c.name][f]
                 per_tok.append(t.seconds / t.tokens)
                 cells.append(f"{t.tokens:>9,} {t.seconds:7.3f}s {1e9 * t.seconds / t.tokens:6.1f}")
-            print(f"{c.name:<32} " + "  ".join(f"{s:>26}" for s in cells) + f"   {max(per_tok) / min(per_tok):6.2f}")
+            print(
+                f"{c.name:<32} "
+                + "  ".join(f"{s:>26}" for s in cells)
+                + f"   {max(per_tok) / min(per_tok):6.2f}"
+            )
         if args.plot:
             plot(results, cases, fractions, args.plot, base_scale, args)
 
@@ -389,18 +491,29 @@ def plot(results, cases, fractions, path: str, base_scale, args) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
-    kinds = [("credit methods and statistics", ("credit", "statistic")), ("ratio kernels (fwd + bwd)", ("kernel",))]
+    kinds = [
+        ("credit methods and statistics", ("credit", "statistic")),
+        ("ratio kernels (fwd + bwd)", ("kernel",)),
+    ]
     for ax, (title, ks) in zip(axes, kinds):
         for c in cases:
             if c.kind not in ks:
                 continue
             xs = [results[c.name][f].tokens for f in fractions]
             ys = [results[c.name][f].seconds for f in fractions]
-            ax.plot(xs, ys, marker="o", linestyle="--" if c.hidden else "-", label=c.name + (" (hidden)" if c.hidden else ""))
+            ax.plot(
+                xs,
+                ys,
+                marker="o",
+                linestyle="--" if c.hidden else "-",
+                label=c.name + (" (hidden)" if c.hidden else ""),
+            )
         lo = min(results[c.name][fractions[0]].tokens for c in cases)
         hi = max(results[c.name][fractions[-1]].tokens for c in cases)
         ymin = min(results[c.name][f].seconds for c in cases if c.kind in ks for f in fractions)
-        ax.plot([lo, hi], [ymin, ymin * hi / lo], color="grey", linewidth=3, alpha=0.3, label="slope 1 (linear)")
+        ax.plot(
+            [lo, hi], [ymin, ymin * hi / lo], color="grey", linewidth=3, alpha=0.3, label="slope 1 (linear)"
+        )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("valid tokens in the batch")

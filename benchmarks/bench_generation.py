@@ -17,6 +17,11 @@ over `--repeats` runs after a warm-up, the process CPU time, the 1-minute load a
 ratios. Also checked (printed): the number of tokenizer calls `generate` makes (1 for all P x G rows),
 and that decoding stops at the longest completion when every row has finished.
 
+OpenMP: OMP_WAIT_POLICY defaults to PASSIVE here, as in benchmarks/bench_credit.py (see there).
+
+Threads: one torch thread by default: with 2 threads on a busy 2-core machine, libgomp's spin-waiting
+at every parallel region made this generation up to 25x slower (see benchmarks/bench_trainer_vs_trl.py).
+
     python benchmarks/bench_generation.py
     python benchmarks/bench_generation.py --prompts 32 --group-size 16 --max-new-tokens 128
 """
@@ -24,9 +29,13 @@ and that decoding stops at the longest completion when every row has finished.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Any
+
+# Before torch loads (see the module docstring): libgomp reads this once, at start-up.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
@@ -97,10 +106,14 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1 by default: see the module docstring)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-per-completion", action="store_true", help="skip the slowest baseline")
-    p.add_argument("--no-cache-check", action="store_true", help="also time batched generation without KV cache")
+    p.add_argument(
+        "--no-cache-check", action="store_true", help="also time batched generation without KV cache"
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -116,7 +129,8 @@ def main() -> None:
     n_rows = args.prompts * args.group_size
     prompt_tokens = statistics.mean(len(tok(x, add_special_tokens=False)["input_ids"]) for x in prompts)
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; toy Qwen3 "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; "
+        f"toy Qwen3 "
         f"({sum(x.numel() for x in model.parameters()) / 1e6:.2f} M params), P={args.prompts} x G={args.group_size} "
         f"= {n_rows} rows, prompt ~{prompt_tokens:.0f} tokens, max_new_tokens={args.max_new_tokens}, load {_load()}"
     )
@@ -125,7 +139,9 @@ def main() -> None:
     seeds = iter(range(10_000))
 
     def batched() -> Any:
-        return generate(model, counting, prompts, args.group_size, max_new_tokens=args.max_new_tokens, seed=next(seeds))
+        return generate(
+            model, counting, prompts, args.group_size, max_new_tokens=args.max_new_tokens, seed=next(seeds)
+        )
 
     wall, cpu, ro = _time(batched, args.repeats)
     calls_per_run = counting.calls / (args.repeats + 1)
@@ -142,16 +158,23 @@ def main() -> None:
         f"{n_rows} rows); response columns {ro.response_ids.shape[1]} (longest completion {int(lengths.max())}, "
         f"mean {float(lengths.float().mean()):.1f}, truncated {int(ro.truncated.sum())}/{n_rows})"
     )
-    stop = generate(model, tok, prompts, args.group_size, max_new_tokens=4 * args.max_new_tokens, seed=123)
+    # Stop check: with frequent characters (digits, space) as extra stop ids every row ends early; the
+    # decoding loop must end at the longest completion, not run to max_new_tokens.
+    stops = [tok.eos_token_id, *tok.convert_tokens_to_ids(list("0123456789 "))]
+    budget = 4 * args.max_new_tokens
+    stop = generate(model, tok, prompts, args.group_size, max_new_tokens=budget, seed=123, eos_token_id=stops)
+    ran = stop.response_ids.shape[1]
     print(
-        f"  stop check at max_new_tokens={4 * args.max_new_tokens}: decoding ran {stop.response_ids.shape[1]} columns, "
-        f"longest completion {int(stop.response_lengths.max())}, truncated {int(stop.truncated.sum())}/{n_rows} "
-        "(the loop ends when every row has emitted EOS)"
+        f"  stop check (stop ids: EOS, digits, space; max_new_tokens={budget}): decoding ran {ran} columns = longest "
+        f"completion {int(stop.response_lengths.max())} (mean {float(stop.response_lengths.float().mean()):.1f}); "
+        f"{'OK' if ran == int(stop.response_lengths.max()) < budget else 'NOT STOPPED'}. Finished rows stay in the "
+        "batch as padding until the last row ends (transformers' generate does not shrink the batch)"
     )
 
     results = {"batched": tok_b / med_b}
     wall, cpu, tok_p = _time(
-        lambda: _naive(model, tok, prompts, args.group_size, args.max_new_tokens, per_completion=False), args.repeats
+        lambda: _naive(model, tok, prompts, args.group_size, args.max_new_tokens, per_completion=False),
+        args.repeats,
     )
     med_p = statistics.median(wall)
     results["per-prompt"] = tok_p / med_p

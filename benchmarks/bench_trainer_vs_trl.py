@@ -19,6 +19,21 @@ Also printed: process CPU seconds per step, the 1-minute load average, and each 
 generation (+ reward) and the rest. `--profile` runs one extra tokencredit round under cProfile and
 prints where its time goes (pyinstrument is used instead when installed and `--profiler pyinstrument`).
 
+`--variants ours,ours-onpolicy,trl` adds a prototype of a proposed trainer change, applied by patching
+for the duration of those runs (the library is not modified): when each step makes exactly one
+optimiser update on its own fresh rollouts (ppo_epochs = mini_batches = 1) and the recipe needs no
+signal other than old log-probs (and the entropy the trainer logs), skip the separate no-grad signals
+pass: the old log-probs equal the training forward's log-probs, detached (TRL's on-policy shortcut),
+and the entropy is computed in that same forward.
+
+OpenMP: OMP_WAIT_POLICY defaults to PASSIVE here, as in benchmarks/bench_credit.py (see there).
+
+Threads: one torch thread by default. The toy model's ops are tiny (a decoding step multiplies
+[64, 128] by [128, 384]), and on a 2-core machine shared with other work, torch's OpenMP runtime
+(libgomp, which spin-waits at every parallel region) made the same generation up to 25x slower with
+2 threads than with 1 (measured: 1.1 s vs 26-30 s; with OMP_WAIT_POLICY=PASSIVE both took ~1.3 s).
+Both trainers run in the same process with the same thread count, so the ratio is like for like.
+
     python benchmarks/bench_trainer_vs_trl.py                    # 3 rounds x 6 steps each
     python benchmarks/bench_trainer_vs_trl.py --rounds 2 --steps 4 --profile
 """
@@ -34,13 +49,19 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
+
+# Before torch loads (see the module docstring): libgomp reads this once, at start-up.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
 HERE = Path(__file__).resolve().parent
 MODULE = Path(__file__).stem
+VARIANTS = ("ours", "ours-onpolicy", "trl")
 
 
 def toy_reward(completions: list[str], golds: list[Any], **_: Any) -> list[float]:
@@ -102,7 +123,8 @@ def make_ours(args: argparse.Namespace, model_dir: Path, run_dir: Path, seed: in
     r.prompts_per_step, r.group_size, r.max_new_tokens = args.prompts, args.group_size, args.max_new_tokens
     r.temperature, r.top_p = 1.0, 1.0
     o = cfg.optim
-    o.lr, o.weight_decay, o.beta1, o.beta2, o.warmup_steps, o.schedule = args.lr, 0.0, 0.9, 0.99, 0, "constant"
+    o.lr, o.weight_decay, o.beta1, o.beta2 = args.lr, 0.0, 0.9, 0.99
+    o.warmup_steps, o.schedule = 0, "constant"
     o.grad_clip, o.ppo_epochs, o.mini_batches, o.micro_batch_size = 1.0, 1, 1, 0
     cfg.reward.function = f"{MODULE}:toy_reward"
     cfg.eval.every, cfg.eval.at_start, cfg.checkpoint.every = 0, False, 0
@@ -110,36 +132,85 @@ def make_ours(args: argparse.Namespace, model_dir: Path, run_dir: Path, seed: in
     return Trainer(cfg, run_dir, console=Console(quiet=True))
 
 
-def run_ours(args: argparse.Namespace, model_dir: Path, work: Path, rnd: int) -> dict[str, list[float]]:
-    trainer = make_ours(args, model_dir, work / f"ours_{rnd}", args.seed + rnd)
+@contextmanager
+def onpolicy_prototype() -> Iterator[None]:
+    """Patch in the proposed on-policy shortcut (see the module docstring); restored on exit."""
+    import tokencredit.objectives as objectives
+    import tokencredit.signals as signals
+
+    compute_signals, token_log_probs, policy_loss = (
+        signals.compute_signals, signals.token_log_probs, objectives.policy_loss,
+    )  # fmt: skip
+
+    def skip_pass(
+        model: Any, sequences: Any, attention_mask: Any, prompt_len: int, mask: Any, needs: Any, **kw: Any
+    ):
+        other = set(needs) - {"old_log_probs", "entropy"}
+        if other:
+            raise RuntimeError(
+                f"the on-policy prototype covers recipes needing only old_log_probs, not {other}"
+            )
+        return {}
+
+    def with_entropy(*a: Any, **k: Any) -> Any:
+        # the entropy the step logs, from the same forward
+        logp, _entropy = token_log_probs(*a, with_entropy=True, **k)
+        return logp
+
+    def detached_old(log_prob: Any, old_log_prob: Any, *a: Any, **k: Any) -> Any:
+        return policy_loss(log_prob, log_prob.detach() if old_log_prob is None else old_log_prob, *a, **k)
+
+    signals.compute_signals = skip_pass
+    signals.token_log_probs = with_entropy
+    objectives.policy_loss = detached_old
+    try:
+        yield
+    finally:
+        signals.compute_signals, signals.token_log_probs, objectives.policy_loss = (
+            compute_signals, token_log_probs, policy_loss,
+        )  # fmt: skip
+
+
+def run_ours(
+    args: argparse.Namespace, model_dir: Path, work: Path, rnd: int, prototype: bool = False
+) -> dict[str, list[float]]:
+    trainer = make_ours(args, model_dir, work / f"ours_{rnd}_{int(prototype)}", args.seed + rnd)
     out: dict[str, list[float]] = {"wall": [], "cpu": [], "gen": [], "tokens": []}
     try:
-        for step in range(args.steps):
-            c0, t0 = time.process_time(), time.perf_counter()
-            rec, *_ = trainer.step(step)
-            trainer.log(rec)
-            if step == 0:
-                continue  # warm-up
-            out["wall"].append(time.perf_counter() - t0)
-            out["cpu"].append(time.process_time() - c0)
-            out["gen"].append(rec["time_generate"])
-            out["tokens"].append(rec["tokens"])
+        with onpolicy_prototype() if prototype else nullcontext():
+            _steps(trainer, args, out)
     finally:
         trainer.reward_fn.close()
     return out
+
+
+def _steps(trainer: Any, args: argparse.Namespace, out: dict[str, list[float]]) -> None:
+    for step in range(args.steps):
+        c0, t0 = time.process_time(), time.perf_counter()
+        rec, *_ = trainer.step(step)
+        trainer.log(rec)
+        if step == 0:
+            continue  # warm-up
+        out["wall"].append(time.perf_counter() - t0)
+        out["cpu"].append(time.process_time() - c0)
+        out["gen"].append(rec["time_generate"])
+        out["tokens"].append(rec["tokens"])
 
 
 # ---------------------------------------------------------------------------- TRL
 def make_trl(args: argparse.Namespace, model_dir: Path, out_dir: Path, seed: int, data: list[Any]) -> Any:
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from tokencredit.data.templates import render
 
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     tok.padding_side = "left"
-    ds = Dataset.from_list([{"prompt": render("qwen-math", p.problem, tok), "answer": p.answer} for p in data])
+    ds = Dataset.from_list(
+        [{"prompt": render("qwen-math", p.problem, tok), "answer": p.answer} for p in data]
+    )
     cfg = GRPOConfig(
         output_dir=str(out_dir), per_device_train_batch_size=args.prompts * args.group_size,
         num_generations=args.group_size, steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1,
@@ -180,10 +251,13 @@ def make_trl(args: argparse.Namespace, model_dir: Path, out_dir: Path, seed: int
     )  # fmt: skip
     trainer.gen_times, trainer.tokens = [], []
     trainer.step_timer = timer
+    trainer.remove_callback(PrinterCallback)  # no per-step log dicts on stdout (logging itself still runs)
     return trainer
 
 
-def run_trl(args: argparse.Namespace, model_dir: Path, work: Path, rnd: int, data: list[Any]) -> dict[str, list[float]]:
+def run_trl(
+    args: argparse.Namespace, model_dir: Path, work: Path, rnd: int, data: list[Any]
+) -> dict[str, list[float]]:
     trainer = make_trl(args, model_dir, work / f"trl_{rnd}", args.seed + rnd, data)
     trainer.train()
     ends, cpu = trainer.step_timer.wall, trainer.step_timer.cpu
@@ -228,7 +302,7 @@ def profile_ours(args: argparse.Namespace, model_dir: Path, work: Path) -> None:
 def _summ(name: str, r: dict[str, list[float]]) -> tuple[float, str]:
     med = statistics.median(r["wall"])
     line = (
-        f"{name:<12} steps/s {1.0 / med:6.3f}  (median step {med:.3f} s over {len(r['wall'])} steps; "
+        f"{name:<14} steps/s {1.0 / med:6.3f}  (median step {med:.3f} s over {len(r['wall'])} steps; "
         f"mean {statistics.mean(r['wall']):.3f} s)  CPU/step {statistics.median(r['cpu']):.3f} s  "
         f"generation {statistics.median(r['gen']):.3f} s/step  "
         f"rest {med - statistics.median(r['gen']):.3f} s/step  "
@@ -248,13 +322,21 @@ def main() -> None:
     p.add_argument("--difficulty", type=int, default=3)
     p.add_argument("--digits", type=int, default=2)
     p.add_argument("--train-size", type=int, default=512)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1 by default: see the module docstring)"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model-dir", default="", help="use this saved model + tokenizer instead of a fresh toy model")
+    p.add_argument(
+        "--model-dir", default="", help="use this saved model + tokenizer instead of a fresh toy model"
+    )
     p.add_argument("--profile", action="store_true", help="profile one extra tokencredit run")
     p.add_argument("--profiler", choices=("cprofile", "pyinstrument"), default="cprofile")
     p.add_argument("--profile-lines", type=int, default=35)
-    p.add_argument("--only", choices=("both", "ours", "trl"), default="both")
+    p.add_argument(
+        "--variants",
+        default="ours,trl",
+        help=f"comma-separated runs per round, in order: {', '.join(VARIANTS)}",
+    )
     args = p.parse_args()
     if args.steps < 2:
         raise SystemExit("--steps must be >= 2 (the first step of each run is a warm-up)")
@@ -266,45 +348,54 @@ def main() -> None:
     import trl
 
     print(
-        f"torch {torch.__version__} ({torch.get_num_threads()} threads), transformers {transformers.__version__}, "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads, OMP_WAIT_POLICY="
+        f"{os.environ.get('OMP_WAIT_POLICY')}), transformers {transformers.__version__}, "
         f"trl {trl.__version__}; P={args.prompts} x G={args.group_size}, max_new_tokens={args.max_new_tokens}, "
         f"{args.rounds} rounds x {args.steps} steps (first step of each run not counted)"
     )
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        raise SystemExit(f"--variants: unknown {bad}; choose from {', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model_dir = Path(args.model_dir) if args.model_dir else build_model_dir(work / "model", args.seed)
         data = problems(args)
-        ours: dict[str, list[float]] = {"wall": [], "cpu": [], "gen": [], "tokens": []}
-        theirs: dict[str, list[float]] = {"wall": [], "cpu": [], "gen": [], "tokens": []}
+        res: dict[str, dict[str, list[float]]] = {
+            v: {"wall": [], "cpu": [], "gen": [], "tokens": []} for v in variants
+        }
         loads = []
         for rnd in range(args.rounds):
-            if args.only in ("both", "ours"):
+            for v in variants:
                 loads.append(_load())
-                r = run_ours(args, model_dir, work, rnd)
-                for k in ours:
-                    ours[k] += r[k]
-                print(f"round {rnd + 1} tokencredit: median step {statistics.median(r['wall']):.3f} s, load {_load()}")
-            if args.only in ("both", "trl"):
-                loads.append(_load())
-                r = run_trl(args, model_dir, work, rnd, data)
-                for k in theirs:
-                    theirs[k] += r[k]
-                print(f"round {rnd + 1} TRL:         median step {statistics.median(r['wall']):.3f} s, load {_load()}")
+                if v == "trl":
+                    r = run_trl(args, model_dir, work, rnd, data)
+                else:
+                    r = run_ours(args, model_dir, work, rnd, prototype=v == "ours-onpolicy")
+                for k in r:
+                    res[v][k] += r[k]
+                print(
+                    f"round {rnd + 1} {v:<14} median step {statistics.median(r['wall']):.3f} s, load {_load()}"
+                )
         print(f"load average (1 min) at the start of each run: {', '.join(loads)}")
-        med_ours = med_trl = None
-        if ours["wall"]:
-            med_ours, line = _summ("tokencredit", ours)
-            print(line)
-        if theirs["wall"]:
-            med_trl, line = _summ("TRL", theirs)
-            print(line)
-        if med_ours and med_trl:
-            ratio = med_trl / med_ours
-            cpu_ratio = statistics.median(theirs["cpu"]) / statistics.median(ours["cpu"])
-            print(
-                f"ratio tokencredit / TRL steps/s: {ratio:.3f} (CPU-time ratio {cpu_ratio:.3f}) -> "
-                f"{'PASS' if ratio >= 1.0 else 'FAIL'} (target >= 1.0)"
-            )
+        meds = {}
+        for v in variants:
+            if res[v]["wall"]:
+                meds[v], line = _summ(v, res[v])
+                print(line)
+        if "trl" in meds:
+            for v in meds:
+                if v == "trl":
+                    continue
+                ratio = meds["trl"] / meds[v]
+                cpu_ratio = statistics.median(res["trl"]["cpu"]) / statistics.median(res[v]["cpu"])
+                tok_ratio = (statistics.mean(res[v]["tokens"]) / meds[v]) / (
+                    statistics.mean(res["trl"]["tokens"]) / meds["trl"]
+                )
+                print(
+                    f"ratio {v} / TRL steps/s: {ratio:.3f} (CPU-time ratio {cpu_ratio:.3f}; response tokens/s ratio "
+                    f"{tok_ratio:.3f}) -> {'PASS' if ratio >= 1.0 else 'FAIL'} (target >= 1.0)"
+                )
         if args.profile:
             profile_ours(args, model_dir, work)
 

@@ -78,7 +78,10 @@ def test_shared_prefix_loss_equals_the_plain_loss(tok):
     prompts = [render("qwen-math", p.problem, tok) for p in probs]
     ids, mask, labels = _encode_examples(tok, prompts, [p.solution for p in probs])
     grads = []
-    for fn in (lambda m: m(input_ids=ids, attention_mask=mask, labels=labels).loss, lambda m: _sft_loss(m, ids, mask, labels)):
+    for fn in (
+        lambda m: m(input_ids=ids, attention_mask=mask, labels=labels).loss,
+        lambda m: _sft_loss(m, ids, mask, labels),
+    ):
         m = build_toy_model(TINY, tokenizer=tok)
         loss = fn(m)
         loss.backward()
@@ -90,7 +93,9 @@ def test_shared_prefix_loss_equals_the_plain_loss(tok):
     ids2 = ids.clone()
     ids2[0, 0] = 5
     m = build_toy_model(TINY, tokenizer=tok)
-    torch.testing.assert_close(_sft_loss(m, ids2, mask, labels), m(input_ids=ids2, attention_mask=mask, labels=labels).loss)
+    torch.testing.assert_close(
+        _sft_loss(m, ids2, mask, labels), m(input_ids=ids2, attention_mask=mask, labels=labels).loss
+    )
 
 
 def test_warm_start_few_steps_is_deterministic(tok):

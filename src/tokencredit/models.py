@@ -98,7 +98,9 @@ TOY_MODEL_CONFIG: dict[str, Any] = {
 }
 
 
-def build_toy_model(config_overrides: dict[str, Any] | None = None, *, seed: int = 0, tokenizer: Any = None) -> Any:
+def build_toy_model(
+    config_overrides: dict[str, Any] | None = None, *, seed: int = 0, tokenizer: Any = None
+) -> Any:
     """A freshly initialised tiny `Qwen3ForCausalLM` (`TOY_MODEL_CONFIG` updated by `config_overrides`),
     deterministic in `seed`, with the toy tokenizer's vocabulary and special ids."""
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
@@ -193,7 +195,9 @@ def _sft_loss(model: Any, ids: torch.Tensor, mask: torch.Tensor, labels: torch.T
     return out.loss
 
 
-def warm_start(model: Any, tokenizer: Any, config: WarmStartConfig | None = None, *, log_every: int = 0) -> list[float]:
+def warm_start(
+    model: Any, tokenizer: Any, config: WarmStartConfig | None = None, *, log_every: int = 0
+) -> list[float]:
     """Supervised fine-tuning of `model` (in place) on noisy-teacher solutions; returns the losses.
 
     Deterministic on CPU for a fixed thread count: the data order, the teacher's slips and the
@@ -241,7 +245,9 @@ def warm_start(model: Any, tokenizer: Any, config: WarmStartConfig | None = None
         losses.append(float(loss.detach()))
         if log_every and (step + 1) % log_every == 0:
             recent = sum(losses[-log_every:]) / log_every
-            print(f"warm start step {step + 1}/{cfg.steps} loss {recent:.4f} ({time.perf_counter() - t0:.0f}s)")
+            print(
+                f"warm start step {step + 1}/{cfg.steps} loss {recent:.4f} ({time.perf_counter() - t0:.0f}s)"
+            )
     model.eval()
     return losses
 
@@ -289,7 +295,9 @@ def toy_accuracy(
     return correct / max(1, len(problems))
 
 
-def build_toy(out_dir: str | Path | None = None, config: WarmStartConfig | None = None, *, log_every: int = 0) -> Path:
+def build_toy(
+    out_dir: str | Path | None = None, config: WarmStartConfig | None = None, *, log_every: int = 0
+) -> Path:
     """Build the toy model from scratch (init + warm start) and save model + tokenizer to `out_dir`
     (default: the package's asset directory). Returns the directory."""
     cfg = config or WarmStartConfig()
@@ -329,7 +337,9 @@ def _resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def load_model(name_or_path: str, *, dtype: torch.dtype | str = torch.float32, device: str = "cpu") -> tuple[Any, Any]:
+def load_model(
+    name_or_path: str, *, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
+) -> tuple[Any, Any]:
     """(model, tokenizer) in eval mode on `device`.
 
     "toy" loads the shipped warm start; anything else is a local directory holding a Hugging Face
@@ -342,7 +352,9 @@ def load_model(name_or_path: str, *, dtype: torch.dtype | str = torch.float32, d
     torch_dtype = _resolve_dtype(dtype)
     if name_or_path == "toy":
         path = TOY_ASSET_DIR
-        missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (path / f).is_file()]
+        missing = [
+            f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (path / f).is_file()
+        ]
         if missing:
             raise ConfigError(
                 f"the toy model is not installed ({', '.join(missing)} missing in {path}); "
@@ -378,9 +390,14 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--steps", type=int, default=WarmStartConfig.steps, help="SFT steps")
     b.add_argument("--seed", type=int, default=WarmStartConfig.seed)
     b.add_argument(
-        "--threads", type=int, default=2, help="torch CPU threads (the shipped build used 2; results depend on it)"
+        "--threads",
+        type=int,
+        default=2,
+        help="torch CPU threads (the shipped build used 2; results depend on it)",
     )
-    b.add_argument("--eval", type=int, default=200, help="held-out problems to score after the build (0 = skip)")
+    b.add_argument(
+        "--eval", type=int, default=200, help="held-out problems to score after the build (0 = skip)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = WarmStartConfig(steps=args.steps, seed=args.seed)

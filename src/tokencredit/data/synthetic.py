@@ -350,7 +350,9 @@ class ArithmeticTask:
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        rng = random.Random(f"arith|{self.difficulty}|{self.digits}|{self.operand_digits}|{self.seed}|{split}")
+        rng = random.Random(
+            f"arith|{self.difficulty}|{self.digits}|{self.operand_digits}|{self.seed}|{split}"
+        )
         seen: set[str] = set()
         out: list[ArithmeticProblem] = []
         attempts, max_attempts = 0, 200 * n + 10_000

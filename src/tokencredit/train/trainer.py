@@ -135,8 +135,8 @@ class Trainer:
                 f"recipe {self.recipe.name!r} (credit {self.recipe.credit!r}) needs a LoRA adapter: "
                 "set model.lora_rank > 0 (e.g. --set model.lora_rank=8)"
             )
-        if cfg.run.threads > 0:
-            torch.set_num_threads(cfg.run.threads)
+        if cfg.run.threads > 0 or cfg.model.name == "toy":
+            torch.set_num_threads(cfg.run.threads or 1)
         dev = cfg.run.device
         self.device = torch.device("cuda" if dev == "auto" and torch.cuda.is_available() else ("cpu" if dev == "auto" else dev))
         torch.manual_seed(cfg.run.seed)
@@ -395,9 +395,18 @@ class Trainer:
             tokens=n_tokens,
             tokens_per_s=n_tokens / max(1e-9, t_gen + t_sig + t_upd),
             **{k: sum(m[k] for m in mets if k in m) / max(1, sum(k in m for m in mets)) for k in _avg_keys(mets)},
-            **diagnostics.summary(adv_hat, mask, seq_adv, batch.entropy),
+            **diagnostics.summary(self._effective(adv_hat, mask, kargs), mask, seq_adv, batch.entropy),
         )
         return rec, ro, batch, adv_hat
+
+    def _effective(self, adv_hat: Tensor, mask: Tensor, kargs: dict[str, Any]) -> Tensor:
+        """The credit each token really gets: Â itself for per-token kernels, the on-policy gradient
+        weight for sequence / trace kernels (so the logged Gini of S-trace reflects its kept set)."""
+        if self.recipe.kernel in ("token", "reinforce"):
+            return adv_hat
+        from tokencredit.report.effective import effective_credit
+
+        return effective_credit(adv_hat, mask, kernel=self.recipe.kernel, kernel_args=kargs)
 
     def _negative_prompts(self, ro: StepRollouts) -> dict[str, Any]:
         """GCPO: the same responses after a prompt that asks for a wrong answer."""

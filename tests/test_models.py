@@ -30,7 +30,7 @@ def tok():
 
 
 def test_tokenizer_is_character_level(tok):
-    text = "47 + 38 = 85\nAnswer: \\boxed{85}"
+    text = "47 + 38 = 85\nThe answer is \\boxed{85}."
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert len(ids) == len(text)
     assert tok.decode(ids) == text
@@ -150,7 +150,7 @@ def test_shipped_toy_loads_and_answers():
     for t in texts:
         lines = t.strip().split("\n")
         assert len(lines) == built["difficulty"] + 1, t
-        assert lines[-1].startswith("Answer: \\boxed{"), t
+        assert lines[-1].startswith("The answer is \\boxed{"), t
     assert (out[:, enc["input_ids"].shape[1] :] == tk.eos_token_id).any(dim=1).all()
 
 

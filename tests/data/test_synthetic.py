@@ -18,7 +18,7 @@ from tokencredit.data.synthetic import (
 )
 
 P = Problem(id="hand-0", problem="Compute 47 + 38 - 19 + 6.", answer="72")
-REF = "47 + 38 = 85\n85 - 19 = 66\n66 + 6 = 72\nAnswer: \\boxed{72}"
+REF = "47 + 38 = 85\n85 - 19 = 66\n66 + 6 = 72\nThe answer is \\boxed{72}."
 
 
 def _signed_sum(problem: Problem) -> int:
@@ -146,7 +146,7 @@ def test_check_reads_the_last_boxed_integer():
 def test_check_agrees_with_math_reward():
     from tokencredit.rewards import math_reward
 
-    texts = [REF, REF.replace("{72}", "{73}"), "47 + 38 = 85", "Answer: \\boxed{072}"]
+    texts = [REF, REF.replace("{72}", "{73}"), "47 + 38 = 85", "The answer is \\boxed{072}."]
     assert math_reward(texts, [P.answer] * len(texts)) == [float(check(P, t)) for t in texts]
 
 
@@ -162,7 +162,7 @@ def test_correct_marks_the_answer():
 
 
 def test_wrong_first_step():
-    text = "47 + 38 = 75\n75 - 19 = 56\n56 + 6 = 62\nAnswer: \\boxed{62}"
+    text = "47 + 38 = 75\n75 - 19 = 56\n56 + 6 = 62\nThe answer is \\boxed{62}."
     loc = locate_first_error(P, text)
     assert (loc.kind, loc.step, loc.start, loc.end) == ("wrong-step", 0, 10, 12)
     assert text[loc.start : loc.end] == "75" and loc.expected == "47 + 38 = 85"
@@ -170,7 +170,7 @@ def test_wrong_first_step():
 
 
 def test_wrong_later_step_units_digit():
-    text = "47 + 38 = 85\n85 - 19 = 67\n67 + 6 = 73\nAnswer: \\boxed{73}"
+    text = "47 + 38 = 85\n85 - 19 = 67\n67 + 6 = 73\nThe answer is \\boxed{73}."
     loc = locate_first_error(P, text)
     assert (loc.kind, loc.step) == ("wrong-step", 1)
     assert loc.start == text.index("67") + 1  # the units digit is the first wrong character
@@ -179,7 +179,7 @@ def test_wrong_later_step_units_digit():
 
 
 def test_wrong_operand_copy_and_operator():
-    text = "47 + 38 = 85\n85 - 91 = -6\n-6 + 6 = 0\nAnswer: \\boxed{0}"
+    text = "47 + 38 = 85\n85 - 91 = -6\n-6 + 6 = 0\nThe answer is \\boxed{0}."
     loc = locate_first_error(P, text)
     assert (loc.kind, loc.step) == ("wrong-step", 1) and text[loc.start : loc.end] == "91"
     text = "47 + 38 = 85\n85 + 19 = 104\n"
@@ -188,7 +188,7 @@ def test_wrong_operand_copy_and_operator():
 
 
 def test_compensating_errors_are_process_errors():
-    text = "47 + 38 = 84\n84 - 19 = 66\n66 + 6 = 72\nAnswer: \\boxed{72}"
+    text = "47 + 38 = 84\n84 - 19 = 66\n66 + 6 = 72\nThe answer is \\boxed{72}."
     assert check(P, text)  # the outcome is right...
     loc = locate_first_error(P, text)  # ...the process is not
     assert (loc.kind, loc.step, text[loc.start : loc.end]) == ("wrong-step", 0, "4")
@@ -212,9 +212,9 @@ def test_wrong_final_answer_only():
         ("47 + 38 = 85\n", 1, 13),  # stopped after one step
         ("47 + 38 = 85\n85 - 1", 1, 19),  # truncated mid-line (start = len(text))
         ("47 + 38 85\n", 0, 8),  # a step line that is not "a op b = c"
-        ("47 + 38 = 85\n85 - 19 = 66\nAnswer: \\boxed{66}", 2, 26),  # skipped a step
+        ("47 + 38 = 85\n85 - 19 = 66\nThe answer is \\boxed{66}.", 2, 26),  # skipped a step
         (REF[:-1], 3, len(REF) - 1),  # answer line without its closing brace
-        ("47 + 38 = 85\n85 - 19 = 66\n66 + 6 = 72\nAnswer: 72", 3, 46),
+        ("47 + 38 = 85\n85 - 19 = 66\n66 + 6 = 72\nThe answer is 72.", 3, 52),
         (REF + "\n66 + 6 = 72", 4, len(REF) + 1),  # extra text after the answer
     ],
 )
@@ -261,7 +261,7 @@ def test_label_chars_on_reference():
     by = {lab: "".join(c for c, l in zip(REF, labels) if l == lab) for lab in LABELS}
     assert by["answer"] == "72"
     assert by["computed"] == "47+3885" + "85-1966" + "66+672"
-    assert by["format"] == "   = \n" * 3 + "Answer: \\boxed{}"
+    assert by["format"] == "   = \n" * 3 + "The answer is \\boxed{}."
     # the shared boilerplate of two different problems has the same format characters
     q = ArithmeticTask(difficulty=3).sample(1)[0]
     fq = "".join(c for c, l in zip(q.solution, label_chars(q, q.solution)) if l == "format")

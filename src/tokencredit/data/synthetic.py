@@ -10,7 +10,7 @@ path (``\\boxed{}``) the math verifier reads on real data::
     47 + 38 = 85
     85 - 19 = 66
     66 + 6 = 72
-    Answer: \\boxed{72}
+    The answer is \\boxed{72}.
 
 Because every step is one ``<a> <op> <b> = <c>`` line, the checker can say not only whether a
 completion is right (`check`) but where it first goes wrong (`locate_first_error`: the first
@@ -99,8 +99,8 @@ class ErrorLocation:
 
 _PROBLEM_RE = re.compile(r"^Compute (\d+(?: [+-] \d+)+)\.$")
 _STEP_RE = re.compile(r"^(-?\d+) ([+-]) (-?\d+) = (-?\d+)$")
-_ANSWER_PREFIX = "Answer: \\boxed{"
-_ANSWER_RE = re.compile(r"^Answer: \\boxed\{(-?\d+)\}$")
+_ANSWER_PREFIX = "The answer is \\boxed{"
+_ANSWER_RE = re.compile(r"^The answer is \\boxed\{(-?\d+)\}\.$")
 _BOXED_INT_RE = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
 
 
@@ -150,7 +150,7 @@ def _chain(terms: Sequence[int], ops: Sequence[str], forget: Sequence[bool] | No
         c = _apply(acc, op, b, forget=bool(forget[i]) if forget is not None else False)
         lines.append(f"{acc} {op} {b} = {c}")
         acc = c
-    lines.append(f"{_ANSWER_PREFIX}{acc}}}")
+    lines.append(f"{_ANSWER_PREFIX}{acc}}}.")
     return lines
 
 
@@ -267,7 +267,7 @@ def label_chars(problem: Problem | str, completion_text: str) -> list[str]:
     - "answer": the characters inside the last ``\\boxed{...}``;
     - "computed": elsewhere, digits and the signs / operators ``+ - *`` (problem-dependent
       arithmetic: operands, operators, intermediate results);
-    - "format": everything else (spaces, ``=``, newlines, "Answer: \\boxed{", "}") -- the
+    - "format": everything else (spaces, ``=``, newlines, "The answer is \\boxed{", "}.") -- the
       boilerplate shared by every solution.
 
     Labels depend only on the characters, so malformed text is labelled too; ``problem`` is checked
@@ -370,7 +370,7 @@ class ArithmeticTask:
             seen.add(expr)
             text = f"Compute {expr}."
             lines = _chain(terms, ops)
-            answer = lines[-1][len(_ANSWER_PREFIX) : -1]
+            answer = lines[-1][len(_ANSWER_PREFIX) : -2]
             pid = f"arith-d{self.difficulty}-{split}-{self.seed}-{len(out)}"
             out.append(ArithmeticProblem(id=pid, problem=text, answer=answer, solution="\n".join(lines)))
         return out

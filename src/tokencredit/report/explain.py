@@ -622,10 +622,9 @@ def _lora_policy_from_checkpoint(
     run_dir: Path, cfg: Any, device: str, notes: list[str]
 ) -> tuple[Any, Any, str]:
     """The run's base model with its LoRA adapter restored from the newest verified checkpoint."""
-    from peft import LoraConfig, get_peft_model
-
     from tokencredit import models
     from tokencredit.train import checkpoint as ckpt
+    from tokencredit.train.trainer import add_lora
 
     state = ckpt.load_latest_checkpoint(run_dir, log=notes.append)
     if state is None:
@@ -633,20 +632,7 @@ def _lora_policy_from_checkpoint(
             f"no usable checkpoint in {run_dir / 'checkpoints'} to restore the LoRA adapter from"
         )
     model, tok = models.load_model(cfg.model.name, device=device)
-    names = {n.split(".")[-1] for n, _ in model.named_modules()}
-    targets = [t for t in cfg.model.lora_targets if t in names]
-    if not targets:
-        raise ConfigError(
-            f"model.lora_targets {cfg.model.lora_targets} match no module of {cfg.model.name!r}"
-        )
-    lcfg = LoraConfig(
-        r=cfg.model.lora_rank,
-        lora_alpha=cfg.model.lora_alpha,
-        lora_dropout=cfg.model.lora_dropout,
-        target_modules=targets,
-        task_type="CAUSAL_LM",
-    )
-    model = get_peft_model(model, lcfg)
+    model = add_lora(model, cfg.model)
     params = dict(model.named_parameters())
     unknown = [n for n in state["model"] if n not in params]
     if unknown:

@@ -855,22 +855,9 @@ def parse_checkpoint(name: str) -> int:
 
 def _add_lora(model: Any, run_cfg: Any) -> Any:
     """Wrap `model` with the run's LoRA adapter configuration, as the trainer does."""
-    from peft import LoraConfig, get_peft_model
+    from tokencredit.train.trainer import add_lora
 
-    names = {n.split(".")[-1] for n, _ in model.named_modules()}
-    targets = [t for t in run_cfg.model.lora_targets if t in names]
-    if not targets:
-        raise ConfigError(
-            f"model.lora_targets {run_cfg.model.lora_targets} match no module of {run_cfg.model.name!r}"
-        )
-    lcfg = LoraConfig(
-        r=run_cfg.model.lora_rank,
-        lora_alpha=run_cfg.model.lora_alpha,
-        lora_dropout=run_cfg.model.lora_dropout,
-        target_modules=targets,
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, lcfg)
+    return add_lora(model, run_cfg.model)
 
 
 def load_checkpoint_model(run_dir: Path, run_cfg: Any, step: int, device: str) -> tuple[Any, Any]:

@@ -42,6 +42,24 @@ def resolve_recipe(cfg: TrainConfig) -> Recipe:
     return recipe.with_overrides(**changes) if changes else recipe
 
 
+def add_lora(model: torch.nn.Module, mcfg: Any) -> torch.nn.Module:
+    """Wrap `model` in a peft LoRA adapter from a `ModelConfig` (rank, alpha, dropout, target modules)."""
+    from peft import LoraConfig, get_peft_model
+
+    names = {n.split(".")[-1] for n, _ in model.named_modules()}
+    targets = [t for t in mcfg.lora_targets if t in names]
+    if not targets:
+        raise ConfigError(
+            f"model.lora_targets {mcfg.lora_targets} match no module of {mcfg.name!r} "
+            f"(module names include: {', '.join(sorted(names)[:12])})"
+        )
+    lcfg = LoraConfig(
+        r=mcfg.lora_rank, lora_alpha=mcfg.lora_alpha, lora_dropout=mcfg.lora_dropout,
+        target_modules=targets, task_type="CAUSAL_LM",
+    )  # fmt: skip
+    return get_peft_model(model, lcfg)
+
+
 def seed_for(*parts: int) -> int:
     """A deterministic 31-bit seed from integers (run seed, step, round...); FNV-1a mixing."""
     h = 1469598103934665603
@@ -146,7 +164,7 @@ class Trainer:
             raise ConfigError(f"model.dtype must be float32, bfloat16 or float16, got {cfg.model.dtype!r}")
         self.model, self.tokenizer = models.load_model(cfg.model.name, dtype=dtype, device=self.device)
         if cfg.model.lora_rank > 0:
-            self.model = self._add_lora(self.model)
+            self.model = add_lora(self.model, cfg.model)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.needs = set(recipe_needs(self.recipe)) | {"entropy"}  # entropy is logged every step (same pass)
@@ -187,25 +205,6 @@ class Trainer:
         ckpt.atomic_write_text(self.run_dir / "recipe.json", json.dumps(self.recipe.to_dict(), indent=2))
 
     # ------------------------------------------------------------------ setup helpers
-    def _add_lora(self, model: torch.nn.Module) -> torch.nn.Module:
-        from peft import LoraConfig, get_peft_model
-
-        names = {n.split(".")[-1] for n, _ in model.named_modules()}
-        targets = [t for t in self.cfg.model.lora_targets if t in names]
-        if not targets:
-            raise ConfigError(
-                f"model.lora_targets {self.cfg.model.lora_targets} match no module of the model "
-                f"(module names include: {', '.join(sorted(names)[:12])})"
-            )
-        lcfg = LoraConfig(
-            r=self.cfg.model.lora_rank,
-            lora_alpha=self.cfg.model.lora_alpha,
-            lora_dropout=self.cfg.model.lora_dropout,
-            target_modules=targets,
-            task_type="CAUSAL_LM",
-        )
-        return get_peft_model(model, lcfg)
-
     def _lr_factor(self, step: int) -> float:
         o = self.cfg.optim
         if o.warmup_steps > 0 and step < o.warmup_steps:

@@ -399,7 +399,8 @@ def main() -> None:
     full_tokens_est = args.groups * args.group_size * args.max_len * (1 + args.min_frac) / 2
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
-        f"{os.environ.get('OMP_WAIT_POLICY')}; standard batch {args.groups} groups x "
+        f"{os.environ.get('OMP_WAIT_POLICY')}, MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_')}; "
+        f"standard batch {args.groups} groups x "
         f"{args.group_size} x T={args.max_len} (lengths {args.min_frac:.0%}-100%), V={args.vocab}, H={args.hidden}; "
         f"[N,T] methods at scale {args.scale:g}, hidden-state methods at scale {h_scale:g}; load {_load():.2f}"
     )
@@ -490,40 +491,45 @@ def plot(results, cases, fractions, path: str, base_scale, args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 6))
     kinds = [
-        ("credit methods and statistics", ("credit", "statistic")),
-        ("ratio kernels (fwd + bwd)", ("kernel",)),
+        ("credit methods (credit.compute) and statistics", ("credit", "statistic")),
+        ("ratio kernels: policy_loss forward + backward", ("kernel",)),
     ]
+    colors = plt.cm.tab20.colors
+    markers = "osD^v<>"
     for ax, (title, ks) in zip(axes, kinds):
-        for c in cases:
-            if c.kind not in ks:
-                continue
+        shown = [c for c in cases if c.kind in ks]
+        for i, c in enumerate(shown):
             xs = [results[c.name][f].tokens for f in fractions]
             ys = [results[c.name][f].seconds for f in fractions]
             ax.plot(
-                xs,
-                ys,
-                marker="o",
-                linestyle="--" if c.hidden else "-",
-                label=c.name + (" (hidden)" if c.hidden else ""),
-            )
-        lo = min(results[c.name][fractions[0]].tokens for c in cases)
-        hi = max(results[c.name][fractions[-1]].tokens for c in cases)
-        ymin = min(results[c.name][f].seconds for c in cases if c.kind in ks for f in fractions)
+                xs, ys, marker=markers[i % len(markers)], color=colors[i % len(colors)],
+                linestyle="--" if c.hidden else "-", label=c.name + (" (hidden states)" if c.hidden else ""),
+            )  # fmt: skip
+        if not shown:
+            continue
+        lo = min(results[c.name][fractions[0]].tokens for c in shown)
+        hi = max(results[c.name][fractions[-1]].tokens for c in shown)
+        ymin = min(results[c.name][f].seconds for c in shown for f in fractions)
         ax.plot(
-            [lo, hi], [ymin, ymin * hi / lo], color="grey", linewidth=3, alpha=0.3, label="slope 1 (linear)"
+            [lo, hi], [ymin, ymin * hi / lo], color="grey", linewidth=4, alpha=0.3, label="slope 1 (linear)"
         )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("valid tokens in the batch")
-        ax.set_ylabel("seconds (median)")
-        ax.set_title(title)
+        ax.set_ylabel("seconds (median of runs)")
+        ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
+    h_scale = max((base_scale[c.name] for c in cases if c.hidden), default=0.0)
+    malloc = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     fig.suptitle(
-        f"tokencredit credit cost vs batch size ({torch.get_num_threads()} CPU threads; T={args.max_len}, "
-        f"hidden-state methods dashed, at 1/{round(1 / max(base_scale.values()) if max(base_scale.values()) else 1)} scale and below)"
+        f"credit cost vs batch size: {args.groups} groups x {args.group_size} x T={args.max_len} at x{fractions[-1]:g}, "
+        f"hidden-state methods (dashed) at {h_scale:g} of that; {torch.get_num_threads()} CPU threads, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
+        f"{'MALLOC_MMAP_THRESHOLD_=' + malloc if malloc else 'default glibc malloc'}",
+        fontsize=10,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

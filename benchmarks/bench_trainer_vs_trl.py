@@ -10,9 +10,9 @@ Loss: tokencredit's "grpo" recipe (per-response token mean, clip 0.2) vs TRL's l
 (same aggregation, clip 0.2). Reward: `toy_reward` below (the last \\boxed{} integer equals the gold)
 for both, in-process. No evaluation, no checkpoints, no vLLM.
 
-Procedure: `--rounds` rounds, each running `--steps` RL steps of tokencredit, then `--steps` of TRL
-(A B A B ...), each round with a fresh trainer built from the same saved model (construction not
-timed). The first step of every round is a warm-up and is not counted. A step's time is the wall
+Procedure: `--rounds` rounds, each running `--steps` RL steps of each variant in turn (tokencredit, then
+TRL: A B A B ...), every run with a fresh trainer built from the same saved model (construction not
+timed). The first step of every run is a warm-up and is not counted. A step's time is the wall
 time from the end of the previous step to the end of this one (for TRL: consecutive `on_step_end`
 callbacks, so logging and data loading are included; for tokencredit: `Trainer.step` + `Trainer.log`).
 Also printed: process CPU seconds per step, the 1-minute load average, and each trainer's split into
@@ -222,7 +222,7 @@ def make_trl(args: argparse.Namespace, model_dir: Path, out_dir: Path, seed: int
     )  # fmt: skip
 
     class Timed(GRPOTrainer):
-        gen_times: list[float] = []
+        """Records the wall time of each generation + scoring call and its completion tokens."""
 
         def _generate_and_score_completions(self, inputs):  # type: ignore[override]
             t0 = time.perf_counter()

@@ -53,7 +53,7 @@ __all__ = [
 
 PAPER = "Lafuente-Mercado 2026, ARCA (arXiv 2606.00257)"
 FORMS = ("mean", "sum")
-_NORM_BLOCK = 1 << 24  # elements of [rows, T, H] upcast to float32 at once in residual_norm
+_NORM_BLOCK = 1 << 20  # elements of [rows, T, H] upcast to float32 at once in residual_norm
 
 
 def _zero(x: Tensor) -> Tensor:

@@ -19,12 +19,10 @@ Also printed: process CPU seconds per step, the 1-minute load average, and each 
 generation (+ reward) and the rest. `--profile` runs one extra tokencredit round under cProfile and
 prints where its time goes (pyinstrument is used instead when installed and `--profiler pyinstrument`).
 
-`--variants ours,ours-onpolicy,trl` adds a prototype of a proposed trainer change, applied by patching
-for the duration of those runs (the library is not modified): when each step makes exactly one
-optimiser update on its own fresh rollouts (ppo_epochs = mini_batches = 1) and the recipe needs no
-signal other than old log-probs (and the entropy the trainer logs), skip the separate no-grad signals
-pass: the old log-probs equal the training forward's log-probs, detached (TRL's on-policy shortcut),
-and the entropy is computed in that same forward.
+`--variants ours,ours-separate-pass,trl` adds tokencredit with `optim.reuse_training_forward=false`:
+the separate no-grad old-policy pass that the default skips when each step makes exactly one
+optimiser update (ppo_epochs = mini_batches = 1) and the recipe needs no policy signal before the
+update (then the old log-probs are the training forward's, detached, as TRL does).
 
 OpenMP: OMP_WAIT_POLICY defaults to PASSIVE here, as in benchmarks/bench_credit.py (see there).
 
@@ -49,8 +47,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +57,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 MODULE = Path(__file__).stem
-VARIANTS = ("ours", "ours-onpolicy", "trl")
+VARIANTS = ("ours", "ours-separate-pass", "trl")
 
 
 def toy_reward(completions: list[str], golds: list[Any], **_: Any) -> list[float]:
@@ -105,7 +101,7 @@ def problems(args: argparse.Namespace) -> list[Any]:
 
 
 # ---------------------------------------------------------------------------- tokencredit
-def make_ours(args: argparse.Namespace, model_dir: Path, run_dir: Path, seed: int) -> Any:
+def make_ours(args: argparse.Namespace, model_dir: Path, run_dir: Path, seed: int, reuse: bool = True) -> Any:
     from rich.console import Console
 
     from tokencredit.train.config import TrainConfig
@@ -126,59 +122,20 @@ def make_ours(args: argparse.Namespace, model_dir: Path, run_dir: Path, seed: in
     o.lr, o.weight_decay, o.beta1, o.beta2 = args.lr, 0.0, 0.9, 0.99
     o.warmup_steps, o.schedule = 0, "constant"
     o.grad_clip, o.ppo_epochs, o.mini_batches, o.micro_batch_size = 1.0, 1, 1, 0
+    o.reuse_training_forward = reuse
     cfg.reward.function = f"{MODULE}:toy_reward"
     cfg.eval.every, cfg.eval.at_start, cfg.checkpoint.every = 0, False, 0
     cfg.algo.recipe = "grpo"
     return Trainer(cfg, run_dir, console=Console(quiet=True))
 
 
-@contextmanager
-def onpolicy_prototype() -> Iterator[None]:
-    """Patch in the proposed on-policy shortcut (see the module docstring); restored on exit."""
-    import tokencredit.objectives as objectives
-    import tokencredit.signals as signals
-
-    compute_signals, token_log_probs, policy_loss = (
-        signals.compute_signals, signals.token_log_probs, objectives.policy_loss,
-    )  # fmt: skip
-
-    def skip_pass(
-        model: Any, sequences: Any, attention_mask: Any, prompt_len: int, mask: Any, needs: Any, **kw: Any
-    ):
-        other = set(needs) - {"old_log_probs", "entropy"}
-        if other:
-            raise RuntimeError(
-                f"the on-policy prototype covers recipes needing only old_log_probs, not {other}"
-            )
-        return {}
-
-    def with_entropy(*a: Any, **k: Any) -> Any:
-        # the entropy the step logs, from the same forward
-        logp, _entropy = token_log_probs(*a, with_entropy=True, **k)
-        return logp
-
-    def detached_old(log_prob: Any, old_log_prob: Any, *a: Any, **k: Any) -> Any:
-        return policy_loss(log_prob, log_prob.detach() if old_log_prob is None else old_log_prob, *a, **k)
-
-    signals.compute_signals = skip_pass
-    signals.token_log_probs = with_entropy
-    objectives.policy_loss = detached_old
-    try:
-        yield
-    finally:
-        signals.compute_signals, signals.token_log_probs, objectives.policy_loss = (
-            compute_signals, token_log_probs, policy_loss,
-        )  # fmt: skip
-
-
 def run_ours(
-    args: argparse.Namespace, model_dir: Path, work: Path, rnd: int, prototype: bool = False
+    args: argparse.Namespace, model_dir: Path, work: Path, rnd: int, reuse: bool = True
 ) -> dict[str, list[float]]:
-    trainer = make_ours(args, model_dir, work / f"ours_{rnd}_{int(prototype)}", args.seed + rnd)
+    trainer = make_ours(args, model_dir, work / f"ours_{rnd}_{int(reuse)}", args.seed + rnd, reuse)
     out: dict[str, list[float]] = {"wall": [], "cpu": [], "gen": [], "tokens": []}
     try:
-        with onpolicy_prototype() if prototype else nullcontext():
-            _steps(trainer, args, out)
+        _steps(trainer, args, out)
     finally:
         trainer.reward_fn.close()
     return out
@@ -371,7 +328,7 @@ def main() -> None:
                 if v == "trl":
                     r = run_trl(args, model_dir, work, rnd, data)
                 else:
-                    r = run_ours(args, model_dir, work, rnd, prototype=v == "ours-onpolicy")
+                    r = run_ours(args, model_dir, work, rnd, reuse=v != "ours-separate-pass")
                 for k in r:
                     res[v][k] += r[k]
                 print(

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from tokencredit.errors import ConfigError
+from tokencredit.errors import ConfigError, TrainingError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("tokencredit.train.cli", "train a model with a recipe (default: the embedded toy math task)"),
@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"tokencredit {cmd}: configuration error: {e}", file=sys.stderr)
         return 2
+    except TrainingError as e:
+        # One line, not a traceback: the message names the step and where the last good state is.
+        print(f"tokencredit {cmd}: training stopped: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

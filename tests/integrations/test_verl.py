@@ -183,7 +183,12 @@ def test_ktae_ignores_the_trainer_tokenizer_special_ids():
 
 
 def test_v1_hook_fetches_responses_and_entropy_from_the_transfer_queue():
-    """The v1 trainer builds the advantage DataProto from a fixed field list (no responses, no entropy)."""
+    """The v1 trainer builds the advantage DataProto from a fixed field list (no responses, no entropy).
+
+    The hook's logic with a stand-in trainer and TransferQueue, which runs on every install;
+    test_verl_v1.py runs verl's real PPOTrainerSync._compute_advantage against a real TransferQueue
+    where TransferQueue and aiohttp are installed.
+    """
     token_ids, mask, _, uid, signals, rewards = _fixture()
     store = {"responses": token_ids, "entropy": signals["entropy"]}
     calls = []

@@ -68,3 +68,19 @@ def test_metrics_log_truncates_torn_and_later_lines(tmp_path):
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3]
     log.append({"step": 4})
     assert [r["step"] for r in log.read()] == [1, 2, 3, 4]
+
+
+def test_temp_files_of_a_killed_writer_are_removed(tmp_path):
+    """A kill -9 during a checkpoint write leaves a checkpoint-sized temp file; the next save removes it
+    (but never a file the current process is writing) and loading ignores it."""
+    model, opt, sched = _setup()
+    ck.save_checkpoint(tmp_path, 1, model, opt, sched)
+    ckdir = tmp_path / "checkpoints"
+    stale = ckdir / ".step_000002.pt.tmp-999999999"
+    stale.write_bytes(b"\0" * 1000)
+    assert ck.load_latest_checkpoint(tmp_path)["step"] == 1
+    ck.save_checkpoint(tmp_path, 2, model, opt, sched)
+    assert not stale.exists()
+    assert sorted(p.name for p in ckdir.iterdir()) == [
+        "step_000001.json", "step_000001.pt", "step_000002.json", "step_000002.pt",
+    ]  # fmt: skip

@@ -32,10 +32,13 @@ verl module right after it is first imported (`HOOK_TARGETS`), so ``import verl`
 3. legacy trainer (``trainer.use_v1=False``): ``RayPPOTrainer._compute_old_log_prob`` returns the
    entropy that ``fit`` then pops; the wrapper keeps a copy under ``tc_entropy``.
 
-Signals verl never computes (final hidden states for DelTA / ARCA, the adapter-free base pass,
-GCPO's negative-prompt pass) are read from the batch keys in `SIGNAL_KEYS` (``tc_hidden``, ...)
-when a custom actor provides them; otherwise those estimators raise a `ConfigError` naming the
-missing signal. The S-trace loss reads its kept token set from the advantages (see `register_loss`).
+Signals verl never computes (final hidden states for DelTA / ARCA, the adapter-free pass, GCPO's
+negative-prompt pass) come from the actor extension, `tokencredit.integrations.verl_actor`, switched
+on by ``TOKENCREDIT_VERL_ACTOR_SIGNALS=1`` (driver and Ray workers; legacy trainer): it hooks verl's
+FSDP engine and the legacy trainer's ``_compute_old_log_prob``, so the old-log-prob step also
+returns exactly the signals the selected estimator needs, under the batch keys of `SIGNAL_KEYS`
+(``tc_hidden``, ...). Without them those estimators raise a `ConfigError` naming the switch. The
+S-trace loss reads its kept token set from the advantages (see `register_loss`).
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ __all__ = [
     "SIGNAL_KEYS",
     "SUPPORTED_VERSIONS",
     "batch_from_dataproto",
+    "ACTOR_HOOK_TARGETS",
     "HOOK_TARGETS",
     "check_version",
     "estimator_spec",
@@ -116,17 +120,17 @@ check_version()
 from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 
+from tokencredit.integrations import verl_actor  # noqa: E402
+
 # Where each per-token signal is read from in a DataProto's batch, first match wins. verl's own
 # keys: old_log_probs, ref_log_prob, entropy (v1 TransferQueue field), entropys (legacy
-# old-log-prob output, kept as tc_entropy by our hook); tc_* keys come from a custom actor.
+# old-log-prob output, kept as tc_entropy by our hook); the other tc_* keys come from the actor
+# extension (tokencredit.integrations.verl_actor, switched on by TOKENCREDIT_VERL_ACTOR_SIGNALS=1).
 SIGNAL_KEYS: dict[str, tuple[str, ...]] = {
     "old_log_probs": ("old_log_probs",),
     "ref_log_probs": ("ref_log_prob",),
     "entropy": ("tc_entropy", "entropy", "entropys"),
-    "hidden": ("tc_hidden",),
-    "base_hidden": ("tc_base_hidden",),
-    "base_log_probs": ("tc_base_log_probs",),
-    "neg_log_probs": ("tc_neg_log_probs",),
+    **{name: (key,) for name, key in verl_actor.BATCH_KEYS.items()},
 }
 
 ESTIMATORS: dict[str, CreditSpec] = {}  # verl estimator name -> resolved spec
@@ -211,11 +215,17 @@ def _missing_signal_message(who: str, name: str) -> str:
             "verl computes it with the old log-probs; it is in the batch when tokencredit.integrations.verl is "
             "imported through VERL_USE_EXTERNAL_MODULES in the trainer process (its hooks keep it)"
         )
+    elif verl_actor.enabled():
+        how = (
+            f"{verl_actor.SWITCH} is set in this process, but the signal did not arrive: the extension hooks the "
+            "legacy trainer's old-log-prob step (trainer.use_v1=False) and needs the variable in the Ray workers "
+            "too (docs/integrations.md, 'Methods that need the actor extension')"
+        )
     else:
         how = (
-            "verl's actors do not compute it: it must come from an actor that writes it into the batch "
-            "(docs/integrations.md, 'Methods that need the actor extension'); use the TRL plugin or "
-            "tokencredit's own trainer for this method"
+            f"verl's actor does not compute it. Switch on tokencredit's actor extension with {verl_actor.SWITCH}=1 "
+            "in the driver and the Ray workers, and trainer.use_v1=False (docs/integrations.md, 'Methods that need "
+            "the actor extension')"
         )
     return f"{who} needs the per-token signal {name!r} (batch key {keys}), which this DataProto lacks: {how}"
 
@@ -454,25 +464,51 @@ def _wrap_compute_advantage(original: Callable[..., DataProto]) -> Callable[...,
         )
         data.batch["advantages"] = adv
         data.batch["returns"] = returns
+        for key in verl_actor.BATCH_KEYS.values():
+            # [bs, T, H] hidden states are for the estimator only; do not ship them to the actor update.
+            data.batch.pop(key, None)
         return data
 
     compute_advantage.tokencredit_hook = True  # type: ignore[attr-defined]
     return compute_advantage
 
 
+def _actor_request(config: Any) -> tuple[str, ...]:
+    """The actor-extension signals the configured tc_ estimator needs; () when the switch is off."""
+    if not verl_actor.enabled():
+        return ()
+    try:
+        name = config.algorithm.adv_estimator
+    except (AttributeError, KeyError):
+        return ()
+    spec = ESTIMATORS.get(getattr(name, "value", name))
+    return verl_actor.requested(spec.needs()) if spec is not None else ()
+
+
 def _wrap_legacy_old_log_prob(original: Callable[..., Any]) -> Callable[..., Any]:
     if getattr(original, "tokencredit_hook", False):
         return original
+    if verl_actor.enabled():
+        verl_actor.check_target(original, "_compute_old_log_prob")
 
     @functools.wraps(original)
     def _compute_old_log_prob(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _check_pairing(getattr(self, "config", None))
+        config = getattr(self, "config", None)
+        _check_pairing(config)
         _LEGACY_SPECIAL_IDS[0] = _special_ids(getattr(self, "tokenizer", None))
-        result = original(self, *args, **kwargs)
+        wanted = _actor_request(config)
+        if wanted:
+            batch = args[0] if args else kwargs["batch"]
+            with verl_actor.requesting(self, batch, wanted) as signals:
+                result = original(self, *args, **kwargs)
+        else:
+            result, signals = original(self, *args, **kwargs), {}
         old = result[0] if isinstance(result, tuple) else result
         if "entropys" in old.batch.keys():
             # `fit` pops "entropys" after logging it; keep it for the estimators.
             old.batch["tc_entropy"] = old.batch["entropys"]
+        for key, value in signals.items():
+            old.batch[key] = value  # `fit` unions these into the batch the estimator receives
         return result
 
     _compute_old_log_prob.tokencredit_hook = True  # type: ignore[attr-defined]
@@ -524,11 +560,20 @@ def _patch_v1_trainer_base(module: ModuleType) -> None:
     )
 
 
+def _patch_fsdp_engine(module: ModuleType) -> None:
+    engine = module.FSDPEngineWithLMHead
+    engine.forward_step = verl_actor.wrap_forward_step(engine.forward_step)
+
+
 # verl module -> the patch applied right after it is executed (or at once if it already was).
 HOOK_TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "verl.trainer.ppo.ray_trainer": _patch_ray_trainer,
     "verl.trainer.ppo.v1.utils": _patch_v1_utils,
     "verl.trainer.ppo.v1.trainer_base": _patch_v1_trainer_base,
+}
+# Worker side of the actor extension, hooked only when its switch is on (verl_actor.enabled()).
+ACTOR_HOOK_TARGETS: dict[str, Callable[[ModuleType], None]] = {
+    "verl.workers.engine.fsdp.transformer_impl": _patch_fsdp_engine,
 }
 _PENDING: dict[str, Callable[[ModuleType], None]] = {}
 
@@ -568,9 +613,11 @@ def install_hooks() -> list[str]:
     """Schedule (or apply, for already imported modules) the hooks of the module docstring; idempotent.
 
     Returns the verl modules hooked. A module that is never imported (e.g. the v1 trainer on an
-    install without TransferQueue) is simply never patched.
+    install without TransferQueue) is simply never patched. With the actor extension's switch on
+    (verl_actor.SWITCH), verl's FSDP engine is hooked too (ACTOR_HOOK_TARGETS).
     """
-    for name, patch in HOOK_TARGETS.items():
+    targets = {**HOOK_TARGETS, **(ACTOR_HOOK_TARGETS if verl_actor.enabled() else {})}
+    for name, patch in targets.items():
         module = sys.modules.get(name)
         if module is not None:
             patch(module)
@@ -578,7 +625,7 @@ def install_hooks() -> list[str]:
             _PENDING[name] = patch
     if _PENDING and not any(isinstance(f, _PostImportPatcher) for f in sys.meta_path):
         sys.meta_path.insert(0, _PostImportPatcher())
-    return list(HOOK_TARGETS)
+    return list(targets)
 
 
 def _register_all() -> None:

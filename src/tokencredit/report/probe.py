@@ -872,7 +872,7 @@ def load_checkpoint_model(run_dir: Path, run_cfg: Any, step: int, device: str) -
     if not path.is_file():
         have = ", ".join(f"step_{s}" for s in checkpoint_steps(run_dir)) or "none"
         raise ConfigError(f"{run_dir}: no checkpoint at step {step} ({path.name}); saved: {have}")
-    ok, why = ckpt._verify(path)
+    ok, why = ckpt.verify_checkpoint(path)
     if not ok:
         raise ConfigError(f"checkpoint {path} is unusable: {why}")
     state = torch.load(path, map_location="cpu", weights_only=False)

@@ -19,6 +19,11 @@ from tokencredit.rewards.verifier import Gold, MathVerifier
 RewardCallable = Callable[..., Sequence[float]]
 
 
+class RewardError(ValueError):
+    """A reward function returned something other than one finite number per completion; the
+    message names the function and the rollout (completion index)."""
+
+
 def load_reward_function(path: str) -> RewardCallable:
     """Import ``package.module:function`` (dots after the colon walk attributes)."""
     if not isinstance(path, str) or ":" not in path:
@@ -40,25 +45,27 @@ def load_reward_function(path: str) -> RewardCallable:
 
 
 def check_rewards(values: Any, n: int, who: str) -> list[float]:
-    """Validate a reward function's output: n finite real numbers."""
+    """Validate a reward function's output: n finite real numbers (else RewardError naming the rollout)."""
     try:
         vals = list(values)
     except TypeError:
-        raise ValueError(
+        raise RewardError(
             f"reward function {who} returned {type(values).__name__}, expected a list of {n} floats"
         ) from None
     if len(vals) != n:
-        raise ValueError(f"reward function {who} returned {len(vals)} values for {n} completions")
+        raise RewardError(f"reward function {who} returned {len(vals)} values for {n} completions")
     out = []
     for i, v in enumerate(vals):
         try:
             f = float(v)
         except (TypeError, ValueError):
-            raise ValueError(
-                f"reward function {who} returned {v!r} for completion {i}, expected a number"
+            raise RewardError(
+                f"reward function {who} returned {v!r} for completion {i} (rollout {i}), expected a number"
             ) from None
         if not math.isfinite(f):
-            raise ValueError(f"reward function {who} returned {f} for completion {i}; rewards must be finite")
+            raise RewardError(
+                f"reward function {who} returned {f} for completion {i} (rollout {i}); rewards must be finite"
+            )
         out.append(f)
     return out
 

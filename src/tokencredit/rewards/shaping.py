@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import torch
@@ -10,9 +9,6 @@ from torch import Tensor
 
 from tokencredit.rewards.extract import last_boxed
 
-_THINK_ANSWER_RE = re.compile(
-    r"^\s*(?:<think>)?(?:(?!<think>).)*?</think>\s*<answer>(.+?)</answer>\s*$", re.DOTALL
-)
 FORMAT_STYLES = ("boxed", "think-answer")
 
 
@@ -39,6 +35,32 @@ def overlong_penalty(lengths: Tensor | Sequence[int], max_len: int, cache_len: i
     return out.to(torch.float32)
 
 
+def _think_answer_ok(text: str) -> bool:
+    r"""The r1-zero format, in linear time: after optional blanks and an optional ``<think>``, some
+    ``</think>`` with no ``<think>`` before it is followed by blanks, ``<answer>``, at least one
+    character, and a ``</answer>`` ending the text (up to blanks).
+
+    Same verdicts as the regex ``^\s*(?:<think>)?(?:(?!<think>).)*?</think>\s*<answer>(.+?)</answer>\s*$``
+    (DOTALL) it replaced (tested), which backtracked quadratically: 0.3 s for 5k spaces.
+    """
+    s = text.lstrip()
+    if s.startswith("<think>"):
+        s = s[7:]
+    n = len(s.rstrip())
+    if not s.endswith("</answer>", 0, n):
+        return False
+    first_open = s.find("<think>")
+    pos = s.find("</think>")
+    while pos >= 0 and (first_open < 0 or pos < first_open):
+        j = pos + 8
+        while j < n and s[j].isspace():
+            j += 1
+        if s.startswith("<answer>", j) and n - j >= 8 + 1 + 9:
+            return True
+        pos = s.find("</think>", pos + 1)
+    return False
+
+
 def format_reward(completions: Sequence[str], style: str = "boxed") -> list[float]:
     """1.0 when a completion has the expected answer format, else 0.0.
 
@@ -53,6 +75,6 @@ def format_reward(completions: Sequence[str], style: str = "boxed") -> list[floa
         if style == "boxed":
             ok = last_boxed(c) is not None
         else:
-            ok = _THINK_ANSWER_RE.match(c) is not None
+            ok = _think_answer_ok(c)
         out.append(1.0 if ok else 0.0)
     return out

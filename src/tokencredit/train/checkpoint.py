@@ -4,8 +4,8 @@ A checkpoint is one file `checkpoints/step_NNNNNN.pt` holding the trainable para
 LoRA adapter, or every weight under full fine-tuning), optimizer and scheduler states, RNG
 states and the step, plus a SHA-256 of its bytes in `step_NNNNNN.json`. Both are written to a
 temporary file, fsynced and renamed, so a crash leaves either the old or the new file, never a
-torn one. Loading verifies the digest; a corrupt or partial checkpoint is reported and the
-previous one is used.
+torn one (a temporary file left by a killed writer is deleted by the next save). Loading
+verifies the digest; a corrupt or partial checkpoint is reported and the previous one is used.
 
 `metrics.jsonl` gets one line per step, flushed and fsynced; on resume, lines after the
 checkpoint's step and any torn last line are dropped, so the file has no duplicates.
@@ -88,6 +88,7 @@ def save_checkpoint(
 ) -> Path:
     ckdir = Path(run_dir) / "checkpoints"
     ckdir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(ckdir)
     payload = {
         "step": step,
         "model": trainable_state(model),
@@ -111,7 +112,19 @@ def save_checkpoint(
     return path
 
 
-def _verify(path: Path) -> tuple[bool, str]:
+def _remove_stale_temps(ckdir: Path) -> None:
+    """Delete temp files a killed process left behind (a checkpoint-sized file each, never renamed).
+
+    Only another process's temps are stale: ours are renamed before `_atomic_write_bytes` returns.
+    """
+    mine = f".tmp-{os.getpid()}"
+    for tmp in ckdir.glob(".step_*.tmp-*"):
+        if not tmp.name.endswith(mine):
+            tmp.unlink(missing_ok=True)
+
+
+def verify_checkpoint(path: Path) -> tuple[bool, str]:
+    """(True, "") when `path` (a step_N.pt) matches the size and SHA-256 in its step_N.json, else (False, why)."""
     meta_path = path.with_suffix(".json")
     if not meta_path.is_file():
         return False, "no digest file (partial write)"
@@ -129,7 +142,7 @@ def load_latest_checkpoint(run_dir: Path, log: Any = None) -> dict[str, Any] | N
     """The newest checkpoint whose digest verifies (earlier ones are tried in turn); None if none."""
     say = log or (lambda msg: print(msg, file=sys.stderr))
     for path in sorted((Path(run_dir) / "checkpoints").glob("step_*.pt"), reverse=True):
-        ok, why = _verify(path)
+        ok, why = verify_checkpoint(path)
         if not ok:
             say(f"checkpoint {path} is unusable ({why}); trying the previous one")
             continue

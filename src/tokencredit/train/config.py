@@ -77,6 +77,9 @@ class OptimConfig:
     ppo_epochs: int = 1  # passes over each step's rollouts
     mini_batches: int = 1  # optimiser steps per epoch
     micro_batch_size: int = 0  # rows per forward/backward (gradient accumulation); 0 = whole mini-batch
+    # One update per step and no pre-update signal needed: take the old log-probs (and the logged
+    # entropy) from the training forward instead of a separate no-grad pass (exact; see Trainer).
+    reuse_training_forward: bool = True
 
 
 @dataclass
@@ -99,7 +102,7 @@ class EvalConfig:
 @dataclass
 class CheckpointConfig:
     every: int = 20  # steps between checkpoints (0 = only at the end)
-    keep: int = 2  # checkpoints kept on disk
+    keep: int = 2  # checkpoints kept on disk (0 = all)
 
 
 @dataclass
@@ -231,6 +234,79 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None, r
     for s in sets or []:
         apply_set(cfg, s)
     return cfg
+
+
+def validate_config(cfg: TrainConfig) -> None:
+    """Check value ranges that the types cannot express; a bad value is a one-line ConfigError
+    naming the key (not a torch or generate error several calls later)."""
+    import math
+
+    def need(ok: bool, key: str, rule: str) -> None:
+        if not ok:
+            section, name = key.split(".")
+            raise ConfigError(f"{key} {rule}, got {getattr(getattr(cfg, section), name)!r}")
+
+    r, o, e = cfg.rollout, cfg.optim, cfg.eval
+    need(cfg.run.steps >= 0, "run.steps", "must be >= 0")
+    need(cfg.run.threads >= 0, "run.threads", "must be >= 0 (0 = auto)")
+    _check_device(cfg.run.device)
+    need(cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", "must be float32, bfloat16 or float16")
+    need(cfg.model.lora_rank >= 0, "model.lora_rank", "must be >= 0 (0 = full fine-tuning)")
+    need(0.0 <= cfg.model.lora_dropout < 1.0, "model.lora_dropout", "must be in [0, 1)")
+    need(cfg.data.train_size >= 1, "data.train_size", "must be >= 1")
+    need(cfg.data.eval_size >= 0, "data.eval_size", "must be >= 0")
+    need(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
+    need(r.group_size >= 2, "rollout.group_size", "must be >= 2 for group baselines")
+    # Sampling, not greedy: G identical greedy completions would give every group zero advantage.
+    need(math.isfinite(r.temperature) and r.temperature > 0, "rollout.temperature", "must be > 0 (rollouts are sampled)")
+    need(0.0 < r.top_p <= 1.0, "rollout.top_p", "must be in (0, 1]")
+    need(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+    need(r.max_resample_rounds >= 0, "rollout.max_resample_rounds", "must be >= 0")
+    need(r.generation_batch_size >= 0, "rollout.generation_batch_size", "must be >= 0 (0 = all rows at once)")
+    need(math.isfinite(o.lr) and o.lr > 0, "optim.lr", "must be a finite number > 0")
+    need(math.isfinite(o.weight_decay) and o.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+    need(0.0 <= o.beta1 < 1.0, "optim.beta1", "must be in [0, 1)")
+    need(0.0 <= o.beta2 < 1.0, "optim.beta2", "must be in [0, 1)")
+    need(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+    need(o.schedule in ("constant", "cosine"), "optim.schedule", "must be 'constant' or 'cosine'")
+    need(0.0 <= o.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
+    need(math.isfinite(o.grad_clip) and o.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 = no clipping)")
+    need(o.ppo_epochs >= 1, "optim.ppo_epochs", "must be >= 1")
+    need(o.mini_batches >= 1, "optim.mini_batches", "must be >= 1")
+    need(o.micro_batch_size >= 0, "optim.micro_batch_size", "must be >= 0 (0 = the whole mini-batch)")
+    n_rows = r.prompts_per_step * r.group_size
+    if n_rows % o.mini_batches:
+        # The rollouts per step are P x G by construction (G always divides them); the mini-batch
+        # split is the divisibility the configuration can get wrong.
+        raise ConfigError(
+            f"optim.mini_batches={o.mini_batches} must divide the rollouts per step "
+            f"(rollout.prompts_per_step x rollout.group_size = {r.prompts_per_step} x {r.group_size} = {n_rows})"
+        )
+    need(math.isfinite(cfg.reward.timeout) and cfg.reward.timeout > 0, "reward.timeout", "must be > 0 seconds")
+    need(math.isfinite(cfg.reward.format_weight), "reward.format_weight", "must be finite")
+    need(e.every >= 0, "eval.every", "must be >= 0 (0 = only at the start and the end)")
+    need(e.samples >= 0, "eval.samples", "must be >= 0 (0 = greedy only)")
+    need(math.isfinite(e.temperature) and e.temperature >= 0, "eval.temperature", "must be >= 0")
+    need(0.0 < e.top_p <= 1.0, "eval.top_p", "must be in (0, 1]")
+    need(e.save_groups >= 0, "eval.save_groups", "must be >= 0")
+    need(cfg.checkpoint.every >= 0, "checkpoint.every", "must be >= 0 (0 = only at the end)")
+    need(cfg.checkpoint.keep >= 0, "checkpoint.keep", "must be >= 0 (0 = keep all)")
+
+
+def _check_device(device: str) -> None:
+    """run.device: "auto", or a torch device string whose backend is present on this machine."""
+    if device == "auto":
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"run.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"run.device={device!r} but no CUDA device is available (use 'auto' or 'cpu')")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"run.device={device!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
 
 
 def _toml_value(v: Any) -> str:

@@ -21,15 +21,12 @@ import torch
 from torch import Tensor
 
 from tokencredit import advantages, credit, diagnostics, objectives
-from tokencredit.batch import RolloutBatch
-from tokencredit.errors import ConfigError
+from tokencredit.batch import BatchValidationError, RolloutBatch
+from tokencredit.errors import ConfigError, TrainingError  # TrainingError: also imported from here
 from tokencredit.recipes import Recipe, get_recipe, kernel_arguments, recipe_needs, requires_lora
+from tokencredit.rewards.custom import RewardError
 from tokencredit.train import checkpoint as ckpt
-from tokencredit.train.config import TrainConfig, dump_toml
-
-
-class TrainingError(RuntimeError):
-    """Training cannot continue (non-finite loss/log-probs); the last good state is kept."""
+from tokencredit.train.config import TrainConfig, dump_toml, validate_config
 
 
 def resolve_recipe(cfg: TrainConfig) -> Recipe:
@@ -130,19 +127,8 @@ class Trainer:
 
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.console = console or Console()
+        validate_config(cfg)  # value ranges first: every bad value is named before any model loads
         self.recipe = resolve_recipe(cfg)
-        if cfg.rollout.group_size < 2:
-            raise ConfigError(
-                f"rollout.group_size must be >= 2 for group baselines, got {cfg.rollout.group_size}"
-            )
-        if cfg.optim.mini_batches < 1 or cfg.optim.ppo_epochs < 1:
-            raise ConfigError("optim.mini_batches and optim.ppo_epochs must be >= 1")
-        n_rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-        if n_rows % cfg.optim.mini_batches:
-            raise ConfigError(
-                f"optim.mini_batches={cfg.optim.mini_batches} must divide the rollouts per step "
-                f"(rollout.prompts_per_step x rollout.group_size = {n_rows})"
-            )
         if self.recipe.overlong_buffer and not 0 < self.recipe.overlong_buffer < cfg.rollout.max_new_tokens:
             raise ConfigError(
                 f"recipe {self.recipe.name!r}: overlong_buffer={self.recipe.overlong_buffer} must be below "
@@ -153,6 +139,13 @@ class Trainer:
                 f"recipe {self.recipe.name!r} (credit {self.recipe.credit!r}) needs a LoRA adapter: "
                 "set model.lora_rank > 0 (e.g. --set model.lora_rank=8)"
             )
+        # Data and reward function before the model: a malformed file or a bad reward name is
+        # reported in a second, not after loading a large checkpoint.
+        self.train_problems = load_problems_for(cfg.data.train, cfg, split="train")
+        self.eval_problems = load_problems_for(cfg.data.eval, cfg, split="heldout")
+        self.sampler = PromptSampler(self.train_problems, cfg.run.seed)
+        # correctness only; the format reward and DAPO's overlong shaping are added to the score separately
+        self.reward_fn = Reward(cfg.reward.function, timeout=cfg.reward.timeout)
         if cfg.run.threads > 0 or cfg.model.name == "toy":
             torch.set_num_threads(cfg.run.threads or 1)
         dev = cfg.run.device
@@ -168,15 +161,10 @@ class Trainer:
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.needs = set(recipe_needs(self.recipe)) | {"entropy"}  # entropy is logged every step (same pass)
+        self.fused_old = self._can_fuse_old_pass()
         self.ref_model = None
         if "ref_log_probs" in self.needs and cfg.model.lora_rank <= 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-
-        self.train_problems = load_problems_for(cfg.data.train, cfg, split="train")
-        self.eval_problems = load_problems_for(cfg.data.eval, cfg, split="heldout")
-        self.sampler = PromptSampler(self.train_problems, cfg.run.seed)
-        # correctness only; the format reward and DAPO's overlong shaping are added to the score separately
-        self.reward_fn = Reward(cfg.reward.function, timeout=cfg.reward.timeout)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -205,6 +193,25 @@ class Trainer:
         ckpt.atomic_write_text(self.run_dir / "recipe.json", json.dumps(self.recipe.to_dict(), indent=2))
 
     # ------------------------------------------------------------------ setup helpers
+    def _can_fuse_old_pass(self) -> bool:
+        """True when the old-policy log-probs can come from the training forward itself.
+
+        With one epoch and one mini-batch the parameters do not move between the old-policy pass
+        and the training forward, so pi_old = pi_theta token for token and the separate no-grad
+        pass only repeats work (TRL skips it the same way when num_iterations == 1). It stays when
+        the credit method or the ratio kernel needs a policy signal *before* the update (S-trace's
+        kept set, DelTA's hidden states, ARCA's surprisal) or when dropout makes the train-mode
+        forward differ from the eval-mode one.
+        """
+        o, r = self.cfg.optim, self.recipe
+        if not (o.reuse_training_forward and o.ppo_epochs == 1 and o.mini_batches == 1) or r.kernel == "reinforce":
+            return False
+        before = set(credit.get(r.credit).needs) | set(objectives.get_kernel(r.kernel).needs)
+        if before & {"old_log_probs", "entropy", "hidden"}:
+            return False
+        dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
+        return not (dropout or getattr(getattr(self.model, "config", None), "attention_dropout", 0.0))
+
     def _lr_factor(self, step: int) -> float:
         o = self.cfg.optim
         if o.warmup_steps > 0 and step < o.warmup_steps:
@@ -231,19 +238,28 @@ class Trainer:
 
         c = self.cfg.rollout
         problems = self.sampler.take(c.prompts_per_step)
-        ro = generate(
-            self.model,
-            self.tokenizer,
-            self._prompts(problems),
-            c.group_size,
-            temperature=c.temperature,
-            top_p=c.top_p,
-            max_new_tokens=c.max_new_tokens,
-            seed=seed_for(self.cfg.run.seed, step, rnd),
-            batch_size=c.generation_batch_size or None,
-        )
+        try:
+            ro = generate(
+                self.model,
+                self.tokenizer,
+                self._prompts(problems),
+                c.group_size,
+                temperature=c.temperature,
+                top_p=c.top_p,
+                max_new_tokens=c.max_new_tokens,
+                seed=seed_for(self.cfg.run.seed, step, rnd),
+                batch_size=c.generation_batch_size or None,
+            )
+        except RuntimeError as e:
+            # torch.multinomial refuses a NaN/inf sampling distribution: the model's logits are not finite
+            if "inf" in str(e) and "nan" in str(e):
+                raise TrainingError(f"step {step + 1}: non-finite logits while sampling rollouts ({e})") from e
+            raise
         rows = [problems[int(i)] for i in ro.prompt_index]
-        raw = torch.tensor(self.reward_fn(ro.texts, [p.answer for p in rows]), dtype=torch.float32)
+        try:
+            raw = torch.tensor(self.reward_fn(ro.texts, [p.answer for p in rows]), dtype=torch.float32)
+        except RewardError as e:  # the reward function's output names the bad rollout
+            raise TrainingError(f"step {step + 1}: {e}") from e
         correct = raw > 0
         scores = raw
         if self.cfg.reward.format_weight:
@@ -313,8 +329,10 @@ class Trainer:
         mask = ro.response_mask.to(dev)
         seq_adv = advantages.compute(r.advantage, ro.scores, ro.group_ids, **r.advantage_params).to(dev)
         neg = self._negative_prompts(ro) if "neg_log_probs" in self.needs else {}
+        fused = self.fused_old  # old_log_probs + entropy come from the training forward below
         sig = compute_signals(
-            self.model, seq, attn, P, mask, self.needs, temperature=self.cfg.rollout.temperature,
+            self.model, seq, attn, P, mask, self.needs - {"old_log_probs", "entropy"} if fused else self.needs,
+            temperature=self.cfg.rollout.temperature,
             ref_model=self.ref_model, batch_size=self.cfg.optim.micro_batch_size or None, **neg,
         )  # fmt: skip
         batch = RolloutBatch(
@@ -337,6 +355,9 @@ class Trainer:
         g = torch.Generator().manual_seed(seed_for(self.cfg.run.seed, step, 99))
         mets: list[dict[str, float]] = []
         grad_norms = []
+        if fused:
+            batch.old_log_probs = torch.zeros(mask.shape, dtype=torch.float32, device=dev)
+            batch.entropy = torch.zeros(mask.shape, dtype=torch.float32, device=dev)
         for _epoch in range(o.ppo_epochs):
             order = torch.randperm(n, generator=g) if o.mini_batches > 1 else torch.arange(n)
             for mb in order.tensor_split(o.mini_batches):
@@ -345,12 +366,16 @@ class Trainer:
                 n_seq = float((lmask_tokens[mb].sum(-1) > 0).sum())
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in mb.split(o.micro_batch_size or len(mb)):
-                    logp = token_log_probs(
+                    out = token_log_probs(
                         self.model, seq[micro], attn[micro], P, temperature=self.cfg.rollout.temperature,
-                        response_mask=mask[micro],
+                        response_mask=mask[micro], with_entropy=fused,
                     )  # fmt: skip
+                    logp = out[0] if fused else out
                     if not bool(torch.isfinite(logp[mask[micro]]).all()):
                         raise TrainingError(f"step {step + 1}: non-finite log-probs in the training forward")
+                    if fused:
+                        batch.old_log_probs[micro] = logp.detach()
+                        batch.entropy[micro] = out[1].detach()
                     kw = {k: (v[micro] if isinstance(v, Tensor) else v) for k, v in kargs.items()}
                     loss, met = objectives.policy_loss(
                         logp,
@@ -504,17 +529,35 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
-        from tokencredit.train.progress import StepProgress
-
         cfg = self.cfg
         self._t_session = time.perf_counter()
         self._time_offset = float(self.history[-1].get("wall_time", 0.0)) if self.history else 0.0
         if self.step_done == 0 and cfg.eval.at_start and not any(h.get("type") == "eval" for h in self.history):
             self.console.print("evaluating the starting model on held-out problems ...")
             self.log(self.evaluate(0))
+        try:
+            self._loop()
+        finally:
+            # also on an error: no verifier worker processes outlive a failed run
+            self.reward_fn.close()
+        summary = self.summarize(self._time_offset + time.perf_counter() - self._t_session)
+        return summary
+
+    def _loop(self) -> None:
+        """Steps `step_done`..`run.steps` with logging, evaluation and checkpoints. A step that fails
+        on bad numbers raises TrainingError before anything of it is logged or saved, so the metrics
+        and checkpoints of earlier steps are the last good state."""
+        from tokencredit.train.progress import StepProgress
+
+        cfg = self.cfg
         with StepProgress(cfg.run.steps, self.step_done, enabled=cfg.run.progress, console=self.console) as bar:
             for step in range(self.step_done, cfg.run.steps):
-                rec, ro, batch, adv_hat = self.step(step)
+                try:
+                    rec, ro, batch, adv_hat = self.step(step)
+                except BatchValidationError as e:  # a non-finite signal or score, caught by the batch checks
+                    raise TrainingError(f"step {step + 1}: {e}{self._last_good_note()}") from e
+                except TrainingError as e:
+                    raise TrainingError(f"{e}{self._last_good_note()}") from e
                 self.log(rec)
                 bar.update(rec)
                 done = step + 1
@@ -529,9 +572,13 @@ class Trainer:
                 if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == cfg.run.steps:
                     self.save_checkpoint(done)
                 self.step_done = done
-        self.reward_fn.close()
-        summary = self.summarize(self._time_offset + time.perf_counter() - self._t_session)
-        return summary
+
+    def _last_good_note(self) -> str:
+        """'; last good checkpoint: step N in DIR (continue with --resume)' for a TrainingError."""
+        ck = sorted((self.run_dir / "checkpoints").glob("step_*.json"))
+        if not ck:
+            return f"; no checkpoint yet in {self.run_dir} (metrics of finished steps are in metrics.jsonl)"
+        return f"; last good checkpoint: step {int(ck[-1].stem.split('_')[1])} in {self.run_dir} (continue with --resume)"
 
     def summarize(self, seconds: float) -> dict[str, Any]:
         from tokencredit.report.curves import plot_curves, summary_table

@@ -1,0 +1,368 @@
+"""verl actor extension: the per-token signals verl's actor does not compute, from its old-log-prob step.
+
+DelTA needs the final hidden state, ARCA the hidden state with and without the LoRA adapter, policy
+divergence the adapter-free log-probs, GCPO the log-probs of the response after a negative prompt.
+verl 0.9's actor (the FSDP engine behind ``ActorRolloutRefWorker.compute_log_prob``) returns only
+log-probs and entropy, so with the switch on this module adds, per micro-batch of that same call:
+
+- ``hidden``: the LM head's input captured (forward hook) during verl's own forward, so log-probs,
+  entropy and hidden states come from ONE forward; only the rows that predict response tokens are
+  kept, in the model's compute dtype (the LM head's input dtype; casting up adds nothing);
+- ``base_hidden`` / ``base_log_probs``: one more forward of the same micro-batch inside verl's
+  ``engine.disable_adapter()`` (LoRA only);
+- ``neg_log_probs``: one more forward of [negative prompt + the same response tokens]; the driver
+  builds the negative prompts (`negative_prompts`) from the chat messages verl keeps in
+  ``non_tensor_batch["raw_prompt"]``.
+
+A signal is computed only when the selected ``tc_`` estimator needs it. Each is returned as a jagged
+tensor with one row per response token ([r_i] or [r_i, H], r_i = response length of sequence i), the
+driver pads it to [bs, T(, H)] with zeros outside ``response_mask`` and stores it under the batch
+key in `BATCH_KEYS` (``tc_hidden``, ``tc_base_hidden``, ``tc_base_log_probs``, ``tc_neg_log_probs``),
+where the estimators read it; the plugin drops those keys again after the advantage step, so they
+never travel to the actor update.
+
+The switch is the environment variable `SWITCH` (``TOKENCREDIT_VERL_ACTOR_SIGNALS=1``), read by
+`enabled`; it must be set in the driver and in the Ray workers. `tokencredit.integrations.verl`
+(which checks the verl version) imports this module and installs both halves: `wrap_forward_step`
+on ``FSDPEngineWithLMHead.forward_step`` (worker) and `requesting` around the legacy trainer's
+``_compute_old_log_prob`` (driver). `check_target` refuses a verl whose wrapped methods have another
+signature. Supported: the FSDP / FSDP2 engines, padded or remove-padding inputs, text-only models,
+the legacy trainer (``trainer.use_v1=False``); refused with a clear error: Ulysses sequence
+parallelism, fused-kernel LM heads (no LM-head call to hook), multi-modal inputs.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor, nn
+
+from tokencredit.errors import ConfigError
+
+__all__ = [
+    "BATCH_KEYS",
+    "SWITCH",
+    "check_target",
+    "collect",
+    "enabled",
+    "negative_prompts",
+    "requested",
+    "requesting",
+    "wrap_forward_step",
+]
+
+SWITCH = "TOKENCREDIT_VERL_ACTOR_SIGNALS"
+# Signal name (tokencredit.batch.SIGNALS) -> DataProto batch key / worker output key.
+BATCH_KEYS: dict[str, str] = {
+    "hidden": "tc_hidden",
+    "base_hidden": "tc_base_hidden",
+    "base_log_probs": "tc_base_log_probs",
+    "neg_log_probs": "tc_neg_log_probs",
+}
+_REQUEST = "tc_signals"  # non-tensor field of the worker batch: comma-separated signal names
+_NEG_IDS, _NEG_LENS = "tc_neg_prompt_ids", "tc_neg_prompt_lens"  # [bs, P'] right-padded, [bs]
+_BASE = ("base_hidden", "base_log_probs")
+# The verl methods wrapped here, with the parameters the wrappers rely on.
+_SIGNATURES = {
+    "forward_step": ("self", "micro_batch", "loss_function", "forward_only"),
+    "_compute_old_log_prob": ("self", "batch"),
+}
+
+
+def enabled() -> bool:
+    """True iff the switch `SWITCH` is set to 1 / true / yes / on in this process's environment."""
+    return os.environ.get(SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def check_target(fn: Callable[..., Any], name: str) -> None:
+    """Raise ImportError unless `fn` takes the parameters this module's wrapper of `name` passes."""
+    params = tuple(inspect.signature(fn).parameters)
+    if params != _SIGNATURES[name]:
+        raise ImportError(
+            f"tokencredit's verl actor extension ({SWITCH}) wraps verl's {name}{_SIGNATURES[name]}, but this verl "
+            f"has {name}{params}; it supports verl 0.9.x only"
+        )
+
+
+def requested(needs: Iterable[str]) -> tuple[str, ...]:
+    """The signals among `needs` that only the actor extension provides, in a fixed order."""
+    needs = set(needs)
+    return tuple(name for name in BATCH_KEYS if name in needs)
+
+
+# ---------------------------------------------------------------------------------------------- worker side
+def _lm_head(module: nn.Module) -> nn.Module:
+    """The LM head of verl's actor module (FSDP1 wrapper and peft wrapper looked through)."""
+    inner = getattr(module, "_fsdp_wrapped_module", module)
+    get_base = getattr(inner, "get_base_model", None)
+    core = get_base() if callable(get_base) else inner
+    head = core.get_output_embeddings() if hasattr(core, "get_output_embeddings") else None
+    if head is None:
+        raise ConfigError(f"{SWITCH}: {type(core).__name__} has no LM head (get_output_embeddings)")
+    return head
+
+
+@contextmanager
+def _head_inputs(module: nn.Module) -> Iterator[list[Tensor]]:
+    """Collects the LM head's input tensor of each forward inside the block (the post-norm hidden state)."""
+    seen: list[Tensor] = []
+    handle = _lm_head(module).register_forward_hook(lambda _m, args, _out: seen.append(args[0].detach()))
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def _only(seen: list[Tensor], what: str) -> Tensor:
+    if len(seen) != 1:
+        raise ConfigError(
+            f"{SWITCH}: expected one LM-head call in the {what} forward, saw {len(seen)} (fused-kernel LM heads "
+            "compute log-probs without calling the LM head: set actor_rollout_ref.model.use_fused_kernels=False)"
+        )
+    return seen[0]
+
+
+def _response_lengths(micro_batch: TensorDict) -> Tensor:
+    """r [bs]: response tokens per sequence, the tail of each no-padding sequence (legacy trainer layout:
+    padded [bs, T] response_mask beside the left/right-padded attention_mask it was cut from)."""
+    width = micro_batch["response_mask"].shape[1]
+    return micro_batch["attention_mask"][:, -width:].sum(-1).cpu()
+
+
+def _response_positions(offsets: Tensor, resp_lens: Tensor) -> tuple[Tensor, Tensor]:
+    """(row, position) [sum r] of the outputs that predict response tokens, for sequences packed back to
+    back at `offsets` [bs + 1]: sequence i of length L_i, output j predicts token j + 1, so the rows
+    are L_i - r_i - 1 ... L_i - 2 of the sequence. Returns the row ids and the positions within it."""
+    seq_lens = offsets.diff().cpu()
+    rows = torch.repeat_interleave(torch.arange(len(resp_lens)), resp_lens)
+    within = torch.arange(int(resp_lens.sum())) - (torch.cumsum(resp_lens, 0) - resp_lens)[rows]
+    return rows, (seq_lens - resp_lens - 1)[rows] + within
+
+
+def _jagged(values: Tensor, resp_lens: Tensor) -> Tensor:
+    offsets = torch.cat([resp_lens.new_zeros(1), torch.cumsum(resp_lens, 0)])
+    return torch.nested.nested_tensor_from_jagged(values, offsets=offsets.to(values.device))
+
+
+def _hidden_rows(hidden: Tensor, micro_batch: TensorDict, resp_lens: Tensor) -> Tensor:
+    """Jagged [bs, r_i, H] response rows of the captured LM-head input.
+
+    Its layout follows verl's use_remove_padding flag: packed [1, nnz (+ pad suffix), H] with the
+    sequences back to back, or padded [bs, L_max, H] with each sequence left-aligned.
+    """
+    from verl.utils import tensordict_utils as tu
+
+    offsets = micro_batch["input_ids"].offsets().cpu()
+    rows, pos = _response_positions(offsets, resp_lens)
+    if tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
+        values = hidden[0, (offsets[:-1][rows] + pos).to(hidden.device)]
+    else:
+        values = hidden[rows.to(hidden.device), pos.to(hidden.device)]
+    return _jagged(values, resp_lens)
+
+
+def _log_prob_rows(log_probs: Tensor, resp_lens: Tensor) -> Tensor:
+    """Jagged [bs, r_i] response log-probs from verl's jagged full-sequence log_probs [bs, L_i]."""
+    offsets = log_probs.offsets().cpu()
+    rows, pos = _response_positions(offsets, resp_lens)
+    return _jagged(log_probs.values()[(offsets[:-1][rows] + pos).to(log_probs.device)], resp_lens)
+
+
+def _derived(micro_batch: TensorDict, **tensors: Tensor) -> TensorDict:
+    """A shallow copy of `micro_batch` for an extra forward: no entropy, no request, `tensors` replaced."""
+    from verl.utils import tensordict_utils as tu
+
+    out = micro_batch.copy()
+    for key in (_REQUEST, _NEG_IDS, _NEG_LENS):
+        out.pop(key, None)
+    for key, value in tensors.items():
+        out[key] = value
+    tu.assign_non_tensor(out, calculate_entropy=False, calculate_sum_pi_squared=False)
+    return out
+
+
+def _negative_batch(micro_batch: TensorDict, resp_lens: Tensor) -> TensorDict:
+    """The micro-batch with each prompt replaced by its negative prompt; the response tokens unchanged."""
+    if _NEG_IDS not in micro_batch.keys():
+        raise ConfigError(f"{SWITCH}: neg_log_probs requested but the batch carries no negative prompts")
+    ids = micro_batch["input_ids"]
+    values, offsets = ids.values(), ids.offsets()
+    neg_ids, neg_lens = micro_batch[_NEG_IDS], micro_batch[_NEG_LENS]
+    rows = []
+    for i in range(len(resp_lens)):
+        end, r, p = int(offsets[i + 1]), int(resp_lens[i]), int(neg_lens[i])
+        rows.append(torch.cat([neg_ids[i, :p].to(values), values[end - r : end]]))
+    new_ids = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+    positions = torch.nested.as_nested_tensor(
+        [torch.arange(len(row), device=values.device) for row in rows], layout=torch.jagged
+    )
+    return _derived(micro_batch, input_ids=new_ids, position_ids=positions)
+
+
+def _check_supported(engine: Any, micro_batch: TensorDict, wanted: Sequence[str]) -> None:
+    if getattr(engine, "use_ulysses_sp", False):
+        raise ConfigError(
+            f"{SWITCH}: Ulysses sequence parallelism (ulysses_sequence_parallel_size > 1) is not supported"
+        )
+    from verl.utils.model import extract_multi_modal_inputs
+
+    if micro_batch["position_ids"].dim() == 3 or extract_multi_modal_inputs(
+        micro_batch.get("multi_modal_inputs", [])
+    ):
+        raise ConfigError(f"{SWITCH}: multi-modal inputs are not supported (text-only models)")
+    if set(wanted) & set(_BASE) and not getattr(engine, "_is_lora", False):
+        raise ConfigError(
+            f"{SWITCH}: {'/'.join(sorted(set(wanted) & set(_BASE)))} compare the policy with and without its LoRA "
+            "adapter: set actor_rollout_ref.model.lora_rank > 0 (ARCA, policy divergence)"
+        )
+
+
+def wrap_forward_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``FSDPEngineWithLMHead.forward_step``: a forward-only micro-batch that carries a signal request
+    also returns those signals in ``model_output`` (jagged, response rows only); anything else is untouched."""
+    if getattr(original, "tokencredit_hook", False):
+        return original
+    check_target(original, "forward_step")
+
+    @functools.wraps(original)
+    def forward_step(self: Any, micro_batch: TensorDict, loss_function: Any, forward_only: bool) -> Any:
+        from verl.utils import tensordict_utils as tu
+
+        request = tu.get_non_tensor_data(data=micro_batch, key=_REQUEST, default="")
+        if not request or not forward_only:
+            return original(self, micro_batch, loss_function, forward_only)
+        wanted = tuple(request.split(","))
+        _check_supported(self, micro_batch, wanted)
+        resp_lens = _response_lengths(micro_batch)
+        extra: dict[str, Tensor] = {}
+
+        with _head_inputs(self.module) if "hidden" in wanted else nullcontext([]) as seen:
+            loss, output = original(self, micro_batch, loss_function, forward_only)
+        if "hidden" in wanted:
+            extra[BATCH_KEYS["hidden"]] = _hidden_rows(_only(seen, "policy"), micro_batch, resp_lens)
+
+        if set(wanted) & set(_BASE):
+            capture = _head_inputs(self.module) if "base_hidden" in wanted else nullcontext([])
+            with self.disable_adapter(), capture as seen:
+                _, base = original(self, _derived(micro_batch), None, True)
+            if "base_hidden" in wanted:
+                extra[BATCH_KEYS["base_hidden"]] = _hidden_rows(
+                    _only(seen, "adapter-free"), micro_batch, resp_lens
+                )
+            if "base_log_probs" in wanted:
+                extra[BATCH_KEYS["base_log_probs"]] = _log_prob_rows(
+                    base["model_output"]["log_probs"], resp_lens
+                )
+
+        if "neg_log_probs" in wanted:
+            if micro_batch.get("routed_experts", None) is not None:
+                raise ConfigError(
+                    f"{SWITCH}: GCPO's negative-prompt pass cannot replay MoE routing (router_replay)"
+                )
+            _, neg = original(self, _negative_batch(micro_batch, resp_lens), None, True)
+            extra[BATCH_KEYS["neg_log_probs"]] = _log_prob_rows(neg["model_output"]["log_probs"], resp_lens)
+
+        output["model_output"].update(extra)
+        return loss, output
+
+    forward_step.tokencredit_hook = True  # type: ignore[attr-defined]
+    return forward_step
+
+
+# ---------------------------------------------------------------------------------------------- driver side
+def negative_prompts(
+    raw_prompts: Sequence[Any], tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None
+) -> tuple[Tensor, Tensor]:
+    """GCPO's negative prompts as token ids: ([bs, P'] int64 right-padded with 0, lengths [bs]).
+
+    Each prompt is verl's chat (``non_tensor_batch["raw_prompt"]``) with its last user message, taken as
+    the problem, replaced by `tokencredit.credit.gcpo.negative_prompt`; it is rendered with the tokenizer's
+    chat template and the generation prompt, as verl renders the real prompt.
+    """
+    from tokencredit.credit.gcpo import negative_prompt
+
+    encoded = []
+    for i, chat in enumerate(raw_prompts):
+        messages = [dict(m) for m in chat] if not isinstance(chat, str) else None
+        users = [m for m in messages or [] if m.get("role") == "user" and isinstance(m.get("content"), str)]
+        if not users:
+            raise ConfigError(
+                f"{SWITCH}: GCPO needs each prompt as chat messages with a text user message (data.return_raw_chat=True); "
+                f"prompt {i} has none"
+            )
+        users[-1]["content"] = negative_prompt(users[-1]["content"])
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
+        )
+        encoded.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    lens = torch.tensor([len(e) for e in encoded], dtype=torch.long)
+    ids = torch.zeros(len(encoded), int(lens.max()) if encoded else 0, dtype=torch.long)
+    for i, e in enumerate(encoded):
+        ids[i, : len(e)] = torch.tensor(e, dtype=torch.long)
+    return ids, lens
+
+
+def collect(output: TensorDict, response_mask: Tensor, wanted: Sequence[str]) -> dict[str, Tensor]:
+    """The requested signals from the workers' output, padded to [bs, T(, H)] and 0 outside response_mask."""
+    from verl.utils import tensordict_utils as tu
+
+    mask = response_mask.bool()
+    out = {}
+    for name in wanted:
+        key = BATCH_KEYS[name]
+        value = tu.get(output, key)
+        if value is None:
+            raise ConfigError(
+                f"{SWITCH}: the actor workers returned no {key!r}. Set {SWITCH}=1 in the workers' environment too "
+                f"(+ray_kwargs.ray_init.runtime_env.env_vars.{SWITCH}=1) and use actor strategy fsdp or fsdp2"
+            )
+        size = (mask.shape[0], mask.shape[1], *value.shape[2:])
+        padded = torch.nested.to_padded_tensor(value, 0.0, output_size=size)
+        keep = mask.reshape(*mask.shape, *([1] * (padded.dim() - 2))).to(padded.device)
+        out[key] = torch.where(keep, padded, torch.zeros((), dtype=padded.dtype, device=padded.device))
+    return out
+
+
+@contextmanager
+def requesting(trainer: Any, batch: Any, wanted: Sequence[str]) -> Iterator[dict[str, Tensor]]:
+    """Within the block, the trainer's ``actor_rollout_wg.compute_log_prob`` asks for `wanted` and the yielded
+    dict is filled with the padded signals when the call returns (see `collect`)."""
+    group = trainer.actor_rollout_wg
+    call = group.compute_log_prob
+    own = "compute_log_prob" in vars(group)
+    negatives = None
+    if "neg_log_probs" in wanted:
+        if "raw_prompt" not in batch.non_tensor_batch:
+            raise ConfigError(
+                f"{SWITCH}: GCPO builds its negative prompt from the chat: set data.return_raw_chat=True"
+            )
+        data_cfg = trainer.config.get("data", {}) if hasattr(trainer.config, "get") else {}
+        kwargs = dict(data_cfg.get("apply_chat_template_kwargs", None) or {})
+        negatives = negative_prompts(list(batch.non_tensor_batch["raw_prompt"]), trainer.tokenizer, kwargs)
+    result: dict[str, Tensor] = {}
+
+    def compute_log_prob(data: TensorDict, *args: Any, **kwargs: Any) -> Any:
+        from verl.utils import tensordict_utils as tu
+
+        tu.assign_non_tensor(data, **{_REQUEST: ",".join(wanted)})
+        if negatives is not None:
+            data[_NEG_IDS], data[_NEG_LENS] = negatives
+        output = call(data, *args, **kwargs)
+        result.update(collect(output, data["response_mask"], wanted))
+        return output
+
+    group.compute_log_prob = compute_log_prob
+    try:
+        yield result
+    finally:
+        if own:
+            group.compute_log_prob = call
+        else:
+            del group.compute_log_prob

@@ -1,0 +1,61 @@
+"""Shared fixtures: a tiny random Qwen3 model on disk and the micro trainer configuration.
+
+Both match tests/train/test_trainer.py (which keeps its own module-level copies), so a trainer test
+anywhere runs in seconds on CPU with nothing downloaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+# `reward.function=_toy_rewards:has_digit_seven` is imported from here (also by subprocesses: PYTHONPATH).
+TOY_REWARDS_DIR = TESTS / "train"
+TINY_CONFIG = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+}
+
+
+def _micro_sets(model_dir: str, steps: int = 2, **extra: object) -> list[str]:
+    """`--set` overrides of the micro run: 2 prompts x 4 completions of up to 12 tokens, no evaluation
+    before the end, a checkpoint every step, the in-process `_toy_rewards` reward."""
+    sets = [
+        f"model.name={model_dir}", f"run.steps={steps}", "run.progress=false", "run.threads=2",
+        "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=12",
+        "rollout.max_resample_rounds=1", "data.train_size=40", "data.eval_size=3", "data.difficulty=1",
+        "eval.every=0", "eval.samples=0", "eval.at_start=false", "eval.save_groups=1",
+        "checkpoint.every=1", "reward.function=_toy_rewards:has_digit_seven", "optim.lr=1e-2", "optim.warmup_steps=0",
+    ]  # fmt: skip
+    return sets + [f"{k}={v}" for k, v in extra.items()]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from tokencredit import models
+
+    d = tmp_path_factory.mktemp("tiny")
+    tok = models.build_toy_tokenizer()
+    models.build_toy_model(TINY_CONFIG, tokenizer=tok).save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)
+
+
+@pytest.fixture
+def micro_sets(toy_rewards: str) -> Callable[..., list[str]]:
+    """`micro_sets(model_dir, steps=2, **{"section.key": value})` -> the micro run's `--set` list."""
+    return _micro_sets
+
+
+@pytest.fixture
+def toy_rewards(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Make `_toy_rewards` importable in this process; returns its directory (for a subprocess's PYTHONPATH)."""
+    monkeypatch.syspath_prepend(str(TOY_REWARDS_DIR))
+    return str(TOY_REWARDS_DIR)

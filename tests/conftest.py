@@ -1,7 +1,7 @@
 """Shared fixtures: a tiny random Qwen3 model on disk and the micro trainer configuration.
 
-Both match tests/train/test_trainer.py (which keeps its own module-level copies), so a trainer test
-anywhere runs in seconds on CPU with nothing downloaded.
+tests/train/test_trainer.py and the reliability tests share them, so a trainer test anywhere runs in
+seconds on CPU with nothing downloaded.
 """
 
 from __future__ import annotations

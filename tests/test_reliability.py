@@ -129,6 +129,16 @@ def test_mini_batches_not_dividing_the_batch(tiny_model_dir, micro_sets, tmp_pat
     assert rc == 2 and "optim.mini_batches=3 must divide the rollouts per step" in err and "2 x 4 = 8" in err
 
 
+def test_group_size_not_dividing_a_flat_batch():
+    # Where a batch arrives flat (TRL's CreditGRPOTrainer, a user's own loop), G must divide it.
+    from tokencredit.advantages import consecutive_group_ids
+    from tokencredit.errors import ConfigError
+
+    assert consecutive_group_ids(6, 3).tolist() == [0, 0, 0, 1, 1, 1]
+    with pytest.raises(ConfigError, match=r"group size G=4 does not divide the batch of 10 rollouts \(2 full groups and 2 left over\)"):
+        consecutive_group_ids(10, 4)
+
+
 @pytest.mark.parametrize(
     "assignment, expected",
     [

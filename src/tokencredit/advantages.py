@@ -100,6 +100,20 @@ ESTIMATORS: dict[str, Callable[..., Tensor]] = {
 }
 
 
+def consecutive_group_ids(n: int, group_size: int, device: torch.device | str | None = None) -> Tensor:
+    """group_ids [N] int64 for a batch laid out as consecutive groups of `group_size` completions
+    (prompt 0's G completions, then prompt 1's, ...); a size that does not divide N is an error,
+    not a silently ragged last group."""
+    if group_size < 1:
+        raise ConfigError(f"group size must be >= 1, got {group_size}")
+    if n % group_size:
+        raise ConfigError(
+            f"group size G={group_size} does not divide the batch of {n} rollouts "
+            f"({n // group_size} full groups and {n % group_size} left over)"
+        )
+    return torch.arange(n, device=device) // group_size
+
+
 def compute(name: str, scores: Tensor, group_ids: Tensor, **params: float) -> Tensor:
     """A[N] from the estimator `name` in ESTIMATORS (grpo, dr-grpo, rloo, grpo-batch)."""
     try:

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from conftest import _micro_sets
 from tokencredit.errors import ConfigError
 from tokencredit.recipes import RECIPES
 from tokencredit.train.config import load_config
@@ -15,30 +16,9 @@ LORA_ONLY = {"arca", "policy-divergence"}
 TIMING_KEYS = {"time_generate", "time_signals", "time_update", "tokens_per_s", "wall_time"}
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from tokencredit import models
-
-    d = tmp_path_factory.mktemp("tiny")
-    tok = models.build_toy_tokenizer()
-    m = models.build_toy_model(
-        {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-         "num_key_value_heads": 1, "head_dim": 16},
-        tokenizer=tok,
-    )  # fmt: skip
-    m.save_pretrained(d)
-    tok.save_pretrained(d)
-    return str(d)
-
-
 def micro_config(model_dir, recipe, steps=2, **extra):
-    sets = [
-        f"model.name={model_dir}", f"run.steps={steps}", "run.progress=false", "run.threads=2",
-        "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=12",
-        "rollout.max_resample_rounds=1", "data.train_size=40", "data.eval_size=3", "data.difficulty=1",
-        "eval.every=0", "eval.samples=0", "eval.at_start=false", "eval.save_groups=1",
-        "checkpoint.every=1", "reward.function=_toy_rewards:has_digit_seven", "optim.lr=1e-2", "optim.warmup_steps=0",
-    ]  # fmt: skip
+    """The micro run of tests/conftest.py (`tiny_model_dir` is its session fixture) for `recipe`."""
+    sets = _micro_sets(model_dir, steps)
     if RECIPES[recipe].overlong_buffer:
         sets.append("algo.overlong_buffer=4")
     sets += [f"{k}={v}" for k, v in extra.items()]

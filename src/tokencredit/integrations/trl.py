@@ -32,6 +32,7 @@ import torch
 from packaging.version import Version
 from torch import Tensor
 
+from tokencredit import advantages as adv_mod
 from tokencredit.batch import RolloutBatch
 from tokencredit.errors import ConfigError
 from tokencredit.integrations._common import CreditSpec, resolve, token_advantages
@@ -193,7 +194,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             raise RuntimeError(f"CreditGRPOTrainer: {scores.numel()} scores for {n_all} gathered completions")
         mode = "train" if self.model.training else "eval"
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        group_ids = torch.arange(n_all, device=ids_all.device) // group_size  # TRL's RepeatSampler layout
+        group_ids = adv_mod.consecutive_group_ids(n_all, group_size, ids_all.device)  # TRL's RepeatSampler layout
 
         batch = RolloutBatch(ids_all, mask_all, group_ids, scores.float().to(ids_all.device), **signals_all)
         advantage, params = self._baseline()

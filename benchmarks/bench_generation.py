@@ -38,14 +38,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
-
-
-def _load() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return f.read().split()[0]
-    except OSError:
-        return "?"
+from _common import load_average
 
 
 def _time(fn, repeats: int, warmup: bool = True) -> tuple[list[float], float, Any]:
@@ -132,7 +125,7 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; "
         f"toy Qwen3 "
         f"({sum(x.numel() for x in model.parameters()) / 1e6:.2f} M params), P={args.prompts} x G={args.group_size} "
-        f"= {n_rows} rows, prompt ~{prompt_tokens:.0f} tokens, max_new_tokens={args.max_new_tokens}, load {_load()}"
+        f"= {n_rows} rows, prompt ~{prompt_tokens:.0f} tokens, max_new_tokens={args.max_new_tokens}, load {load_average()}"
     )
 
     counting = CountingTokenizer(tok)
@@ -151,7 +144,7 @@ def main() -> None:
     lengths = ro.response_lengths
     print(
         f"batched  tokencredit.rollout.generate: {tok_b} tokens in {med_b:.3f} s (median of {args.repeats}: "
-        f"{', '.join(f'{t:.2f}' for t in wall)}) -> {tok_b / med_b:,.0f} tokens/s, CPU {cpu:.2f} s, load {_load()}"
+        f"{', '.join(f'{t:.2f}' for t in wall)}) -> {tok_b / med_b:,.0f} tokens/s, CPU {cpu:.2f} s, load {load_average()}"
     )
     print(
         f"  tokenizer calls per generate: {calls_per_run:.0f} (encoding {texts_per_run:.0f} prompt texts for "
@@ -180,7 +173,7 @@ def main() -> None:
     results["per-prompt"] = tok_p / med_p
     print(
         f"per-prompt loop ({args.prompts} generate calls x {args.group_size} rows): {tok_p} tokens in {med_p:.3f} s "
-        f"-> {tok_p / med_p:,.0f} tokens/s, CPU {cpu:.2f} s, load {_load()}"
+        f"-> {tok_p / med_p:,.0f} tokens/s, CPU {cpu:.2f} s, load {load_average()}"
     )
     if not args.skip_per_completion:
         wall, cpu, tok_c = _time(
@@ -192,7 +185,7 @@ def main() -> None:
         results["per-completion"] = tok_c / med_c
         print(
             f"per-completion loop ({n_rows} generate calls x 1 row): {tok_c} tokens in {med_c:.3f} s "
-            f"-> {tok_c / med_c:,.0f} tokens/s, CPU {cpu:.2f} s (1 timed run), load {_load()}"
+            f"-> {tok_c / med_c:,.0f} tokens/s, CPU {cpu:.2f} s (1 timed run), load {load_average()}"
         )
     if args.no_cache_check:
         cfg_cache = model.generation_config.use_cache
@@ -219,7 +212,7 @@ def main() -> None:
             results["batched, no KV cache"] = tok_n / wall[0]
             print(
                 f"batched without KV cache: {tok_n} tokens in {wall[0]:.3f} s -> {tok_n / wall[0]:,.0f} tokens/s, "
-                f"CPU {cpu:.2f} s (1 timed run), load {_load()}"
+                f"CPU {cpu:.2f} s (1 timed run), load {load_average()}"
             )
         finally:
             model.generation_config.use_cache = cfg_cache

@@ -27,6 +27,7 @@ import statistics
 import time
 
 import torch
+from _common import load_average
 
 from tokencredit.advantages import grpo
 from tokencredit.credit.delta import coefficients_from_hidden
@@ -63,14 +64,6 @@ def _time(fn, repeats: int, device: torch.device) -> tuple[list[float], float]:
     return times, statistics.median(cpu)
 
 
-def _load() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return f.read().split()[0]
-    except OSError:
-        return "?"
-
-
 def _rollouts(
     groups: int, size: int, max_len: int, min_frac: float, vocab: int, seed: int, device: torch.device
 ):
@@ -101,7 +94,7 @@ def bench_ktae(args: argparse.Namespace, device: torch.device) -> None:
         print(
             f"KTAE  fisher={fisher:<13} N={ids.shape[0]} T={args.max_len} valid tokens={tokens:,}: "
             f"median {med:.3f} s ({', '.join(f'{t:.3f}' for t in times)}), {tokens / med:,.0f} tokens/s, "
-            f"CPU {cpu:.2f} s, load {_load()}"
+            f"CPU {cpu:.2f} s, load {load_average()}"
         )
 
 
@@ -142,7 +135,7 @@ def bench_delta(args: argparse.Namespace, device: torch.device) -> None:
     print(
         f"DelTA K={args.refine_iters} N={n} T={args.max_len} H={args.hidden} float32, valid tokens={tokens:,}: "
         f"median {med:.3f} s ({', '.join(f'{t:.3f}' for t in times)}), {tokens / med:,.0f} tokens/s, "
-        f"{gb / med:.1f} GB/s over {passes} passes, CPU {cpu:.2f} s, load {_load()}"
+        f"{gb / med:.1f} GB/s over {passes} passes, CPU {cpu:.2f} s, load {load_average()}"
     )
     print(
         f"DelTA roofline: one read of the hidden states takes {read_s:.3f} s "

@@ -54,6 +54,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
+from _common import load_average
 
 HERE = Path(__file__).resolve().parent
 MODULE = Path(__file__).stem
@@ -74,14 +75,6 @@ def toy_reward(completions: list[str], golds: list[Any], **_: Any) -> list[float
 def trl_reward(completions: list[str], answer: list[Any], **_: Any) -> list[float]:
     """TRL's reward signature (dataset column `answer` arrives as a keyword) over `toy_reward`."""
     return toy_reward(completions, answer)
-
-
-def _load() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return f.read().split()[0]
-    except OSError:
-        return "?"
 
 
 def build_model_dir(out: Path, seed: int) -> Path:
@@ -324,7 +317,7 @@ def main() -> None:
         loads = []
         for rnd in range(args.rounds):
             for v in variants:
-                loads.append(_load())
+                loads.append(load_average())
                 if v == "trl":
                     r = run_trl(args, model_dir, work, rnd, data)
                 else:
@@ -332,7 +325,7 @@ def main() -> None:
                 for k in r:
                     res[v][k] += r[k]
                 print(
-                    f"round {rnd + 1} {v:<14} median step {statistics.median(r['wall']):.3f} s, load {_load()}"
+                    f"round {rnd + 1} {v:<14} median step {statistics.median(r['wall']):.3f} s, load {load_average()}"
                 )
         print(f"load average (1 min) at the start of each run: {', '.join(loads)}")
         meds = {}

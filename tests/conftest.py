@@ -1,15 +1,21 @@
 """Shared fixtures: a tiny random Qwen3 model on disk and the micro trainer configuration.
 
 tests/train/test_trainer.py and the reliability tests share them, so a trainer test anywhere runs in
-seconds on CPU with nothing downloaded.
+seconds on CPU with nothing downloaded. `byte_tokenizer` and `tiny_qwen3` (imported with
+`from conftest import ...`) build the byte-level tokenizer and random Qwen3 of the generation,
+signal and evaluation tests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 TESTS = Path(__file__).resolve().parent
 # `reward.function=_toy_rewards:has_digit_seven` is imported from here (also by subprocesses: PYTHONPATH).
@@ -22,6 +28,44 @@ TINY_CONFIG = {
     "num_key_value_heads": 1,
     "head_dim": 16,
 }
+# Architecture of `tiny_qwen3` (vocabulary, context length and tying are the caller's).
+TINY_QWEN3 = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+}
+BYTE_PAD, BYTE_EOS = 0, 1  # ids of <pad> / <eos> in `byte_tokenizer`
+
+
+def byte_tokenizer(with_pad: bool = True) -> PreTrainedTokenizerFast:
+    """Byte-level tokenizer with one token per byte (no merges), ids 0/1 = <pad>/<eos>.
+
+    with_pad=False leaves `pad_token` unset (the vocabulary still holds <pad>).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": BYTE_PAD, "<eos>": BYTE_EOS}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    kw = {"pad_token": "<pad>"} if with_pad else {}
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", **kw)
+
+
+def tiny_qwen3(vocab_size: int, seed: int = 0, **config: Any) -> Qwen3ForCausalLM:
+    """A random `Qwen3ForCausalLM` of architecture `TINY_QWEN3` updated by `config`, initialised
+    after `torch.manual_seed(seed)`."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab_size, **{**TINY_QWEN3, **config}))
 
 
 def _micro_sets(model_dir: str, steps: int = 2, **extra: object) -> list[str]:

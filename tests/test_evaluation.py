@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import BYTE_EOS, BYTE_PAD, byte_tokenizer, tiny_qwen3
 from tokencredit.cli import main
 from tokencredit.data import Problem
 from tokencredit.evaluation import (
@@ -202,32 +203,11 @@ def test_evaluate_greedy_temperature_zero_repeats_the_greedy_answer(monkeypatch,
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    vocab = {"<pad>": 0, "<eos>": 1}
-    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
-        vocab[ch] = len(vocab)
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tk.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", pad_token="<pad>")
-    torch.manual_seed(0)
-    cfg = Qwen3Config(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        eos_token_id=1,
-        pad_token_id=0,
-    )
+    tok = byte_tokenizer()
+    cfg = {"max_position_embeddings": 2048, "tie_word_embeddings": True, "eos_token_id": BYTE_EOS, "pad_token_id": BYTE_PAD}
+    model = tiny_qwen3(len(tok), **cfg)
     d = tmp_path_factory.mktemp("tiny_model")
-    Qwen3ForCausalLM(cfg).save_pretrained(d)
+    model.save_pretrained(d)
     tok.save_pretrained(d)
     return d
 

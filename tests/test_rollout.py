@@ -1,41 +1,17 @@
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from conftest import BYTE_EOS, BYTE_PAD, byte_tokenizer, tiny_qwen3
 from tokencredit.rollout import Rollouts, generate, response_mask_from_ids
 
-PAD, EOS = 0, 1
-
-
-def tiny_tokenizer(with_pad: bool = True) -> PreTrainedTokenizerFast:
-    """Byte-level tokenizer with one token per byte (no merges), ids 0/1 = <pad>/<eos>."""
-    vocab = {"<pad>": PAD, "<eos>": EOS}
-    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
-        vocab[ch] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    kw = {"pad_token": "<pad>"} if with_pad else {}
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", **kw)
+PAD, EOS = BYTE_PAD, BYTE_EOS
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    tok = tiny_tokenizer()
-    torch.manual_seed(0)
-    cfg = Qwen3Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    )
-    return Qwen3ForCausalLM(cfg).eval(), tok
+    tok = byte_tokenizer()
+    model = tiny_qwen3(len(tok), max_position_embeddings=256, tie_word_embeddings=True)
+    return model.eval(), tok
 
 
 def force_eos_at(model, total_len: int):
@@ -98,7 +74,7 @@ def test_truncation_flag(tiny):
 
 def test_pad_equal_to_eos(tiny):
     model, _ = tiny
-    tok = tiny_tokenizer(with_pad=False)
+    tok = byte_tokenizer(with_pad=False)
     handle, _ = force_eos_at(model, 6)
     try:
         r = generate(model, tok, PROMPTS, 1, temperature=0.0, max_new_tokens=8)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3ForCausalLM
 
+from conftest import tiny_qwen3
 from tokencredit.batch import SIGNALS
 from tokencredit.errors import ConfigError
 from tokencredit.signals import chunked_log_probs, compute_signals, has_lora_adapter, token_log_probs
@@ -18,19 +19,7 @@ RESP_LENS = [9, 4, 1, 7, 0]  # includes a full row, a one-token row and an empty
 
 
 def tiny_model(seed: int = 0) -> Qwen3ForCausalLM:
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    return Qwen3ForCausalLM(cfg)
+    return tiny_qwen3(VOCAB, seed, max_position_embeddings=64, tie_word_embeddings=False)
 
 
 def tiny_lora(seed: int = 0):

@@ -23,6 +23,18 @@ def spec_proxy() -> tuple[torch.Tensor, torch.Tensor]:
     return v, mask
 
 
+def spec_batch(mask: torch.Tensor, hidden: torch.Tensor, old_log_probs: torch.Tensor | None = None) -> RolloutBatch:
+    """The worked example as a batch: one group of 4 rollouts x 3 tokens, the first two correct."""
+    return RolloutBatch(
+        token_ids=torch.zeros(4, 3, dtype=torch.long),
+        mask=mask,
+        group_ids=torch.zeros(4, dtype=torch.long),
+        scores=torch.tensor([1.0, 1.0, 0.0, 0.0]),
+        hidden=hidden,
+        old_log_probs=old_log_probs,
+    )
+
+
 def _close(got: torch.Tensor, want, atol: float = 1e-5) -> None:
     torch.testing.assert_close(got.float(), torch.as_tensor(want, dtype=torch.float32), atol=atol, rtol=0)
 
@@ -92,14 +104,7 @@ def test_spec_proxy_check_through_compute() -> None:
     assert abs(float(logp0.exp()) - 0.5) < 1e-7
     v, mask = spec_proxy()
     hidden = v / 0.5  # so that (1 - p) * h is the spec's proxy everywhere
-    batch = RolloutBatch(
-        token_ids=torch.zeros(4, 3, dtype=torch.long),
-        mask=mask,
-        group_ids=torch.zeros(4, dtype=torch.long),
-        scores=torch.tensor([1.0, 1.0, 0.0, 0.0]),
-        hidden=hidden,
-        old_log_probs=torch.full((4, 3), float(logp0)),
-    )
+    batch = spec_batch(mask, hidden, torch.full((4, 3), float(logp0)))
     out = compute("delta", batch, A4)
     _close(
         out,
@@ -266,13 +271,7 @@ def test_bad_inputs() -> None:
     bad[1, 2] = float("nan")  # a masked position: read with weight 0, so it must be finite
     with pytest.raises(ValueError, match="not finite"):
         coefficients(bad, A4, mask)
-    batch = RolloutBatch(
-        token_ids=torch.zeros(4, 3, dtype=torch.long),
-        mask=mask,
-        group_ids=torch.zeros(4, dtype=torch.long),
-        scores=torch.tensor([1.0, 1.0, 0.0, 0.0]),
-        hidden=v,
-    )
+    batch = spec_batch(mask, v)
     with pytest.raises(BatchValidationError, match="old_log_probs"):
         compute("delta", batch, A4)
     batch.old_log_probs = torch.full((4, 3), 0.5)

@@ -221,22 +221,6 @@ def test_collect_cli_writes_table_json_and_plots(fabricated, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------ end to end
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from tokencredit import models
-
-    d = tmp_path_factory.mktemp("tiny")
-    tok = models.build_toy_tokenizer()
-    m = models.build_toy_model(
-        {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-         "num_key_value_heads": 1, "head_dim": 16},
-        tokenizer=tok,
-    )  # fmt: skip
-    m.save_pretrained(d)
-    tok.save_pretrained(d)
-    return str(d)
-
-
 def micro_sets(model_dir, steps=2):
     return [
         f"model.name={model_dir}", f"run.steps={steps}", "run.progress=false", "run.threads=1",

@@ -321,21 +321,6 @@ def test_probe_batch_methods_and_baselines(toy_tok):
 
 
 # ------------------------------------------------------------------------------------ CLI
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, toy_tok):
-    from tokencredit.models import build_toy_model
-
-    d = tmp_path_factory.mktemp("tiny") / "model"
-    model = build_toy_model(
-        {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-         "num_key_value_heads": 1, "head_dim": 16},
-        tokenizer=toy_tok,
-    )  # fmt: skip
-    model.save_pretrained(d)
-    toy_tok.save_pretrained(d)
-    return d
-
-
 SMALL = [
     "--groups",
     "2",

@@ -33,7 +33,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -41,6 +41,10 @@ from torch import Tensor
 from tokencredit.batch import RolloutBatch
 from tokencredit.errors import ConfigError, closest
 from tokencredit.report.html import GroupView, MethodView, ReportData, ResponseView, build_report
+
+if TYPE_CHECKING:
+    from tokencredit.recipes import Recipe
+    from tokencredit.train.config import TrainConfig
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -56,6 +60,7 @@ __all__ = [
     "recompute_signals",
     "resolve_methods",
     "run",
+    "run_recipe",
     "saved_steps",
 ]
 
@@ -756,8 +761,25 @@ class _Inputs:
     notes: list[str] = field(default_factory=list)
 
 
-def _read_inputs(args: argparse.Namespace) -> _Inputs:
+def run_recipe(run_dir: Path, cfg: TrainConfig) -> Recipe:
+    """The recipe a run trained with: its recipe.json, else the one `cfg` resolves to.
+
+    ConfigError when recipe.json does not hold a recipe.
+    """
     from tokencredit.recipes import Recipe
+
+    rpath = run_dir / "recipe.json"
+    if not rpath.is_file():
+        from tokencredit.train.trainer import resolve_recipe
+
+        return resolve_recipe(cfg)
+    try:
+        return Recipe(**json.loads(rpath.read_text()))
+    except (TypeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{rpath}: not a recipe ({e})") from None
+
+
+def _read_inputs(args: argparse.Namespace) -> _Inputs:
     from tokencredit.train.config import TrainConfig, load_config
 
     if args.jsonl is not None:
@@ -780,16 +802,7 @@ def _read_inputs(args: argparse.Namespace) -> _Inputs:
     else:
         cfg = TrainConfig()
         notes.append(f"{cfg_path} not found: trainer defaults assumed (template, temperature, LoRA)")
-    rpath = run_dir / "recipe.json"
-    if rpath.is_file():
-        try:
-            recipe = Recipe(**json.loads(rpath.read_text()))
-        except (TypeError, json.JSONDecodeError) as e:
-            raise ConfigError(f"{rpath}: not a recipe ({e})") from None
-    else:
-        from tokencredit.train.trainer import resolve_recipe
-
-        recipe = resolve_recipe(cfg)
+    recipe = run_recipe(run_dir, cfg)
     return _Inputs(
         groups=groups,
         template=args.template or cfg.data.template,

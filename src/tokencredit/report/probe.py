@@ -901,9 +901,8 @@ def _device(name: str) -> str:
 
 def _run_context(run_dir: Path) -> tuple[Any, Any]:
     """(TrainConfig, resolved recipe) of a run directory (ConfigError when config.toml is missing)."""
-    from tokencredit.recipes import Recipe
+    from tokencredit.report.explain import run_recipe
     from tokencredit.train.config import load_config
-    from tokencredit.train.trainer import resolve_recipe
 
     cfg_path = run_dir / "config.toml"
     if not cfg_path.is_file():
@@ -911,15 +910,7 @@ def _run_context(run_dir: Path) -> tuple[Any, Any]:
             f"{run_dir}: no config.toml (the run's base model and task settings are read from it)"
         )
     cfg = load_config(cfg_path)
-    rpath = run_dir / "recipe.json"
-    if rpath.is_file():
-        try:
-            recipe = Recipe(**json.loads(rpath.read_text()))
-        except (TypeError, json.JSONDecodeError) as e:
-            raise ConfigError(f"{rpath}: not a recipe ({e})") from None
-    else:
-        recipe = resolve_recipe(cfg)
-    return cfg, recipe
+    return cfg, run_recipe(run_dir, cfg)
 
 
 def resolve_points(args: argparse.Namespace) -> tuple[list[ProbePoint], Any, Any, Path | None]:

@@ -47,6 +47,16 @@ class Rollouts:
         """[N] int64 number of valid response tokens."""
         return self.response_mask.sum(dim=1)
 
+    @property
+    def sequences(self) -> Tensor:
+        """[N, P+T] int64: prompt then response, the layout `tokencredit.signals` reads."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> Tensor:
+        """[N, P+T] int64: 1 on real prompt tokens and valid response tokens."""
+        return torch.cat([self.prompt_mask.long(), self.response_mask.long()], dim=1)
+
 
 def _as_list(x: Any) -> list[int]:
     if x is None:

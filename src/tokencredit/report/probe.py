@@ -686,8 +686,7 @@ def probe_model(
     signals: dict[str, Tensor] = {}
     if needs:
         say(f"signals: {', '.join(sorted(needs))}")
-        seq = torch.cat([ro.prompt_ids, ro.response_ids], 1).to(device)
-        att = torch.cat([ro.prompt_mask.long(), ro.response_mask.long()], 1).to(device)
+        seq, att = ro.sequences.to(device), ro.attention_mask.to(device)
         neg = (
             _negative_prompt_inputs(tokenizer, rows, ro, cfg.template, device)
             if "neg_log_probs" in needs

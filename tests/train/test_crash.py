@@ -69,9 +69,9 @@ def test_sigkill_then_resume_equals_uninterrupted(tiny_model_dir, micro_sets, to
     seed = int(os.environ.get("TOKENCREDIT_CRASH_SEED", time.time_ns() % 2**31))
     rng = random.Random(seed)
     env = _env(toy_rewards)
-    # The default recipe (S-trace); one thread: the toy ops are too small to split.
+    # S-trace (its own pre-update signals pass); one thread: the toy ops are too small to split.
     extra = {"run.threads": 1, "checkpoint.every": EVERY}
-    sets = [a for s in micro_sets(tiny_model_dir, steps=STEPS, **extra) for a in ("--set", s)]
+    sets = ["--recipe", "strace"] + [a for s in micro_sets(tiny_model_dir, steps=STEPS, **extra) for a in ("--set", s)]
 
     ref_dir, run = tmp_path / "uninterrupted", tmp_path / "killed"
     _finish(_train(["--out", str(ref_dir), *sets], env), "uninterrupted run")

@@ -18,8 +18,28 @@ import torch
 from torch import Tensor
 
 
+class PromptResponseLayout:
+    """`sequences` / `attention_mask` of a batch held as left-padded prompts + right-padded responses
+    (fields prompt_ids, prompt_mask, response_ids, response_mask)."""
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+
+    @property
+    def sequences(self) -> Tensor:
+        """[N, P+T] int64: prompt then response, the layout `tokencredit.signals` reads."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> Tensor:
+        """[N, P+T] int64: 1 on real prompt tokens and valid response tokens."""
+        return torch.cat([self.prompt_mask.long(), self.response_mask.long()], dim=1)
+
+
 @dataclass
-class Rollouts:
+class Rollouts(PromptResponseLayout):
     """N = len(prompts) * num_samples sampled completions, rollout i answering prompt prompt_index[i].
 
     prompt_ids [N,P] int64, left-padded with the pad id; prompt_mask [N,P] bool (real tokens).
@@ -46,16 +66,6 @@ class Rollouts:
     def response_lengths(self) -> Tensor:
         """[N] int64 number of valid response tokens."""
         return self.response_mask.sum(dim=1)
-
-    @property
-    def sequences(self) -> Tensor:
-        """[N, P+T] int64: prompt then response, the layout `tokencredit.signals` reads."""
-        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
-
-    @property
-    def attention_mask(self) -> Tensor:
-        """[N, P+T] int64: 1 on real prompt tokens and valid response tokens."""
-        return torch.cat([self.prompt_mask.long(), self.response_mask.long()], dim=1)
 
 
 def _as_list(x: Any) -> list[int]:

@@ -25,6 +25,7 @@ from tokencredit.batch import BatchValidationError, RolloutBatch
 from tokencredit.errors import ConfigError, TrainingError  # TrainingError: also imported from here
 from tokencredit.recipes import Recipe, get_recipe, kernel_arguments, recipe_needs, requires_lora
 from tokencredit.rewards.custom import RewardError
+from tokencredit.rollout import PromptResponseLayout
 from tokencredit.train import checkpoint as ckpt
 from tokencredit.train.config import TrainConfig, dump_toml, validate_config
 
@@ -94,7 +95,7 @@ def _pad_cat(tensors: list[Tensor], value: int | bool, left: bool) -> Tensor:
 
 
 @dataclass
-class StepRollouts:
+class StepRollouts(PromptResponseLayout):
     """One step's rollouts, merged over generation rounds (prompt left-padded, response right-padded)."""
 
     problems: list[Any]  # one per row
@@ -108,14 +109,6 @@ class StepRollouts:
     scores: Tensor
     correct: Tensor
     rounds: int
-
-    @property
-    def sequences(self) -> Tensor:
-        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
-
-    @property
-    def attention_mask(self) -> Tensor:
-        return torch.cat([self.prompt_mask.long(), self.response_mask.long()], dim=1)
 
 
 class Trainer:

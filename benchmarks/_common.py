@@ -10,3 +10,15 @@ def load_average() -> str:
             return f.read().split()[0]
     except OSError:
         return "?"
+
+
+def mem_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes, or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

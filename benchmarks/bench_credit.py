@@ -55,6 +55,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
+from _common import mem_available_bytes
 
 from tokencredit import credit, objectives
 from tokencredit.advantages import grpo
@@ -79,14 +80,6 @@ def _load() -> float:
             return float(f.read().split()[0])
     except OSError:
         return float("nan")
-
-
-def _mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 @dataclass
@@ -189,7 +182,7 @@ def hidden_fraction(args: argparse.Namespace) -> float:
     if args.hidden_scale > 0:
         return args.hidden_scale
     per_group = args.group_size * args.max_len * args.hidden * 4
-    budget = _mem_available() - args.mem_margin_gb * 2**30
+    budget = (mem_available_bytes() or 0) - args.mem_margin_gb * 2**30
     frac = 1.0
     while frac > 1 / 1024:
         groups = max(1, round(args.groups * args.scale * frac))

@@ -27,22 +27,11 @@ import statistics
 import time
 
 import torch
-from _common import load_average
+from _common import load_average, mem_available_bytes
 
 from tokencredit.advantages import grpo
 from tokencredit.credit.delta import coefficients_from_hidden
 from tokencredit.credit.ktae import key_token_values
-
-
-def _mem_available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def _sync(device: torch.device) -> None:
@@ -102,7 +91,7 @@ def bench_delta(args: argparse.Namespace, device: torch.device) -> None:
     per_group = args.group_size * args.max_len * args.hidden * 4
     groups = args.delta_groups or args.groups
     if device.type == "cpu":
-        avail = _mem_available_bytes()
+        avail = mem_available_bytes()
         if avail is not None:
             fits = max(1, int((avail - args.mem_margin_gb * 2**30) // per_group))
             if fits < groups:

@@ -37,6 +37,7 @@ import tempfile
 import time
 
 import torch
+from _common import mem_available_bytes
 
 
 def _rss_peak_bytes() -> int:
@@ -144,14 +145,6 @@ def _float64_reference(args: argparse.Namespace, rows: int) -> tuple[torch.Tenso
     return torch.cat(lps), torch.cat(ents)
 
 
-def _mem_available_bytes() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=16384, help="response tokens for the chunked run")
@@ -186,9 +179,9 @@ def main() -> None:
     naive_tokens = sorted({int(x) for x in args.naive_tokens.split(",") if x.strip()})
     for m in naive_tokens:
         need = 4 * m * args.vocab * 4
-        if need > 0.8 * _mem_available_bytes():
+        if need > 0.8 * (mem_available_bytes() or 0):
             raise SystemExit(
-                f"naive at {m} tokens needs ~{need / gb:.1f} GB; only {_mem_available_bytes() / gb:.1f} GB available"
+                f"naive at {m} tokens needs ~{need / gb:.1f} GB; only {(mem_available_bytes() or 0) / gb:.1f} GB available"
             )
     args.check_tokens = min(args.check_tokens, max(naive_tokens), args.tokens)
     args.stream_tokens = max(args.tokens, *naive_tokens)  # every run slices the same stream of rows

@@ -20,7 +20,9 @@ def force_eos_at(model, total_len: int):
 
     def hook(mod, args, kwargs, out):
         pos = kwargs["position_ids"][:, -1]
-        seen["calls"].append((kwargs["input_ids"].shape[1], kwargs.get("past_key_values") is not None))
+        # transformers >= 5.2x passes the KV cache as `cache` (`past_key_values` before)
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        seen["calls"].append((kwargs["input_ids"].shape[1], cache is not None))
         last = out.logits[:, -1, :]
         last[:, EOS] = torch.where(pos + 1 >= total_len, 1e4, -1e4).to(last.dtype)
         return out

@@ -17,7 +17,7 @@ def test_every_named_recipe_exists_and_refers_to_registered_pieces():
         assert r.advantage in advantages.ESTIMATORS
         m = credit.get(r.credit)
         assert set(r.credit_params) <= set(m.defaults), (name, r.credit_params, m.defaults)
-        assert r.kernel == "reinforce" or r.kernel in objectives.KERNELS
+        assert r.loss in objectives.LOSSES and r.kernel in objectives.KERNELS
         assert r.loss_agg_mode in objectives.AGG_MODES
     assert set(REQUIRED) <= set(RECIPES)
 

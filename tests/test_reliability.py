@@ -65,7 +65,7 @@ def test_problem_without_answer_names_its_id(tiny_model_dir, micro_sets, tmp_pat
 
 def test_unknown_recipe_suggests_the_closest(tiny_model_dir, micro_sets, tmp_path, capsys):
     rc, err = train(["--recipe", "grpoo", "--out", str(tmp_path / "r"), *as_args(micro_sets(tiny_model_dir))], capsys)
-    assert rc == 2 and "unknown recipe 'grpoo' (closest: grpo" in err
+    assert rc == 2 and "unknown recipe or credit method 'grpoo' (closest: grpo" in err
 
 
 @pytest.mark.parametrize(
@@ -81,6 +81,27 @@ def test_unknown_config_key_suggests_the_closest(assignment, expected, tiny_mode
     assert rc == 2 and expected in err
     if assignment.startswith("algo."):
         assert "eps_high" in err
+
+
+@pytest.mark.parametrize(
+    "recipe, assignment, expected",
+    [
+        ("strace", "algo.kernel_params.lamda=0.9", "ratio kernel 'strace' has no parameter 'lamda' (closest: lam)"),
+        ("strace", "algo.kernel_params.keep_ration=0.3", "(closest: keep_ratio)"),
+        ("ktae", "algo.credit_params.tpo=0.5", "credit method 'ktae' has no parameter 'tpo' (closest: top)"),
+        ("grpo", "algo.advantage_params.esp=1e-4", "advantage estimator 'grpo' has no parameter 'esp' (closest: eps)"),
+        ("dapo", "algo.loss=ppo-clp", "unknown policy loss 'ppo-clp' (closest: ppo-clip"),
+        ("arca", "algo.kernel=strace", "policy loss 'reinforce' uses no importance ratio"),
+        ("arca", "algo.eps_high=0.3", "policy loss 'reinforce' has no clip range"),
+    ],
+)
+def test_unknown_loss_kernel_and_method_parameters_stop_before_the_model_loads(
+    recipe, assignment, expected, micro_sets, tmp_path, capsys
+):
+    # the model path does not exist: the recipe error must come first
+    sets = [*micro_sets(str(tmp_path / "no-such-model")), assignment]
+    rc, err = train(["--recipe", recipe, "--out", str(tmp_path / "r"), *as_args(sets)], capsys)
+    assert rc == 2 and expected in err, err
 
 
 def test_unknown_key_in_a_config_file_names_the_file(tmp_path, capsys):

@@ -8,13 +8,16 @@ warning per process); a zero-variance group gets A = 0.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from tokencredit.batch import BatchValidationError, check_finite_scores
-from tokencredit.errors import ConfigError, closest
+from tokencredit.errors import ConfigError
+from tokencredit.registry import Registry, keyword_defaults
 
 _warned_singleton = False
 
@@ -92,12 +95,21 @@ def dr_grpo(scores: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
     return grpo(scores, group_ids, eps=eps, scale="none")
 
 
-ESTIMATORS: dict[str, Callable[..., Tensor]] = {
-    "grpo": grpo,
-    "dr-grpo": dr_grpo,
-    "rloo": rloo,
-    "grpo-batch": lambda scores, group_ids, eps=1e-6: grpo(scores, group_ids, eps=eps, scale="batch"),
-}
+def grpo_batch(scores: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
+    """Group mean, batch std (TRL's scale_rewards="batch"): grpo(scale="batch")."""
+    return grpo(scores, group_ids, eps=eps, scale="batch")
+
+
+@dataclass(frozen=True)
+class Estimator:
+    name: str
+    fn: Callable[..., Tensor]  # fn(scores [N], group_ids [N], **params) -> A [N]
+    defaults: Mapping[str, Any]
+
+
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+for _name, _fn in (("grpo", grpo), ("dr-grpo", dr_grpo), ("rloo", rloo), ("grpo-batch", grpo_batch)):
+    ESTIMATORS.add(Estimator(_name, _fn, keyword_defaults(_fn, skip=2)))
 
 
 def consecutive_group_ids(n: int, group_size: int, device: torch.device | str | None = None) -> Tensor:
@@ -115,11 +127,8 @@ def consecutive_group_ids(n: int, group_size: int, device: torch.device | str | 
 
 
 def compute(name: str, scores: Tensor, group_ids: Tensor, **params: float) -> Tensor:
-    """A[N] from the estimator `name` in ESTIMATORS (grpo, dr-grpo, rloo, grpo-batch)."""
-    try:
-        fn = ESTIMATORS[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown advantage estimator {name!r}{closest(name, ESTIMATORS)}; known: {', '.join(ESTIMATORS)}"
-        ) from None
-    return fn(scores, group_ids, **params)
+    """A[N] from the estimator `name` in ESTIMATORS (grpo, dr-grpo, rloo, grpo-batch); unknown
+    names and parameters are a ConfigError naming the closest valid one."""
+    est = ESTIMATORS.get(name)
+    ESTIMATORS.check_params(name, params)
+    return est.fn(scores, group_ids, **params)

@@ -419,3 +419,16 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def special_token_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The tokenizer's special token ids (EOS, pad, chat markers...), sorted; () without a tokenizer.
+
+    Every engine passes these to the credit pipeline (KTAE gives them no key value), so they are
+    read the same way everywhere.
+    """
+    if tokenizer is None:
+        return ()
+    ids = set(getattr(tokenizer, "all_special_ids", None) or ())
+    ids |= {i for i in (getattr(tokenizer, "eos_token_id", None), getattr(tokenizer, "pad_token_id", None)) if i is not None}
+    return tuple(sorted(int(i) for i in ids))

@@ -1,16 +1,40 @@
-"""Recipes: one choice of group baseline, credit method and objective, with hyperparameters.
+"""Recipes, and the one credit pipeline every engine uses.
 
-Recipes are data (the `RECIPES` table), not code paths: the trainer and the plugins read a
-`Recipe` and call the registered pieces it names. `tokencredit recipes` prints the table.
+A recipe names one choice of group baseline, credit method, loss and ratio kernel, with their
+hyperparameters. Recipes are data (the `RECIPES` table), not code paths.
+
+`token_credit(recipe, batch, special_ids=...)` is the one path from a recipe and a `RolloutBatch`
+(with its per-token signals) to everything the objective needs: A [N], Â [N,T], the tokens that
+carry a loss term (S-trace's kept set, DAPO's truncated rows) and the keyword arguments of
+`tokencredit.objectives.policy_loss`. The trainer, `explain`, `probe`, `compare` (through the
+trainer), the TRL plugin and the verl plugin all call it, so a recipe gives the same Â everywhere
+(tests/test_engines_agree.py).
+
+Names: `resolve(name)` is the one rule for reading a user's name, used by every engine:
+``recipe:NAME`` is the recipe NAME and ``credit:NAME`` the credit method NAME on its own; a plain
+NAME is the recipe when the table has one of that name (recipes win: ``surprisal`` is the
+recipe, REINFORCE included), otherwise the credit method. A credit method on its own
+(``kind="method"``) is the default objective (PPO-clip 0.2, per-token ratio, token-mean) over the
+GRPO baseline, which an engine replaces with its own group normalisation
+(`Recipe.with_method_baseline`).
 """
 
 from __future__ import annotations
 
-import argparse
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import torch
+from torch import Tensor
+
+from tokencredit import advantages, credit, objectives
+from tokencredit.batch import RolloutBatch
 from tokencredit.errors import ConfigError, closest
+
+# The clip range lives at the top of a recipe (as in verl's actor config); a loss that takes
+# these parameters receives them from there.
+CLIP_FIELDS = ("eps_low", "eps_high", "dual_clip")
 
 
 @dataclass(frozen=True)
@@ -21,7 +45,9 @@ class Recipe:
     advantage_params: dict[str, Any] = field(default_factory=dict)
     credit: str = "uniform"  # tokencredit.credit.CREDIT_METHODS
     credit_params: dict[str, Any] = field(default_factory=dict)
-    kernel: str = "token"  # "reinforce" or tokencredit.objectives.KERNELS
+    loss: str = "ppo-clip"  # tokencredit.objectives.LOSSES
+    loss_params: dict[str, Any] = field(default_factory=dict)  # the loss's own, besides the clip range
+    kernel: str = "token"  # tokencredit.objectives.KERNELS (read only by losses that use a ratio)
     kernel_params: dict[str, Any] = field(default_factory=dict)
     eps_low: float = 0.2
     eps_high: float = 0.2
@@ -34,14 +60,48 @@ class Recipe:
     overlong_buffer: int = 0  # DAPO overlong shaping buffer L_cache in tokens (0 = off)
     mask_truncated: bool = False  # DAPO: truncated completions get no loss
     notes: str = ""
+    kind: str = "recipe"  # "recipe": a row of the table; "method": a credit method on its own
 
     def with_overrides(self, **changes: Any) -> Recipe:
+        """A copy with fields replaced; dict fields are merged key by key (e.g. kernel_params={"lam": 0.9})."""
         unknown = [k for k in changes if k not in self.__dataclass_fields__]
         if unknown:
             raise ConfigError(
                 f"recipe has no field {unknown[0]!r}{closest(unknown[0], self.__dataclass_fields__)}"
             )
-        return replace(self, **changes)
+        merged = {
+            k: {**getattr(self, k), **v} if isinstance(v, Mapping) and isinstance(getattr(self, k), dict) else v
+            for k, v in changes.items()
+        }
+        return replace(self, **merged)
+
+    def with_method_baseline(self, advantage: str, advantage_params: Mapping[str, Any] | None = None) -> Recipe:
+        """For a credit method on its own, the engine's group baseline; a table recipe keeps its own."""
+        if self.kind != "method":
+            return self
+        return replace(self, advantage=advantage, advantage_params=dict(advantage_params or {}))
+
+    def loss_arguments(self) -> dict[str, Any]:
+        """The loss's hyperparameters: the clip range fields it takes, then loss_params."""
+        takes = objectives.get_loss(self.loss).defaults
+        return {**{k: getattr(self, k) for k in CLIP_FIELDS if k in takes}, **self.loss_params}
+
+    @property
+    def uses_ratio(self) -> bool:
+        return objectives.get_loss(self.loss).uses_ratio
+
+    @property
+    def per_token(self) -> bool:
+        """True when the objective's on-policy gradient weight of each token is its Â (see objectives.effective)."""
+        return objectives.is_per_token(self.loss, self.kernel)
+
+    def objective_label(self) -> str:
+        """One line for tables: the loss, the kernel and clip when it uses a ratio, the aggregation, KL."""
+        if self.uses_ratio:
+            text = f"{self.loss} ({self.kernel} ratio, clip {self.eps_low:g}/{self.eps_high:g}), {self.loss_agg_mode}"
+        else:
+            text = f"{self.loss}, {self.loss_agg_mode}"
+        return text + (f", KL {self.kl_coef:g}" if self.kl_coef else "")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,7 +112,7 @@ _DAPO = dict(
     dynamic_sampling=True, overlong_buffer=16, mask_truncated=False,
 )  # fmt: skip
 _SALIENCE = dict(
-    advantage_params={"eps": 1e-8}, kernel="reinforce", loss_agg_mode="seq-mean-token-mean",
+    advantage_params={"eps": 1e-8}, loss="reinforce", loss_agg_mode="seq-mean-token-mean",
 )  # fmt: skip
 
 _TABLE: list[Recipe] = [
@@ -98,41 +158,243 @@ _TABLE: list[Recipe] = [
            notes="rank-power token weights from a negative-prompt forward; Â = A * w"),
 ]
 
+
 RECIPES: dict[str, Recipe] = {r.name: r for r in _TABLE}
 
 
 def get_recipe(name: str) -> Recipe:
+    """The table's recipe `name` (no credit-method fallback; see `resolve` for the name rule)."""
     try:
         return RECIPES[name]
     except KeyError:
         raise ConfigError(f"unknown recipe {name!r}{closest(name, RECIPES)}; known: {', '.join(RECIPES)}") from None
 
 
-def recipe_needs(recipe: Recipe) -> frozenset[str]:
-    """The per-token signals the recipe's credit method and ratio kernel need."""
-    from tokencredit import credit, objectives
+def known_names() -> list[str]:
+    """Every plain name `resolve` accepts: the recipes, then the credit methods that are not also recipes."""
+    return list(RECIPES) + [m for m in credit.CREDIT_METHODS if m not in RECIPES]
 
+
+def method_recipe(name: str) -> Recipe:
+    """A credit method on its own: the default objective over the GRPO baseline (kind "method")."""
+    m = credit.get(name)
+    return Recipe(name=name, paper=m.paper, credit=name, kind="method", notes=m.description)
+
+
+def _lookup(name: str) -> Recipe:
+    kind, sep, bare = name.partition(":")
+    if sep:
+        if kind == "recipe":
+            return get_recipe(bare)
+        if kind == "credit":
+            return method_recipe(bare)
+        raise ConfigError(f"unknown prefix {kind!r} in {name!r}; use recipe:NAME or credit:NAME")
+    if name in RECIPES:
+        return RECIPES[name]
+    if name in credit.CREDIT_METHODS:
+        return method_recipe(name)
+    methods = [m for m in credit.CREDIT_METHODS if m not in RECIPES]
+    raise ConfigError(
+        f"unknown recipe or credit method {name!r}{closest(name, known_names())}; recipes: {', '.join(RECIPES)}; "
+        f"credit methods on their own: {', '.join(methods)}"
+    )
+
+
+def resolve(name: str | Recipe, overrides: Mapping[str, Any] | None = None) -> Recipe:
+    """The validated recipe for a name (the rule in the module docstring) or a Recipe, with `overrides`.
+
+    Overrides replace fields; dict fields (credit_params, kernel_params, ...) are merged key by
+    key. Every name and parameter is checked here, before any model is loaded: an unknown field,
+    estimator, credit method, loss, kernel or parameter is a ConfigError naming the closest valid one.
+    """
+    recipe = name if isinstance(name, Recipe) else _lookup(name)
+    changes = dict(overrides or {})
+    if changes:
+        recipe = recipe.with_overrides(**changes)
+    validate(recipe, overridden=changes)
+    return recipe
+
+
+def validate(recipe: Recipe, overridden: Iterable[str] = ()) -> None:
+    """ConfigError for anything in `recipe` that no registered piece would read, or reads wrongly."""
+    where = f"recipe {recipe.name!r}"
+    if recipe.kind not in ("recipe", "method"):
+        raise ConfigError(f"{where}: kind must be 'recipe' or 'method', got {recipe.kind!r}")
+    advantages.ESTIMATORS.check_params(recipe.advantage, recipe.advantage_params)
+    credit.CREDIT_METHODS.check_params(recipe.credit, recipe.credit_params)
+    loss = objectives.get_loss(recipe.loss)
+    objectives.LOSSES.check_params(recipe.loss, recipe.loss_params)
+    clip_in_params = sorted(set(recipe.loss_params) & set(CLIP_FIELDS))
+    if clip_in_params:
+        raise ConfigError(f"{where}: set {clip_in_params[0]} as a recipe field (algo.{clip_in_params[0]}), not in loss_params")
+    unread = [k for k in CLIP_FIELDS if k in overridden and k not in loss.defaults]
+    if unread:
+        raise ConfigError(f"{where}: policy loss {recipe.loss!r} has no clip range; {unread[0]} would never be read")
+    if loss.uses_ratio:
+        objectives.kernel_parameters(recipe.kernel, recipe.kernel_params)
+    elif recipe.kernel != "token" or recipe.kernel_params:
+        raise ConfigError(
+            f"{where}: policy loss {recipe.loss!r} uses no importance ratio, so ratio kernel {recipe.kernel!r} "
+            f"{dict(recipe.kernel_params) or ''} would never be read; use a loss with a ratio (e.g. ppo-clip)"
+        )
+    if recipe.loss_agg_mode not in objectives.AGG_MODES:
+        raise ConfigError(
+            f"{where}: unknown loss_agg_mode {recipe.loss_agg_mode!r}{closest(recipe.loss_agg_mode, objectives.AGG_MODES)}"
+        )
+    if recipe.kl_type not in ("k1", "k2", "k3"):
+        raise ConfigError(f"{where}: kl_type must be 'k1', 'k2' or 'k3', got {recipe.kl_type!r}")
+    checks = [
+        (recipe.eps_low >= 0 and recipe.eps_high >= 0, "eps_low and eps_high must be >= 0"),
+        (recipe.dual_clip is None or recipe.dual_clip > 1, "dual_clip must be > 1 or none"),
+        (recipe.kl_coef >= 0, "kl_coef must be >= 0"),
+        (recipe.overlong_buffer >= 0, "overlong_buffer must be >= 0"),
+        (recipe.norm_constant is None or recipe.norm_constant > 0, "norm_constant must be > 0 or none"),
+    ]
+    for ok, rule in checks:
+        if not ok:
+            raise ConfigError(f"{where}: {rule}")
+
+
+def credit_needs(recipe: Recipe) -> frozenset[str]:
+    """Signals needed for Â and the kept set: the credit method's plus the ratio kernel's preparation."""
     needs = set(credit.get(recipe.credit).needs)
-    if recipe.kernel != "reinforce":
+    if recipe.uses_ratio:
         needs |= objectives.get_kernel(recipe.kernel).needs
+    return frozenset(needs)
+
+
+def recipe_needs(recipe: Recipe) -> frozenset[str]:
+    """Signals the whole objective needs: `credit_needs`, old log-probs for a ratio, reference log-probs for KL."""
+    needs = set(credit_needs(recipe))
+    if recipe.uses_ratio:
+        needs.add("old_log_probs")
     if recipe.kl_coef:
         needs.add("ref_log_probs")
-    if recipe.kernel != "reinforce":
-        needs.add("old_log_probs")
     return frozenset(needs)
 
 
 def requires_lora(recipe: Recipe) -> bool:
-    from tokencredit import credit
-
     return credit.get(recipe.credit).requires_lora
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+# ---------------------------------------------------------------------------------------------- the pipeline
+@dataclass(frozen=True)
+class TokenCredit:
+    """What the objective needs for one batch under one recipe (all tensors detached).
+
+    seq_advantages A [N] float32; token_advantages Â [N,T] float32, 0 off `batch.mask`;
+    mask bool [N,T]: valid tokens of the rows that train (DAPO's mask_truncated drops whole rows);
+    loss_mask bool [N,T]: the tokens that carry a loss term (within S-trace's kept set);
+    keep bool [N,T] or None: the kept set of a kept-set kernel; policy_args: the keyword
+    arguments of `objectives.policy_loss` (loss, kernel and their parameters, aggregation, KL).
+    """
+
+    recipe: Recipe
+    seq_advantages: Tensor
+    token_advantages: Tensor
+    mask: Tensor
+    loss_mask: Tensor
+    keep: Tensor | None
+    policy_args: dict[str, Any]
+
+    def policy_kwargs(self, rows: Tensor | slice | None = None) -> dict[str, Any]:
+        """`policy_args` with its per-row tensors (the kept set) cut to `rows` (a micro-batch)."""
+        if rows is None:
+            return dict(self.policy_args)
+        return {k: v[rows] if isinstance(v, Tensor) else v for k, v in self.policy_args.items()}
+
+    def effective(self, loss_agg_mode: str = "token-mean") -> Tensor:
+        """Â_eff [N,T]: the objective's on-policy gradient weight per token (`objectives.effective_credit`);
+        equal to Â for per-token objectives under token-mean. `loss_agg_mode` defaults to token-mean
+        (pass recipe.loss_agg_mode to include the recipe's row weighting)."""
+        if self.recipe.per_token and loss_agg_mode == "token-mean":
+            # what effective_credit's autograd gives for these objectives, without the backward pass
+            return zero_outside(self.token_advantages, self.loss_mask)
+        args = self.policy_kwargs()
+        loss, kernel = args.pop("loss"), args.pop("kernel")
+        for key in ("loss_agg_mode", "kl_coef", "kl_type"):
+            args.pop(key, None)
+        norm = args.pop("norm_constant", None)
+        loss_keys = objectives.get_loss(loss).defaults
+        return objectives.effective_credit(
+            self.token_advantages,
+            self.mask,
+            loss=loss,
+            loss_params={k: v for k, v in args.items() if k in loss_keys},
+            kernel=kernel,
+            kernel_args={k: v for k, v in args.items() if k not in loss_keys},
+            loss_agg_mode=loss_agg_mode,
+            norm_constant=norm,
+        )
+
+
+def credit_arguments(recipe: Recipe, special_ids: Iterable[int] | None) -> dict[str, Any]:
+    """The credit method's parameters, with the tokenizer's special ids as `ignore_token_ids` when the
+    method takes that parameter and the recipe does not set it (KTAE: EOS / pad get no key value)."""
+    params = dict(recipe.credit_params)
+    takes = credit.get(recipe.credit).defaults
+    if special_ids is not None and "ignore_token_ids" in takes and "ignore_token_ids" not in params:
+        params["ignore_token_ids"] = tuple(sorted({int(i) for i in special_ids}))
+    return params
+
+
+def token_credit(
+    recipe: Recipe | str,
+    batch: RolloutBatch,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    special_ids: Iterable[int] | None = None,
+    max_response_length: int | None = None,
+) -> TokenCredit:
+    """The one credit pipeline: recipe + batch (+ the tokenizer's special ids) -> `TokenCredit`.
+
+    1. A = the recipe's group estimator on batch.scores / batch.group_ids   (advantages.compute)
+    2. Â = its credit method on the batch and A                               (credit.compute)
+    3. the ratio kernel's arguments, prepared from the batch (S-trace: the kept set from the
+       old policy's entropy)                                                   (objectives.prepare_kernel)
+    4. the loss tokens: valid tokens, minus truncated rows when the recipe masks them, within the kept set.
+
+    `recipe` is a Recipe or a name (`resolve` applies, with `overrides`). `special_ids`: the
+    tokenizer's special token ids (KTAE gives them no key value). `max_response_length`: the
+    normaliser of seq-mean-token-sum-norm when the recipe leaves norm_constant unset.
+    """
+    if isinstance(recipe, str) or overrides:
+        recipe = resolve(recipe, overrides)
+    seq_adv = advantages.compute(recipe.advantage, batch.scores, batch.group_ids, **recipe.advantage_params)
+    tok_adv = credit.compute(recipe.credit, batch, seq_adv, **credit_arguments(recipe, special_ids))
+    mask = batch.mask
+    if recipe.mask_truncated and batch.truncated is not None:
+        mask = mask & ~batch.truncated[:, None]
+    args: dict[str, Any] = {"loss": recipe.loss, "kernel": recipe.kernel, **recipe.loss_arguments()}
+    keep = None
+    if recipe.uses_ratio:
+        kernel_args = objectives.prepare_kernel(recipe.kernel, batch, recipe.kernel_params)
+        args.update(kernel_args)
+        if objectives.get_kernel(recipe.kernel).uses_keep:
+            keep = kernel_args["keep"]
+    args.update(
+        loss_agg_mode=recipe.loss_agg_mode,
+        norm_constant=recipe.norm_constant or max_response_length,
+        kl_coef=recipe.kl_coef,
+        kl_type=recipe.kl_type,
+    )
+    loss_mask = objectives.loss_token_mask(mask, keep)
+    return TokenCredit(recipe, seq_adv.detach().float(), tok_adv, mask, loss_mask, keep, args)
+
+
+def zero_outside(values: Tensor, keep: Tensor | None) -> Tensor:
+    """`values` with 0 outside the kept set (or unchanged without one)."""
+    if keep is None:
+        return values
+    return torch.where(keep, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+# ---------------------------------------------------------------------------------------------- `tokencredit recipes`
+def add_arguments(parser: Any) -> None:
     parser.add_argument("--verbose", "-v", action="store_true", help="also show every hyperparameter")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: Any) -> int:
     from rich.console import Console
     from rich.table import Table
 
@@ -140,28 +402,34 @@ def run(args: argparse.Namespace) -> int:
     for col in ("recipe", "advantage", "credit", "objective", "paper"):
         table.add_column(col, overflow="fold", no_wrap=col in ("recipe", "credit"))
     for r in RECIPES.values():
-        obj = f"{r.kernel}, clip {r.eps_low:g}/{r.eps_high:g}, {r.loss_agg_mode}" if r.kernel != "reinforce" else (
-            f"REINFORCE, {r.loss_agg_mode}"
-        )
-        if r.kl_coef:
-            obj += f", KL {r.kl_coef:g}"
-        table.add_row(r.name, r.advantage, r.credit, obj, r.paper)
+        table.add_row(r.name, r.advantage, r.credit, r.objective_label(), r.paper)
         if args.verbose:
-            table.add_row("", "", "", str({k: v for k, v in r.to_dict().items() if k not in ("name", "paper")}), "")
+            skip = ("name", "paper", "kind")
+            table.add_row("", "", "", str({k: v for k, v in r.to_dict().items() if k not in skip}), "")
     Console().print(table)
     return 0
 
 
-def kernel_arguments(recipe: Recipe, batch: Any) -> dict[str, Any]:
-    """Keyword arguments for `objectives.policy_loss` from the recipe's kernel_params and the batch.
 
-    `keep_ratio` / `scope` (S-trace) become the kept-token mask `keep`, computed once per step from
-    the old policy's entropy (detached), as the 80/20 rule does.
+def from_dict(data: Mapping[str, Any], where: str = "recipe") -> Recipe:
+    """A Recipe from its `to_dict()` form (a run's recipe.json), validated.
+
+    Files written before policy losses were registered name REINFORCE as kernel "reinforce";
+    that reads as loss "reinforce" with the per-token kernel. An unknown key is a ConfigError
+    naming it and `where`.
     """
-    from tokencredit.credit.entropy import top_entropy_mask
-
-    params = dict(recipe.kernel_params)
-    if "keep_ratio" in params:
-        batch.require(("entropy",), f"ratio kernel {recipe.kernel!r}")
-        params["keep"] = top_entropy_mask(batch.entropy, batch.mask, params.pop("keep_ratio"), params.pop("scope", "batch"))
-    return params
+    d = dict(data)
+    if d.get("kernel") == "reinforce":
+        d.update(kernel="token", loss="reinforce")
+    unknown = [k for k in d if k not in Recipe.__dataclass_fields__]
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown recipe field {unknown[0]!r}{closest(unknown[0], Recipe.__dataclass_fields__)} "
+            "(written by a newer tokencredit?)"
+        )
+    try:
+        recipe = Recipe(**d)
+    except TypeError as e:
+        raise ConfigError(f"{where}: not a recipe ({e})") from None
+    validate(recipe)
+    return recipe

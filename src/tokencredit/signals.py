@@ -40,8 +40,9 @@ convention), for every pass (old, base, ref, negative prompt).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -565,3 +566,33 @@ def compute_signals(
                 **kw,
             )[0]
     return {name: value.detach() for name, value in out.items() if name in needs and value is not None}
+
+
+def negative_prompt_inputs(
+    tokenizer: Any,
+    prompts: Sequence[str],
+    response_ids: Tensor,
+    response_mask: Tensor,
+    add_special_tokens: bool | None = None,
+) -> dict[str, Any]:
+    """`compute_signals`'s GCPO inputs: each negative prompt (already rendered as text) followed by
+    the same response tokens, [N, P' + T].
+
+    The prompts are left-padded and tokenised as the engine tokenised the real prompts: by default
+    as `tokencredit.rollout.generate` does (special tokens added unless every text already starts
+    with the BOS token); an engine that never adds them (TRL) passes add_special_tokens=False.
+    """
+    bos = getattr(tokenizer, "bos_token", None)
+    add_special = not (bos and all(p.startswith(bos) for p in prompts)) if add_special_tokens is None else add_special_tokens
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=add_special)
+    finally:
+        tokenizer.padding_side = side
+    device = response_ids.device
+    return {
+        "neg_sequences": torch.cat([enc["input_ids"].to(device), response_ids], dim=1),
+        "neg_attention_mask": torch.cat([enc["attention_mask"].to(device), response_mask.long()], dim=1),
+        "neg_prompt_len": int(enc["input_ids"].shape[1]),
+    }

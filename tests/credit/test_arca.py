@@ -197,7 +197,7 @@ def test_missing_signal_and_bad_form():
 @pytest.mark.parametrize("name", METHODS)
 @pytest.mark.parametrize(("form", "agg"), [("mean", "seq-mean-token-mean"), ("sum", "seq-mean-token-sum")])
 def test_reinforce_reproduces_paper_loss(name, form, agg):
-    """With kernel="reinforce", Â gives exactly the paper's loss -mean_i A_i sum_t w_t log pi (value and gradient)."""
+    """With loss="reinforce", Â gives exactly the paper's loss -mean_i A_i sum_t w_t log pi (value and gradient)."""
     batch = make_batch(seed=3)
     adv = grpo(batch.scores, batch.group_ids, eps=1e-8)
     g = torch.Generator().manual_seed(7)
@@ -210,7 +210,7 @@ def test_reinforce_reproduces_paper_loss(name, form, agg):
 
     a_hat = credit.compute(name, batch, adv, sharpening=2.0, form=form).double()
     log_pi = torch.nn.functional.logsigmoid(logits)
-    ours, _ = policy_loss(log_pi, None, a_hat, batch.mask, kernel="reinforce", loss_agg_mode=agg)
+    ours, _ = policy_loss(log_pi, None, a_hat, batch.mask, loss="reinforce", loss_agg_mode=agg)
     (ours_grad,) = torch.autograd.grad(ours, logits)
     assert ours.item() == pytest.approx(paper.item(), abs=1e-6)
     assert torch.allclose(ours_grad, paper_grad, atol=1e-6)

@@ -119,7 +119,7 @@ def test_spec_proxy_check_through_compute() -> None:
 
 
 # ---------------------------------------------------------------------------- naive reference
-def naive_coefficients(v, adv, mask, lam_min=0.8, lam_max=1.2, k_iters=1) -> torch.Tensor:
+def naive_coefficients(v, adv, mask, lam_min=0.8, lam_max=1.2, k_iters=1, lag_free=False) -> torch.Tensor:
     """Materialises v and uses explicit squared distances, float64, per spec delta.md."""
     v, adv = v.double(), adv.double()
     valid = mask.bool()
@@ -141,11 +141,14 @@ def naive_coefficients(v, adv, mask, lam_min=0.8, lam_max=1.2, k_iters=1) -> tor
         return math.sqrt(max(var, 1e-8))
 
     m = margins(centroid(pos, w_abs), centroid(neg, w_abs))
+    # spec step 4, the released code's disc_steps loop: gamma <- std(m_0); for k = 1..K:
+    # s = sigmoid(m_{k-1} / gamma); gamma <- std(m_{k-1}); mu <- centroids(s); m_k <- margins(mu)
     gp, gn = std(m, pos), std(m, neg)
-    for it in range(k_iters):
-        if it > 0:
-            gp, gn = std(m, pos), std(m, neg)
+    for k in range(1, k_iters + 1):
+        if lag_free and k > 1:  # the pre-fix schedule (sigmoid of m_{k-1} at std(m_{k-1})), only to
+            gp, gn = std(m, pos), std(m, neg)  # show that the test tells the two apart
         s = torch.sigmoid(m / torch.where(pos, gp, gn))
+        gp, gn = std(m, pos), std(m, neg)
         m = margins(centroid(pos, s * w_abs), centroid(neg, s * w_abs))
     s = torch.sigmoid(m / torch.where(pos, gp, gn))
     c = torch.where(pos | neg, lam_min + (lam_max - lam_min) * s, lam_min)
@@ -175,6 +178,23 @@ def test_matches_naive_reference(seed: int) -> None:
     assert torch.equal(got[~mask], torch.zeros(int((~mask).sum())))
     if bool(mask.any()):
         assert abs(float(got[mask].double().mean()) - 1.0) < 1e-5
+
+
+@pytest.mark.parametrize("k_iters", [2, 3])
+@pytest.mark.parametrize("seed", range(3))
+def test_refinements_follow_the_released_temperature_loop(k_iters: int, seed: int) -> None:
+    """K >= 2: the sigmoid of m_{k-1} uses std(m_{k-2}) (m_0 its own), as dp_actor.py's disc_steps loop."""
+    hidden, scale, adv, mask = random_case(100 + seed, n=12, t=9, h=5)
+    got = coefficients_from_hidden(hidden, scale, adv, mask, refine_iters=k_iters)
+    v = scale[..., None] * hidden
+    want = naive_coefficients(v, adv, mask, k_iters=k_iters)
+    torch.testing.assert_close(got, want.float(), atol=2e-5, rtol=1e-4)
+    # the schedule matters at these sizes: re-taking the std after each refinement gives other values
+    other = naive_coefficients(v, adv, mask, k_iters=k_iters, lag_free=True)
+    assert float((want - other).abs().max()) > 1e-3
+    # and K = 1 is the same under both readings
+    one = coefficients_from_hidden(hidden, scale, adv, mask, refine_iters=1)
+    torch.testing.assert_close(one, naive_coefficients(v, adv, mask, k_iters=1, lag_free=True).float(), atol=2e-5, rtol=1e-4)
 
 
 def test_bf16_strided_and_chunked_hidden(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -162,7 +162,7 @@ def test_unsupported_configurations_fail_clearly(model_dir, tmp_path):
         _trainer(model_dir, tmp_path, "strace")
     with pytest.raises(ConfigError, match="importance_sampling_level"):
         _trainer(model_dir, tmp_path, "gspo")
-    with pytest.raises(ConfigError, match="unknown credit method or recipe 'ktea'.*ktae"):
+    with pytest.raises(ConfigError, match="unknown recipe or credit method 'ktea'.*ktae"):
         _trainer(model_dir, tmp_path, "ktea")
     with pytest.raises(ImportError, match=r"TRL >=1.0,<2"):
         tc_trl.check_version("0.29.0")

@@ -51,6 +51,7 @@ from verl.trainer.ppo import ray_trainer  # noqa: E402
 import tokencredit.integrations.verl as tc_verl  # noqa: E402
 from tokencredit.errors import ConfigError  # noqa: E402
 from tokencredit.integrations import verl_actor  # noqa: E402
+from tokencredit.recipes import credit_needs  # noqa: E402
 
 ACTOR_ESTIMATORS = {  # estimator -> (credit method, the signals only the extension provides)
     "tc_delta": ("delta", ("hidden",)),
@@ -93,9 +94,9 @@ def test_switch_and_requests(monkeypatch):
     monkeypatch.setenv(verl_actor.SWITCH, "1")
     assert verl_actor.enabled()
     for name, (_, extra) in ACTOR_ESTIMATORS.items():
-        assert verl_actor.requested(tc_verl.estimator_spec(name).needs()) == extra
+        assert verl_actor.requested(credit_needs(tc_verl.estimator_spec(name))) == extra
     for name in ("tc_ktae", "tc_entropy_80_20", "tc_strace", "tc_grpo"):  # stock verl covers these
-        assert verl_actor.requested(tc_verl.estimator_spec(name).needs()) == ()
+        assert verl_actor.requested(credit_needs(tc_verl.estimator_spec(name))) == ()
 
 
 def test_version_mismatch_of_a_wrapped_method_is_refused():
@@ -395,7 +396,7 @@ def _child(out: Path, packed: bool) -> None:
         signals_verl = {k: step.batch[k].clone() for k in returned}
         step = ray_trainer.compute_advantage(step, adv_estimator=name, config=AlgoConfig(adv_estimator=name))
         adv = step.batch["advantages"]
-        needs = tc_verl.estimator_spec(name).needs()
+        needs = credit_needs(tc_verl.estimator_spec(name))
         want, signals = _core_advantages(tok, root, batch, scores, chats, method, needs)
         by_key = {verl_actor.BATCH_KEYS[s]: v for s, v in signals.items() if s in verl_actor.BATCH_KEYS}
         result[name] = {

@@ -69,7 +69,7 @@ def test_kl_estimators():
 def test_reinforce_is_minus_adv_logp():
     lp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
     m = torch.tensor([[1, 1], [1, 0]]).bool()
-    loss, _ = objectives.policy_loss(lp, None, torch.tensor([2.0, -1.0]), m, kernel="reinforce")
+    loss, _ = objectives.policy_loss(lp, None, torch.tensor([2.0, -1.0]), m, loss="reinforce")
     assert loss.item() == pytest.approx((2 * 1 + 2 * 2 + (-1) * 0.5) / 3)
     loss.backward()
     torch.testing.assert_close(lp.grad, torch.tensor([[-2 / 3, -2 / 3], [1 / 3, 0.0]]))

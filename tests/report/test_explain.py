@@ -15,17 +15,16 @@ from tokencredit import advantages, cli, diagnostics
 from tokencredit.batch import RolloutBatch
 from tokencredit.data.loaders import DataError
 from tokencredit.errors import ConfigError
-from tokencredit.recipes import RECIPES
-from tokencredit.report.effective import recipe_credit
+from tokencredit.recipes import RECIPES, token_credit
 from tokencredit.report.explain import (
     assemble_batch,
     explain_batch,
     load_jsonl,
     load_run_rollouts,
     make_groups,
-    resolve_methods,
 )
 from tokencredit.report.html import DIAGNOSTIC_COLUMNS, build_report, colour
+from tokencredit.report.methods import resolve_methods
 
 
 # ------------------------------------------------------------------------------------------ page parser
@@ -149,7 +148,7 @@ def test_token_colours_and_values_equal_the_cores_effective_credit(offline):
     for spec in specs:
         if spec.name == "arca":
             continue
-        eff = recipe_credit(spec.recipe, batch).effective
+        eff = token_credit(spec.recipe, batch).effective()
         for r in rows:
             n = int(batch.mask[r].sum())
             for t in range(n):
@@ -168,9 +167,9 @@ def test_diagnostics_equal_tokencredit_diagnostics(offline):
     for spec in specs:
         if spec.name == "arca":
             continue
-        rc = recipe_credit(spec.recipe, batch)
+        rc = token_credit(spec.recipe, batch)
         want = diagnostics.summary(
-            rc.effective[idx], batch.mask[idx], rc.seq_advantages[idx], batch.entropy[idx]
+            rc.effective()[idx], batch.mask[idx], rc.seq_advantages[idx], batch.entropy[idx]
         )
         for key, _, _ in DIAGNOSTIC_COLUMNS:
             assert float(page.diag[(spec.name, key)]) == pytest.approx(want[key], abs=1e-12)
@@ -186,7 +185,7 @@ def test_rank_correlations_equal_the_cores(offline):
     batch, _, specs, groups, _, _, page = offline
     idx = torch.tensor(shown_rows(groups))
     m = batch.mask[idx]
-    eff = {s.name: recipe_credit(s.recipe, batch).effective[idx] for s in specs if s.name != "arca"}
+    eff = {s.name: token_credit(s.recipe, batch).effective()[idx] for s in specs if s.name != "arca"}
     rho = diagnostics.rank_correlation(eff["ktae"], eff["delta"], m)
     value, n = page.corr[("ktae", "delta")]
     assert n == int(m.sum(-1).ge(2).sum()) and n > 0  # both vary on every response with >= 2 tokens
@@ -405,7 +404,7 @@ def test_cli_run_dir_reads_saved_signals(tmp_path, tiny_model_dir):
     batch = assemble_batch(groups)
     spec = resolve_methods(["strace"], run_recipe=json_recipe(run))[0]
     assert spec.recipe.kernel_params["lam"] == 0.9  # the run's overridden recipe
-    eff = recipe_credit(spec.recipe, batch).effective
+    eff = token_credit(spec.recipe, batch).effective()
     for (m, r, t), cell in page.tokens.items():
         if m == "strace":
             assert float(cell["a"]) == pytest.approx(float(eff[r, t]), abs=1e-6)

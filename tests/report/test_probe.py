@@ -13,7 +13,7 @@ from tokencredit.batch import RolloutBatch
 from tokencredit.data.synthetic import locate_first_error
 from tokencredit.errors import ConfigError
 from tokencredit.report import probe
-from tokencredit.report.explain import resolve_methods
+from tokencredit.report.methods import resolve_methods
 
 P = "Compute 47 + 38 - 19 + 6."
 REF = "47 + 38 = 85\n85 - 19 = 66\n66 + 6 = 72\nThe answer is \\boxed{72}."

@@ -17,7 +17,6 @@ masked positions, detaches, and refuses non-finite output.
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +25,10 @@ import torch
 from torch import Tensor
 
 from tokencredit.batch import SIGNALS, RolloutBatch
-from tokencredit.errors import ConfigError, closest
+from tokencredit.errors import ConfigError
+from tokencredit.registry import Registry, keyword_defaults
+
+__all__ = ["CREDIT_METHODS", "ConfigError", "CreditMethod", "compute", "get", "register", "uniform"]
 
 CreditFn = Callable[..., Tensor]
 
@@ -42,7 +44,7 @@ class CreditMethod:
     requires_lora: bool = False
 
 
-CREDIT_METHODS: dict[str, CreditMethod] = {}
+CREDIT_METHODS: Registry[CreditMethod] = Registry("credit method")
 
 
 def register(
@@ -59,40 +61,22 @@ def register(
         raise ValueError(f"credit method {name!r}: unknown signal(s) {unknown}; known: {sorted(SIGNALS)}")
 
     def deco(fn: CreditFn) -> CreditFn:
-        if name in CREDIT_METHODS:
-            raise ValueError(f"credit method {name!r} is already registered")
-        sig = inspect.signature(fn)
-        defaults = {
-            k: p.default
-            for k, p in list(sig.parameters.items())[2:]
-            if p.default is not inspect.Parameter.empty
-        }
-        doc = description or (inspect.getdoc(fn) or "").split("\n")[0]
-        CREDIT_METHODS[name] = CreditMethod(name, fn, frozenset(needs), defaults, paper, doc, requires_lora)
+        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
+        defaults = keyword_defaults(fn, skip=2)
+        CREDIT_METHODS.add(CreditMethod(name, fn, frozenset(needs), defaults, paper, doc, requires_lora))
         return fn
 
     return deco
 
 
 def get(name: str) -> CreditMethod:
-    try:
-        return CREDIT_METHODS[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown credit method {name!r}{closest(name, CREDIT_METHODS)}; registered: {', '.join(sorted(CREDIT_METHODS))}"
-        ) from None
+    return CREDIT_METHODS.get(name)
 
 
 def compute(name: str, batch: RolloutBatch, advantages: Tensor, **params: Any) -> Tensor:
     """Â[N,T] for method `name`: float32, detached, exactly 0 where `batch.mask` is False."""
     method = get(name)
-    unknown = sorted(set(params) - set(method.defaults))
-    if unknown:
-        bad = unknown[0]
-        raise ConfigError(
-            f"credit method {name!r} has no parameter {bad!r}{closest(bad, method.defaults)}; "
-            f"its parameters: {', '.join(sorted(method.defaults)) or '(none)'}"
-        )
+    CREDIT_METHODS.check_params(name, params)
     if tuple(advantages.shape) != (batch.num_rollouts,):
         raise ValueError(
             f"credit method {name!r}: advantages must have shape ({batch.num_rollouts},), got {tuple(advantages.shape)}"

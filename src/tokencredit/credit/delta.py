@@ -12,9 +12,10 @@ statistics):
     mu+ = sum_P w |A| v / sum_P w |A|,   mu- likewise over Q       (w = 1 at first)
     m_t = |v - mu-|^2 - |v - mu+|^2 on P,  |v - mu+|^2 - |v - mu-|^2 on Q
     gamma+/- = population std of m over P / Q (variance floored at 1e-8)
-    K refinements: w = sigmoid(m / gamma_side), new centroids, new margins; gamma is the std
-    of the margins at the start of each iteration (it lags one iteration)
-    c = lam_min + (lam_max - lam_min) sigmoid(m / gamma_side);  c = lam_min on Z
+    K refinements (the released code's disc_steps loop): gamma <- std(m_0); for k = 1..K:
+    w = sigmoid(m_{k-1} / gamma); gamma <- std(m_{k-1}); new centroids from w; m_k <- margins.
+    So the sigmoid of m_{k-1} uses the std of m_{k-2} (m_0 its own), and the final one std(m_{K-1}).
+    c = lam_min + (lam_max - lam_min) sigmoid(m_K / gamma_side);  c = lam_min on Z
     c~ = c * N_valid / sum c  (mean 1 over all valid tokens),   Â = A * c~
 
 Margins are affine in v: on P, m = 2 s h . (mu+ - mu-) + |mu-|^2 - |mu+|^2 (negated on Q),
@@ -257,11 +258,13 @@ def discriminate(
         centroids = [(mu_pos, mu_neg)]
         margins = _margins(hidden, s, valid_f, mu_pos, mu_neg, sides)
         initial = margins
+        # The released code's disc_steps loop (dp_actor.py::compute_log_prob_h): the sigmoid of
+        # margins m_{k-1} uses the temperature of m_{k-2} (m_0's own for k = 1); the temperature
+        # is then updated to std(m_{k-1}), which the next sigmoid (or the final one) uses.
         gammas = sides.temperatures(margins, valid_f)
-        for it in range(refine_iters):
-            if it > 0:
-                gammas = sides.temperatures(margins, valid_f)
+        for _ in range(refine_iters):
             sig = torch.sigmoid(margins / sides.row_gamma(gammas))
+            gammas = sides.temperatures(margins, valid_f)
             den_rows = (sig * valid_f).sum(1).to(torch.float64) * abs_adv[:, 0].to(torch.float64)
             mu_pos, mu_neg = _centroids(hidden, sig.mul_(base), den_rows, sides)
             centroids.append((mu_pos, mu_neg))

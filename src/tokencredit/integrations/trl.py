@@ -35,8 +35,10 @@ from torch import Tensor
 from tokencredit import advantages as adv_mod
 from tokencredit.batch import RolloutBatch
 from tokencredit.errors import ConfigError
-from tokencredit.integrations._common import CreditSpec, resolve, token_advantages
-from tokencredit.signals import compute_signals
+from tokencredit.integrations._common import ENGINE_KERNELS
+from tokencredit.models import special_token_ids
+from tokencredit.recipes import Recipe, credit_needs, resolve, token_credit
+from tokencredit.signals import compute_signals, negative_prompt_inputs
 
 try:
     import trl
@@ -93,7 +95,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         negative_prompt: NegativePromptFn | None = None,
         **kwargs: Any,
     ) -> None:
-        self.credit_spec: CreditSpec = resolve(credit, credit_params)
+        self.recipe: Recipe = resolve(credit, {"credit_params": dict(credit_params)} if credit_params else None)
         self._negative_prompt_fn = negative_prompt
         self._tc_rewards: Tensor | None = None
         self.last_credit: dict[str, Any] | None = None
@@ -102,14 +104,22 @@ class CreditGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ configuration
     def _check_compatible(self) -> None:
-        spec, args = self.credit_spec, self.args
-        if spec.kernel not in ("token", "gspo", "gspo-token", "reinforce"):
+        spec, args = self.recipe, self.args
+        # TRL's loss is PPO-clip; with one update per generation (TRL's default) it is on-policy, where
+        # its gradient equals REINFORCE's, so REINFORCE recipes (ARCA's family) train correctly too.
+        if spec.loss not in ("ppo-clip", "reinforce"):
+            raise ConfigError(
+                f"recipe {spec.name!r} uses the {spec.loss!r} policy loss, which TRL's GRPO loss does not have; "
+                "use tokencredit's own trainer"
+            )
+        if spec.uses_ratio and spec.kernel not in ENGINE_KERNELS:
             raise ConfigError(
                 f"recipe {spec.name!r} uses the {spec.kernel!r} ratio kernel, which TRL's GRPO loss does not have; "
                 "use the verl plugin (loss_mode tc_" + spec.kernel + ") or tokencredit's own trainer"
             )
         if (
-            spec.kernel in ("gspo", "gspo-token")
+            spec.uses_ratio
+            and spec.kernel in ("gspo", "gspo-token")
             and getattr(args, "importance_sampling_level", "token") != "sequence"
         ):
             raise ConfigError(
@@ -124,7 +134,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             raise ConfigError(
                 "the Liger fused GRPO loss takes (B,) advantages only; set use_liger_loss=False"
             )
-        if not spec.from_recipe and getattr(args, "scale_rewards", "group") not in _TRL_BASELINES:
+        if spec.kind == "method" and getattr(args, "scale_rewards", "group") not in _TRL_BASELINES:
             raise ConfigError(
                 f"unknown scale_rewards {args.scale_rewards!r}; expected one of {list(_TRL_BASELINES)}"
             )
@@ -135,11 +145,11 @@ class CreditGRPOTrainer(GRPOTrainer):
         tok = getattr(self, "_tokenizer", None)
         return tok if tok is not None else getattr(self.processing_class, "tokenizer", self.processing_class)
 
-    def _baseline(self) -> tuple[str | None, dict[str, Any] | None]:
-        """(estimator, params) for the core's group baseline: the recipe's, or TRL's normalisation."""
-        if self.credit_spec.from_recipe:
-            return None, None
-        return _TRL_BASELINES[self.args.scale_rewards], {"eps": _TRL_EPS}
+    def _engine_recipe(self) -> Recipe:
+        """The recipe with TRL's group normalisation when it is a credit method on its own."""
+        if self.recipe.kind != "method":
+            return self.recipe
+        return self.recipe.with_method_baseline(_TRL_BASELINES[self.args.scale_rewards], {"eps": _TRL_EPS})
 
     # ------------------------------------------------------------------ TRL hooks
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
@@ -197,14 +207,10 @@ class CreditGRPOTrainer(GRPOTrainer):
         group_ids = adv_mod.consecutive_group_ids(n_all, group_size, ids_all.device)  # TRL's RepeatSampler layout
 
         batch = RolloutBatch(ids_all, mask_all, group_ids, scores.float().to(ids_all.device), **signals_all)
-        advantage, params = self._baseline()
-        seq_adv, tok_adv = token_advantages(
-            self.credit_spec,
-            batch,
-            advantage=advantage,
-            advantage_params=params,
-            special_ids=getattr(self._text_tokenizer, "all_special_ids", None),
+        tc = token_credit(
+            self._engine_recipe(), batch, special_ids=special_token_ids(self._text_tokenizer)
         )
+        seq_adv, tok_adv = tc.seq_advantages, tc.token_advantages
         rows = slice(acc.process_index * n_local, (acc.process_index + 1) * n_local)
         local = tok_adv[rows, :t_local].to(device=ids.device, dtype=torch.float32).contiguous()
         self.last_credit = {
@@ -222,7 +228,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         self, inputs: list[dict[str, Any]], output: dict[str, Any], mask: Tensor
     ) -> dict[str, Tensor]:
         """The per-token signals the credit method needs for this process's rows, in one no-grad pass."""
-        needs = set(self.credit_spec.needs())
+        needs = set(credit_needs(self.recipe))
         if not needs:
             return {}
         if needs == {"old_log_probs"} and output.get("old_per_token_logps") is not None:
@@ -267,21 +273,9 @@ class CreditGRPOTrainer(GRPOTrainer):
             else p
             for p in prompts
         ]
-        tok = self._text_tokenizer
-        side = tok.padding_side
-        tok.padding_side = "left"
-        try:
-            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        finally:
-            tok.padding_side = side
-        device = output["completion_ids"].device
-        return {
-            "neg_sequences": torch.cat([enc["input_ids"].to(device), output["completion_ids"]], dim=1),
-            "neg_attention_mask": torch.cat(
-                [enc["attention_mask"].to(device), output["completion_mask"]], dim=1
-            ),
-            "neg_prompt_len": int(enc["input_ids"].shape[1]),
-        }
+        return negative_prompt_inputs(
+            self._text_tokenizer, texts, output["completion_ids"], output["completion_mask"], add_special_tokens=False
+        )
 
 
 def _replace_problem(prompt: Any, problem: str, replacement: str, index: int) -> Any:

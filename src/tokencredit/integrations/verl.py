@@ -63,16 +63,17 @@ from torch import Tensor
 from tokencredit import objectives
 from tokencredit.batch import RolloutBatch
 from tokencredit.errors import ConfigError, closest
-from tokencredit.integrations._common import (
-    ENGINE_KERNELS,
-    CreditSpec,
-    group_ids_from_labels,
+from tokencredit.integrations._common import ENGINE_KERNELS, group_ids_from_labels, slug
+from tokencredit.models import special_token_ids
+from tokencredit.recipes import (
+    RECIPES,
+    Recipe,
+    credit_needs,
     known_names,
     resolve,
-    slug,
-    token_advantages,
+    token_credit,
+    zero_outside,
 )
-from tokencredit.recipes import RECIPES
 
 try:
     import verl
@@ -133,7 +134,7 @@ SIGNAL_KEYS: dict[str, tuple[str, ...]] = {
     **{name: (key,) for name, key in verl_actor.BATCH_KEYS.items()},
 }
 
-ESTIMATORS: dict[str, CreditSpec] = {}  # verl estimator name -> resolved spec
+ESTIMATORS: dict[str, Recipe] = {}  # verl estimator name -> resolved recipe
 LOSSES: dict[str, tuple[str, dict[str, Any]]] = {}  # verl loss name -> (kernel, kernel params)
 
 
@@ -152,8 +153,7 @@ _LEGACY_SPECIAL_IDS: list[tuple[int, ...] | None] = [None]
 
 
 def _special_ids(tokenizer: Any) -> tuple[int, ...] | None:
-    ids = getattr(tokenizer, "all_special_ids", None)
-    return tuple(int(i) for i in ids) if ids else None
+    return special_token_ids(tokenizer) or None
 
 
 # ---------------------------------------------------------------------------------------------- batches
@@ -239,7 +239,13 @@ def _cfg(config: Any, key: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def _make_estimator(verl_name: str, spec: CreditSpec) -> Callable[..., tuple[Tensor, Tensor]]:
+def _uses_keep(recipe: Recipe) -> bool:
+    return recipe.uses_ratio and objectives.get_kernel(recipe.kernel).uses_keep
+
+
+def _make_estimator(verl_name: str, spec: Recipe) -> Callable[..., tuple[Tensor, Tensor]]:
+    needs = credit_needs(spec)
+
     def estimator(
         token_level_rewards: Tensor,
         response_mask: Tensor,
@@ -252,27 +258,23 @@ def _make_estimator(verl_name: str, spec: CreditSpec) -> Callable[..., tuple[Ten
         if data is None:
             raise ConfigError(
                 f"verl estimator {verl_name!r} needs the whole DataProto (response token ids"
-                f"{', ' + ', '.join(sorted(spec.needs())) if spec.needs() else ''}); tokencredit's compute_advantage "
+                f"{', ' + ', '.join(sorted(needs)) if needs else ''}); tokencredit's compute_advantage "
                 "hook passes it. The hook is installed when tokencredit.integrations.verl is imported "
                 "(VERL_USE_EXTERNAL_MODULES=tokencredit.integrations.verl) and covers verl's PPO trainers "
                 "(v1 and legacy); this call came from another code path"
             )
         ctx = _CONTEXT.get()
-        _fetch_missing(data, spec.needs(), ctx)
+        _fetch_missing(data, needs, ctx)
         batch = batch_from_dataproto(
-            data, spec.needs(), token_level_rewards=token_level_rewards, response_mask=response_mask,
+            data, needs, token_level_rewards=token_level_rewards, response_mask=response_mask,
             who=f"verl estimator {verl_name!r}",
         )  # fmt: skip
         special = ctx.special_ids if ctx is not None and ctx.special_ids else _LEGACY_SPECIAL_IDS[0]
-        advantage = params = None
-        if not spec.from_recipe:
-            # A bare credit method uses verl's own GRPO settings (eps 1e-6, norm_adv_by_std_in_grpo).
-            advantage = "grpo" if bool(_cfg(config, "norm_adv_by_std_in_grpo", True)) else "dr-grpo"
-            params = {}
-        _, tok = token_advantages(
-            spec, batch, advantage=advantage, advantage_params=params, special_ids=special, apply_keep=True
-        )
-        tok = tok.to(device=token_level_rewards.device)
+        # A credit method on its own uses verl's own GRPO settings (eps 1e-6, norm_adv_by_std_in_grpo).
+        baseline = "grpo" if bool(_cfg(config, "norm_adv_by_std_in_grpo", True)) else "dr-grpo"
+        tc = token_credit(spec.with_method_baseline(baseline), batch, special_ids=special)
+        # The kept set (S-trace) travels to the paired loss in the advantages: 0 outside it.
+        tok = zero_outside(tc.token_advantages, tc.keep).to(device=token_level_rewards.device)
         return tok, tok.clone()
 
     estimator.__name__ = f"tokencredit_{slug(verl_name)}"
@@ -320,13 +322,11 @@ def register_estimator(
     in VERL_USE_EXTERNAL_MODULES for variants, e.g. register_estimator("tc_ktae_top05", "ktae",
     credit_params={"top": 0.5}).
     """
-    spec = resolve(credit, credit_params)
-    if kernel is not None:
-        if kernel != "reinforce":
-            objectives.get_kernel(kernel)  # unknown kernel: a clear error now, not at the first step
-        spec = replace(spec, kernel=kernel, kernel_params=dict(kernel_params or {}))
+    spec = resolve(credit, {"credit_params": dict(credit_params)} if credit_params else None)
+    if kernel is not None:  # a new kernel starts from its own defaults, not the old kernel's parameters
+        spec = resolve(replace(spec, kernel=kernel, kernel_params=dict(kernel_params or {})))
     elif kernel_params:
-        spec = replace(spec, kernel_params={**spec.kernel_params, **kernel_params})
+        spec = resolve(spec, {"kernel_params": dict(kernel_params)})
     fn = _make_estimator(verl_name, spec)
     existing = core_algos.ADV_ESTIMATOR_REGISTRY.get(verl_name)
     if existing is not None and getattr(existing, "tokencredit_spec", None) is not None:
@@ -340,8 +340,10 @@ def register_estimator(
 def _make_loss(
     verl_name: str, kernel: str, kernel_params: Mapping[str, Any]
 ) -> Callable[..., tuple[Tensor, dict]]:
-    uses_keep = objectives.get_kernel(kernel).uses_keep
-    params = {k: v for k, v in kernel_params.items() if k not in ("keep_ratio", "scope")}
+    k = objectives.get_kernel(kernel)
+    uses_keep = k.uses_keep
+    prepared_by_estimator = k.prepare.defaults if k.prepare is not None else {}
+    params = {n: v for n, v in objectives.kernel_parameters(kernel, kernel_params).items() if n not in prepared_by_estimator}
 
     def policy_loss(
         old_log_prob: Tensor,
@@ -427,7 +429,7 @@ def _check_pairing(config: Any) -> None:
     if loss_mode not in LOSSES or not objectives.get_kernel(LOSSES[loss_mode][0]).uses_keep:
         return
     spec = ESTIMATORS.get(getattr(estimator, "value", estimator))
-    if spec is None or spec.keep_params is None:
+    if spec is None or not _uses_keep(spec):
         raise ConfigError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} trains only the kept (high-entropy) token "
             f"set, which it reads from the advantages; algorithm.adv_estimator={estimator} does not provide it. "
@@ -482,7 +484,7 @@ def _actor_request(config: Any) -> tuple[str, ...]:
     except (AttributeError, KeyError):
         return ()
     spec = ESTIMATORS.get(getattr(name, "value", name))
-    return verl_actor.requested(spec.needs()) if spec is not None else ()
+    return verl_actor.requested(credit_needs(spec)) if spec is not None else ()
 
 
 def _wrap_legacy_old_log_prob(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -642,8 +644,8 @@ def _register_all() -> None:
         register_loss(f"tc_{slug(kernel)}", kernel, **params)
 
 
-def estimator_spec(verl_name: str) -> CreditSpec:
-    """The resolved spec behind a registered tc_ estimator (for docs and tests)."""
+def estimator_spec(verl_name: str) -> Recipe:
+    """The resolved recipe behind a registered tc_ estimator (for docs and tests)."""
     try:
         return ESTIMATORS[verl_name]
     except KeyError:

@@ -1,8 +1,13 @@
-"""Policy objectives: ratio kernels, clipping, aggregation, KL, metrics.
+"""Policy objectives: ratio kernels, losses, KL, aggregation, and the effective credit they give.
 
-`ppo` holds the per-token / GSPO / REINFORCE kernels, PPO-clip, KL and aggregation;
-`traces` holds the eligibility-trace kernels (P-trace, S-trace; a reconstruction, see there).
+`kernels` (per-token, GSPO) and `traces` (P-trace, S-trace; a reconstruction, see there) map
+log-ratios to log importance weights; `losses` holds the registered losses (PPO-clip, REINFORCE);
+`policy` composes them into `policy_loss`; `effective` measures the per-token gradient weight an
+objective gives each token at the on-policy point.
 """
 
-from tokencredit.objectives.ppo import *  # noqa: F401,F403
+from tokencredit.objectives.effective import *  # noqa: F401,F403
+from tokencredit.objectives.kernels import *  # noqa: F401,F403
+from tokencredit.objectives.losses import *  # noqa: F401,F403
+from tokencredit.objectives.policy import *  # noqa: F401,F403
 from tokencredit.objectives.traces import *  # noqa: F401,F403

@@ -34,10 +34,12 @@ import math
 import torch
 from torch import Tensor
 
+from tokencredit.batch import RolloutBatch
+from tokencredit.credit.entropy import top_entropy_mask
 from tokencredit.errors import ConfigError
-from tokencredit.objectives.ppo import register_kernel
+from tokencredit.objectives.kernels import Preparation, needs_keep, register_kernel
 
-__all__ = ["DECAYS", "causal_decay_filter", "trace_log_weights"]
+__all__ = ["DECAYS", "KEPT_SET", "causal_decay_filter", "kept_set", "trace_log_weights"]
 
 DECAYS = ("kept", "position")
 _CHUNK = 128
@@ -157,42 +159,29 @@ def _geometric_sum(clock: Tensor, lam: float, dtype: torch.dtype) -> Tensor:
     return (torch.expm1(c * log_lam) / math.expm1(log_lam)).to(dtype)
 
 
-def _needs_keep(kernel: str, keep: Tensor | None) -> Tensor:
-    if keep is None:
-        raise ConfigError(
-            f"ratio kernel {kernel!r} needs the kept-token mask `keep` (e.g. "
-            "tokencredit.credit.entropy.top_entropy_mask(entropy, mask, keep_ratio))"
-        )
-    return keep
+def kept_set(batch: RolloutBatch, keep_ratio: float = 0.2, scope: str = "batch") -> dict[str, Tensor]:
+    """S-trace's kept set: the top-`keep_ratio` old-policy entropy tokens (as the 80/20 rule), detached."""
+    return {"keep": top_entropy_mask(batch.entropy, batch.mask, keep_ratio, scope)}
+
+
+KEPT_SET = Preparation(kept_set, needs=frozenset({"entropy"}), provides=frozenset({"keep"}))
 
 
 @register_kernel("ptrace")
-def _ptrace_kernel(
-    log_ratio: Tensor, mask: Tensor, *, lam: float = 0.95, decay: str = "kept", **_: object
-) -> Tensor:
+def _ptrace_kernel(log_ratio: Tensor, mask: Tensor, lam: float = 0.95, decay: str = "kept") -> Tensor:
     """P-trace (our reconstruction of Mou et al. 2026): normalised causal trace over all valid tokens."""
     return trace_log_weights(log_ratio, mask, lam, normalized=True, keep=None, decay=decay)
 
 
 @register_kernel("accumulating")
-def _accumulating_kernel(
-    log_ratio: Tensor, mask: Tensor, *, lam: float = 0.95, decay: str = "kept", **_: object
-) -> Tensor:
+def _accumulating_kernel(log_ratio: Tensor, mask: Tensor, lam: float = 0.95, decay: str = "kept") -> Tensor:
     """Accumulating trace z_t = lam z_{t-1} + l_t over all valid tokens (no trust-region property)."""
     return trace_log_weights(log_ratio, mask, lam, normalized=False, keep=None, decay=decay)
 
 
-@register_kernel("strace", needs=("entropy",), uses_keep=True)
+@register_kernel("strace", prepare=KEPT_SET)
 def _strace_kernel(
-    log_ratio: Tensor,
-    mask: Tensor,
-    *,
-    lam: float = 0.95,
-    keep: Tensor | None = None,
-    decay: str = "kept",
-    **_: object,
+    log_ratio: Tensor, mask: Tensor, lam: float = 0.95, keep: Tensor | None = None, decay: str = "kept"
 ) -> Tensor:
     """S-trace (our reconstruction of Mou et al. 2026): the P-trace over the kept (high-entropy) tokens."""
-    return trace_log_weights(
-        log_ratio, mask, lam, normalized=True, keep=_needs_keep("strace", keep), decay=decay
-    )
+    return trace_log_weights(log_ratio, mask, lam, normalized=True, keep=needs_keep("strace", keep), decay=decay)

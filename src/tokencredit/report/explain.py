@@ -15,7 +15,7 @@ Methods are credit-method names (`tokencredit.credit.CREDIT_METHODS`, shown with
 group estimator) or recipe names (`tokencredit.recipes.RECIPES`, each with its own estimator,
 credit method and ratio kernel); ``credit:NAME`` / ``recipe:NAME`` choose when a name is both
 (a bare name that is both is taken as the credit method). What is shown for every method is its
-effective credit (`tokencredit.report.effective`): the per-token gradient weight at ratio 1,
+effective credit (`tokencredit.objectives.effective`): the per-token gradient weight at ratio 1,
 which is Â itself for per-token kernels and the kernel's on-policy credit for GSPO, P-trace and
 S-trace. A method whose signals cannot be had (e.g. ARCA without a LoRA adapter) is skipped with
 a note on the page; the rest of the report is still written.
@@ -40,7 +40,9 @@ from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
 from tokencredit.errors import ConfigError, closest
+from tokencredit.models import special_token_ids
 from tokencredit.report.html import GroupView, MethodView, ReportData, ResponseView, build_report
+from tokencredit.report.methods import MethodSpec, method_credit, needed_signals, resolve_methods
 
 if TYPE_CHECKING:
     from tokencredit.recipes import Recipe
@@ -68,102 +70,6 @@ DEFAULT_METHODS = "ktae,delta,strace,arca,uniform"
 _LORA_SIGNALS = ("base_hidden", "base_log_probs")
 _DISPLAY_SIGNALS = ("entropy", "old_log_probs")
 _STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
-
-
-# ============================================================================ methods
-@dataclass(frozen=True)
-class MethodSpec:
-    """One column: a display name, the recipe that defines it, and whether it was named as a credit method."""
-
-    name: str
-    recipe: Any  # tokencredit.recipes.Recipe
-    kind: str  # "credit" or "recipe"
-
-    @property
-    def label(self) -> str:
-        r = self.recipe
-        if self.kind == "credit":
-            return f"credit method, A: {r.advantage}"
-        if r.kernel in ("token", "reinforce", "gspo-token"):
-            return f"recipe: {r.credit} Â, A: {r.advantage}"
-        return f"recipe: {r.kernel} kernel on {r.credit} Â, on-policy"
-
-    @property
-    def description(self) -> str:
-        from tokencredit import credit
-
-        r = self.recipe
-        if self.kind == "credit":
-            m = credit.get(r.credit)
-            text = f"{m.description} [{m.paper}]" if m.paper else m.description
-        else:
-            text = f"{r.paper}. {r.notes}. Kernel {r.kernel} {r.kernel_params or ''}".strip()
-        return f"{text}. Sequence advantage A: {r.advantage}"
-
-
-def resolve_methods(
-    names: Sequence[str],
-    *,
-    advantage: str = "grpo",
-    advantage_params: Mapping[str, Any] | None = None,
-    run_recipe: Any = None,
-) -> list[MethodSpec]:
-    """MethodSpecs for `names` (credit methods first, then recipes; "credit:"/"recipe:" prefixes force one).
-
-    A credit method gets the estimator `advantage` (the run's, by default) and its default
-    hyperparameters, or the run recipe's credit_params when the run trained with that method. A
-    recipe named like the run's recipe is the run's resolved recipe (with its overrides).
-    """
-    from tokencredit.credit import CREDIT_METHODS
-    from tokencredit.recipes import RECIPES, Recipe
-
-    specs: list[MethodSpec] = []
-    seen: set[str] = set()
-    for raw in names:
-        name = raw.strip()
-        if not name:
-            continue
-        kind = None
-        if ":" in name:
-            kind, _, name = name.partition(":")
-            if kind not in ("credit", "recipe"):
-                raise ConfigError(
-                    f"--methods: unknown prefix {kind!r} in {raw!r}; use credit:NAME or recipe:NAME"
-                )
-        if kind is None:
-            kind = "credit" if name in CREDIT_METHODS else ("recipe" if name in RECIPES else None)
-        if kind == "credit" and name in CREDIT_METHODS:
-            params = (
-                dict(run_recipe.credit_params) if run_recipe is not None and run_recipe.credit == name else {}
-            )
-            recipe = Recipe(
-                name=name,
-                paper=CREDIT_METHODS[name].paper,
-                advantage=advantage,
-                advantage_params=dict(advantage_params or {}),
-                credit=name,
-                credit_params=params,
-            )
-        elif kind == "recipe" and name in RECIPES:
-            recipe = run_recipe if run_recipe is not None and run_recipe.name == name else RECIPES[name]
-        else:
-            pool = (
-                CREDIT_METHODS
-                if kind == "credit"
-                else (RECIPES if kind == "recipe" else {**CREDIT_METHODS, **RECIPES})
-            )
-            raise ConfigError(
-                f"--methods: unknown method {name!r}{closest(name, pool)}; credit methods: "
-                f"{', '.join(sorted(CREDIT_METHODS))}; recipes: {', '.join(RECIPES)}"
-            )
-        display = raw.strip() if ":" in raw else name
-        if display in seen:
-            continue
-        seen.add(display)
-        specs.append(MethodSpec(display, recipe, kind))
-    if not specs:
-        raise ConfigError("--methods: no method named")
-    return specs
 
 
 # ============================================================================ inputs
@@ -529,50 +435,44 @@ def explain_batch(
     subtitle: str = "",
     notes: Sequence[str] = (),
     unavailable: Mapping[str, str] | None = None,
+    special_ids: Sequence[int] | None = None,
+    credits: dict[str, Any] | None = None,
 ) -> ReportData:
     """The report structure: every method's effective credit on `batch`, diagnostics and correlations on the shown rows.
 
-    Credit is computed on the whole batch (batch-level statistics as in training); the
+    Credit is computed on the whole batch (batch-level statistics as in training) by the one
+    pipeline, `tokencredit.recipes.token_credit`, with the tokenizer's `special_ids`; the
     diagnostics (`tokencredit.diagnostics.summary`, per-response Gini) and the rank correlations
     use the rows of `groups`. `unavailable` maps a signal name to why it could not be had; a
     method needing it (or failing with a configuration/data error) is skipped with that note.
+    `credits`, when given, receives each computed method's `TokenCredit` by name.
     """
     from tokencredit import diagnostics as dg
-    from tokencredit.batch import BatchValidationError
-    from tokencredit.report.effective import effective_needs, recipe_credit
 
-    unavailable = dict(unavailable or {})
     rows = [r.row for g in groups for r in g.responses]
     idx = torch.tensor(rows, dtype=torch.int64, device=batch.mask.device)
     mask = batch.mask[idx]
     entropy = batch.entropy[idx] if batch.entropy is not None else None
     views: list[MethodView] = []
-    credits: dict[str, Tensor] = {}
+    shown: dict[str, Tensor] = {}
     for spec in methods:
         view = MethodView(spec.name, spec.label, spec.description)
-        try:
-            needs = effective_needs(spec.recipe)
-        except ConfigError as e:
-            view.note = str(e)
-            views.append(view)
-            continue
-        missing = sorted(needs - batch.available_signals())
-        if missing:
-            view.note = "; ".join(
-                f"missing signal {s}: {unavailable.get(s, 'not in the input')}" for s in missing
-            )
-            views.append(view)
+        views.append(view)
+        got = method_credit(spec, batch, special_ids=special_ids, unavailable=unavailable)
+        if got.credit is None:
+            view.note = got.reason
             continue
         try:
-            rc = recipe_credit(spec.recipe, batch)
-        except (ConfigError, BatchValidationError, ValueError, FloatingPointError) as e:
+            effective = got.credit.effective()
+        except (ConfigError, ValueError, FloatingPointError) as e:
             view.note = f"{type(e).__name__}: {e}"
-            views.append(view)
             continue
-        eff = rc.effective[idx].cpu()
-        seq = rc.seq_advantages[idx].cpu()
+        if credits is not None:
+            credits[spec.name] = got.credit
+        eff = effective[idx].cpu()
+        seq = got.credit.seq_advantages[idx].cpu()
         m_cpu = mask.cpu()
-        credits[spec.name] = eff
+        shown[spec.name] = eff
         view.credit = {r: eff[k, : int(m_cpu[k].sum())].tolist() for k, r in enumerate(rows)}
         view.seq_advantages = {r: float(seq[k]) for k, r in enumerate(rows)}
         w = dg.credit_weights(eff, m_cpu)
@@ -583,15 +483,14 @@ def explain_batch(
         view.diagnostics = dict(summ)
         peak = float(eff[m_cpu].abs().max()) if bool(m_cpu.any()) else 0.0
         view.scale = peak if peak > 0 else 1.0
-        views.append(view)
 
     correlations: dict[tuple[str, str], tuple[float | None, int]] = {}
-    names = list(credits)
+    names = list(shown)
     m_cpu = mask.cpu()
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
-            rho = dg.rank_correlation(credits[a], credits[b], m_cpu)
-            ok = _varying(credits[a], m_cpu) & _varying(credits[b], m_cpu)
+            rho = dg.rank_correlation(shown[a], shown[b], m_cpu)
+            ok = _varying(shown[a], m_cpu) & _varying(shown[b], m_cpu)
             value = float(rho[ok].mean()) if bool(ok.any()) else None
             correlations[(a, b)] = correlations[(b, a)] = (value, int(ok.sum()))
     return ReportData(
@@ -681,18 +580,10 @@ def recompute_signals(
     if "neg_log_probs" in needs:
         from tokencredit.credit.gcpo import negative_prompt
         from tokencredit.data.templates import render
+        from tokencredit.signals import negative_prompt_inputs
 
-        n_rows = [
-            _bos_aware_ids(tokenizer, render(template, negative_prompt(g.problem), tokenizer))  # type: ignore[arg-type]
-            for g in groups
-            for _ in g.completions
-        ]
-        n_ids, n_att = _padded(n_rows, pad, torch.int64, left=True)
-        neg = {
-            "neg_sequences": torch.cat([n_ids, resp.cpu()], 1).to(device),
-            "neg_attention_mask": torch.cat([n_att.long(), batch.mask.long().cpu()], 1).to(device),
-            "neg_prompt_len": int(n_ids.shape[1]),
-        }
+        texts = [render(template, negative_prompt(g.problem), tokenizer) for g in groups for _ in g.completions]  # type: ignore[arg-type]
+        neg = negative_prompt_inputs(tokenizer, texts, resp.to(device), batch.mask.to(device))
     return compute_signals(
         model,
         seq,
@@ -766,17 +657,19 @@ def run_recipe(run_dir: Path, cfg: TrainConfig) -> Recipe:
 
     ConfigError when recipe.json does not hold a recipe.
     """
-    from tokencredit.recipes import Recipe
+
+    from tokencredit.recipes import from_dict, resolve
 
     rpath = run_dir / "recipe.json"
     if not rpath.is_file():
-        from tokencredit.train.trainer import resolve_recipe
-
-        return resolve_recipe(cfg)
+        return resolve(cfg.algo.recipe, cfg.algo.overrides)
     try:
-        return Recipe(**json.loads(rpath.read_text()))
-    except (TypeError, json.JSONDecodeError) as e:
+        data = json.loads(rpath.read_text())
+    except json.JSONDecodeError as e:
         raise ConfigError(f"{rpath}: not a recipe ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{rpath}: not a recipe (a JSON object is expected)")
+    return from_dict(data, str(rpath))
 
 
 def _read_inputs(args: argparse.Namespace) -> _Inputs:
@@ -895,7 +788,6 @@ def _batch_with_signals(
 
 def run(args: argparse.Namespace) -> int:
     from tokencredit import advantages
-    from tokencredit.report.effective import effective_needs
 
     if (args.run_dir is None) == (args.jsonl is None):
         raise ConfigError("give either a RUN_DIR or --jsonl FILE (with --model PATH)")
@@ -919,12 +811,7 @@ def run(args: argparse.Namespace) -> int:
         advantage_params=inp.advantage_params,
         run_recipe=inp.recipe,
     )
-    needs: set[str] = set()
-    for s in specs:
-        try:
-            needs |= effective_needs(s.recipe)
-        except ConfigError:
-            pass  # an unknown kernel: explain_batch skips that method with the error as its note
+    needs = needed_signals(specs)
     notes = list(inp.notes)
     batch, tokenizer, unavailable = _batch_with_signals(args, inp, needs, notes)
 
@@ -940,7 +827,7 @@ def run(args: argparse.Namespace) -> int:
         special=special,
         groups=args.groups,
     )
-    if any(s.kind == "recipe" and s.recipe.kernel not in ("token", "reinforce", "gspo-token") for s in specs):
+    if any(not s.recipe.per_token for s in specs):
         notes.append(
             "recipes with a sequence or trace ratio kernel (gspo, ptrace, strace) show their on-policy credit "
             "Â_eff = −n·∂L/∂log π at ratio 1, token-mean (P-/S-trace: a reconstruction from the paper's abstract)"
@@ -958,6 +845,7 @@ def run(args: argparse.Namespace) -> int:
         subtitle=inp.source,
         notes=notes,
         unavailable=unavailable,
+        special_ids=special_token_ids(tokenizer),
     )
     inp.out.parent.mkdir(parents=True, exist_ok=True)
     inp.out.write_text(build_report(data), encoding="utf-8")

@@ -30,7 +30,7 @@ rank = a + (e + 1) / 2. Uniform credit is therefore exactly at chance, hit@k = m
 Two baselines are shown for every point: "random" (i.i.d. N(0, 1) credit per token, averaged
 over ``--random-draws`` draws) and "uniform" (one value per rollout).
 
-Credit is the *effective* credit of each method (`tokencredit.report.effective`): the per-token
+Credit is the *effective* credit of each method (`tokencredit.objectives.effective`): the per-token
 gradient weight of the recipe's objective at ratio 1, which is Â itself for per-token kernels
 and the on-policy credit of the sequence / trace kernels (GSPO, P-trace, S-trace; the traces
 are our reconstruction of Mou et al. 2026, see `tokencredit.objectives.traces`). Methods that
@@ -62,6 +62,8 @@ from torch import Tensor
 from tokencredit.batch import RolloutBatch
 from tokencredit.data.synthetic import LABELS, check, label_chars, locate_first_error
 from tokencredit.errors import ConfigError
+from tokencredit.models import special_token_ids
+from tokencredit.report.methods import NA_LORA, method_credit, needed_signals, resolve_methods
 
 __all__ = [
     "DEFAULT_KS",
@@ -99,7 +101,6 @@ DEFAULT_KS: tuple[int, ...] = (1, 3, 10)
 DEFAULT_RTOL = 1e-6
 _LABEL_CODE = {name: i for i, name in enumerate(LABELS)}
 _CKPT_FILE = re.compile(r"^step_(\d+)\.pt$")
-NA_LORA = "n/a (needs a LoRA-trained model)"
 
 
 # ============================================================================ metrics (pure)
@@ -521,41 +522,27 @@ def probe_batch(
     ks: Sequence[int] = DEFAULT_KS,
     lora: bool = False,
     unavailable: Mapping[str, str] | None = None,
+    special_ids: Sequence[int] | None = None,
+    credits: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """{method name: result} for `specs` (`tokencredit.report.explain.MethodSpec`) on one batch.
+    """{method name: result} for `specs` (`tokencredit.report.methods.MethodSpec`) on one batch.
 
-    Each result has "status": "ok" with `score_credit`'s numbers on the method's effective credit,
-    or "n/a" with a "reason" (a LoRA method without an adapter, a missing signal, or the error the
-    method raised on this batch).
+    Credit comes from the one pipeline, `tokencredit.recipes.token_credit`, with the tokenizer's
+    `special_ids`. Each result has "status": "ok" with `score_credit`'s numbers on the method's
+    effective credit, or "n/a" with a "reason" (a LoRA method without an adapter, a missing
+    signal, or the error the method raised on this batch). `credits`, when given, receives each
+    computed method's `TokenCredit` by name.
     """
-    from tokencredit import credit
-    from tokencredit.batch import BatchValidationError
-    from tokencredit.report.effective import effective_needs, recipe_credit
-
-    unavailable = dict(unavailable or {})
     out: dict[str, dict[str, Any]] = {}
     for spec in specs:
         base = {"kind": spec.kind, "label": spec.label}
-        try:
-            method = credit.get(spec.recipe.credit)
-            needs = effective_needs(spec.recipe)
-        except ConfigError as e:
-            out[spec.name] = {**base, "status": "n/a", "reason": str(e)}
+        got = method_credit(spec, batch, special_ids=special_ids, lora=lora, unavailable=unavailable)
+        if got.credit is None:
+            out[spec.name] = {**base, "status": "n/a", "reason": got.reason}
             continue
-        if method.requires_lora and not lora:
-            out[spec.name] = {**base, "status": "n/a", "reason": NA_LORA}
-            continue
-        missing = sorted(needs - batch.available_signals())
-        if missing:
-            why = "; ".join(f"signal {s} unavailable: {unavailable.get(s, 'not computed')}" for s in missing)
-            out[spec.name] = {**base, "status": "n/a", "reason": why}
-            continue
-        try:
-            rc = recipe_credit(spec.recipe, batch)
-        except (ConfigError, BatchValidationError, ValueError, FloatingPointError) as e:
-            out[spec.name] = {**base, "status": "n/a", "reason": f"{type(e).__name__}: {e}"}
-            continue
-        out[spec.name] = {**base, "status": "ok", **score_credit(rc.effective, truth, ks)}
+        if credits is not None:
+            credits[spec.name] = got.credit
+        out[spec.name] = {**base, "status": "ok", **score_credit(got.credit.effective(), truth, ks)}
     return out
 
 
@@ -632,22 +619,13 @@ def _sample(model: Any, tokenizer: Any, problems: Sequence[Any], cfg: ProbeConfi
 def _negative_prompt_inputs(
     tokenizer: Any, rows: Sequence[Any], ro: Any, template: str, device: Any
 ) -> dict[str, Any]:
-    """GCPO's negative-prompt sequences, tokenised as the trainer does (`Trainer._negative_prompts`)."""
+    """GCPO's negative-prompt sequences, built as the trainer builds them."""
     from tokencredit.credit.gcpo import negative_prompt
     from tokencredit.data.templates import render
+    from tokencredit.signals import negative_prompt_inputs
 
     texts = [render(template, negative_prompt(p.problem), tokenizer) for p in rows]
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    finally:
-        tokenizer.padding_side = side
-    return {
-        "neg_sequences": torch.cat([enc["input_ids"], ro.response_ids], 1).to(device),
-        "neg_attention_mask": torch.cat([enc["attention_mask"], ro.response_mask.long()], 1).to(device),
-        "neg_prompt_len": int(enc["input_ids"].shape[1]),
-    }
+    return negative_prompt_inputs(tokenizer, texts, ro.response_ids.to(device), ro.response_mask.to(device))
 
 
 def probe_model(
@@ -661,21 +639,12 @@ def probe_model(
     """Sample `cfg.groups` x `cfg.group_size` rollouts of held-out synthetic problems with `model`,
     compute every method's credit on them (signals in one pass) and score it; returns the point's
     result: {"rollouts": summary, "methods": {...}, "baselines": {...}}."""
-    from tokencredit import credit
     from tokencredit.data.synthetic import ArithmeticTask
-    from tokencredit.report.effective import effective_needs
     from tokencredit.signals import compute_signals, has_lora_adapter
 
     say = log or (lambda _msg: None)
     lora = has_lora_adapter(model)
-    needs: set[str] = set()
-    for s in specs:
-        try:
-            if credit.get(s.recipe.credit).requires_lora and not lora:
-                continue
-            needs |= effective_needs(s.recipe)
-        except ConfigError:
-            continue  # probe_batch reports the unknown name for that method
+    needs = needed_signals(specs, lora=lora)
     task_kw = {} if cfg.operand_digits is None else {"operand_digits": cfg.operand_digits}
     task = ArithmeticTask(difficulty=cfg.difficulty, digits=cfg.digits, seed=cfg.seed, **task_kw)
     problems = task.sample(cfg.groups, "heldout")
@@ -715,7 +684,7 @@ def probe_model(
     say("scoring credit ...")
     return {
         "rollouts": rollout_summary(truth, truths),
-        "methods": probe_batch(batch, truth, specs, ks=cfg.ks, lora=lora),
+        "methods": probe_batch(batch, truth, specs, ks=cfg.ks, lora=lora, special_ids=special_token_ids(tokenizer)),
         "baselines": score_baselines(truth, cfg.ks, draws=cfg.random_draws, seed=cfg.seed),
     }
 
@@ -1143,7 +1112,6 @@ def _jsonable(x: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from tokencredit.report.explain import resolve_methods
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)

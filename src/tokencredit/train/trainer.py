@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tokencredit import advantages, credit, diagnostics, objectives
+from tokencredit import diagnostics, objectives, recipes
 from tokencredit.batch import BatchValidationError, RolloutBatch
 from tokencredit.errors import ConfigError, TrainingError  # TrainingError: also imported from here
-from tokencredit.recipes import Recipe, get_recipe, kernel_arguments, recipe_needs, requires_lora
+from tokencredit.recipes import Recipe, TokenCredit, recipe_needs, requires_lora
 from tokencredit.rewards.custom import RewardError
 from tokencredit.rollout import PromptResponseLayout
 from tokencredit.train import checkpoint as ckpt
@@ -31,13 +31,8 @@ from tokencredit.train.config import TrainConfig, dump_toml, validate_config
 
 
 def resolve_recipe(cfg: TrainConfig) -> Recipe:
-    """The configured recipe with `algo.overrides` applied (dict fields are merged, not replaced)."""
-    recipe = get_recipe(cfg.algo.recipe)
-    changes: dict[str, Any] = {}
-    for key, value in cfg.algo.overrides.items():
-        current = getattr(recipe, key, None)
-        changes[key] = {**current, **value} if isinstance(current, dict) and isinstance(value, dict) else value
-    return recipe.with_overrides(**changes) if changes else recipe
+    """The configured recipe with `algo.overrides` applied (dict fields are merged, not replaced), validated."""
+    return recipes.resolve(cfg.algo.recipe, cfg.algo.overrides)
 
 
 def add_lora(model: torch.nn.Module, mcfg: Any) -> torch.nn.Module:
@@ -154,6 +149,7 @@ class Trainer:
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.needs = set(recipe_needs(self.recipe)) | {"entropy"}  # entropy is logged every step (same pass)
+        self.special_ids = models.special_token_ids(self.tokenizer)
         self.fused_old = self._can_fuse_old_pass()
         self.ref_model = None
         if "ref_log_probs" in self.needs and cfg.model.lora_rank <= 0:
@@ -197,10 +193,9 @@ class Trainer:
         forward differ from the eval-mode one.
         """
         o, r = self.cfg.optim, self.recipe
-        if not (o.reuse_training_forward and o.ppo_epochs == 1 and o.mini_batches == 1) or r.kernel == "reinforce":
+        if not (o.reuse_training_forward and o.ppo_epochs == 1 and o.mini_batches == 1) or not r.uses_ratio:
             return False
-        before = set(credit.get(r.credit).needs) | set(objectives.get_kernel(r.kernel).needs)
-        if before & {"old_log_probs", "entropy", "hidden"}:
+        if recipes.credit_needs(r) & {"old_log_probs", "entropy", "hidden"}:
             return False
         dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
         return not (dropout or getattr(getattr(self.model, "config", None), "attention_dropout", 0.0))
@@ -305,7 +300,7 @@ class Trainer:
         hi = torch.full((n,), float("-inf")).scatter_reduce(0, inv, ro.scores, "amax")
         return (hi > lo)[inv]
 
-    def step(self, step: int) -> tuple[dict[str, Any], StepRollouts, RolloutBatch, Tensor]:
+    def step(self, step: int) -> tuple[dict[str, Any], StepRollouts, RolloutBatch, TokenCredit]:
         from tokencredit.signals import compute_signals, token_log_probs
 
         t0 = time.perf_counter()
@@ -320,7 +315,6 @@ class Trainer:
         r, P, dev = self.recipe, ro.prompt_ids.shape[1], self.device
         seq, attn = ro.sequences.to(dev), ro.attention_mask.to(dev)
         mask = ro.response_mask.to(dev)
-        seq_adv = advantages.compute(r.advantage, ro.scores, ro.group_ids, **r.advantage_params).to(dev)
         neg = self._negative_prompts(ro) if "neg_log_probs" in self.needs else {}
         fused = self.fused_old  # old_log_probs + entropy come from the training forward below
         sig = compute_signals(
@@ -332,14 +326,7 @@ class Trainer:
             token_ids=ro.response_ids.to(dev), mask=mask, group_ids=ro.group_ids.to(dev), scores=ro.scores.to(dev),
             truncated=ro.truncated.to(dev), **sig,
         )  # fmt: skip
-        adv_hat = credit.compute(r.credit, batch, seq_adv, **r.credit_params)
-        kargs = kernel_arguments(r, batch) if r.kernel != "reinforce" else {}
-        loss_rows = ~batch.truncated if r.mask_truncated else torch.ones(n, dtype=torch.bool, device=dev)
-        lmask = mask & loss_rows[:, None]
-        if "keep" in kargs:
-            lmask_tokens = lmask & kargs["keep"]
-        else:
-            lmask_tokens = lmask
+        tc = self.credit(batch)
         t_sig = time.perf_counter() - t0 - t_gen
 
         # ---- PPO updates: epochs x mini-batches, each an optimizer step over micro-batches
@@ -355,8 +342,8 @@ class Trainer:
             order = torch.randperm(n, generator=g) if o.mini_batches > 1 else torch.arange(n)
             for mb in order.tensor_split(o.mini_batches):
                 mb = mb.to(dev)
-                n_tok = float(lmask_tokens[mb].sum())
-                n_seq = float((lmask_tokens[mb].sum(-1) > 0).sum())
+                n_tok = float(tc.loss_mask[mb].sum())
+                n_seq = float((tc.loss_mask[mb].sum(-1) > 0).sum())
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in mb.split(o.micro_batch_size or len(mb)):
                     out = token_log_probs(
@@ -369,17 +356,13 @@ class Trainer:
                     if fused:
                         batch.old_log_probs[micro] = logp.detach()
                         batch.entropy[micro] = out[1].detach()
-                    kw = {k: (v[micro] if isinstance(v, Tensor) else v) for k, v in kargs.items()}
                     loss, met = objectives.policy_loss(
                         logp,
-                        None if batch.old_log_probs is None else batch.old_log_probs[micro],
-                        adv_hat[micro],
-                        lmask[micro],
-                        kernel=r.kernel, eps_low=r.eps_low, eps_high=r.eps_high, dual_clip=r.dual_clip,
-                        loss_agg_mode=r.loss_agg_mode,
-                        norm_constant=r.norm_constant or self.cfg.rollout.max_new_tokens,
+                        batch.old_log_probs[micro] if r.uses_ratio else None,
+                        tc.token_advantages[micro],
+                        tc.mask[micro],
                         ref_log_prob=None if batch.ref_log_probs is None else batch.ref_log_probs[micro],
-                        kl_coef=r.kl_coef, kl_type=r.kl_type, global_tokens=n_tok, global_seqs=n_seq, **kw,
+                        global_tokens=n_tok, global_seqs=n_seq, **tc.policy_kwargs(micro),
                     )  # fmt: skip
                     if not bool(torch.isfinite(loss)):
                         raise TrainingError(f"step {step + 1}: non-finite loss ({loss.item()})")
@@ -398,6 +381,7 @@ class Trainer:
         lengths = mask.sum(-1).float()
         n_tokens = int(lengths.sum())
         ent = batch.entropy[mask].mean() if batch.entropy is not None and bool(mask.any()) else torch.tensor(0.0)
+        effective = tc.effective()
         rec.update(
             reward=float(ro.scores.mean()),
             accuracy=float(ro.correct.float().mean()),
@@ -412,33 +396,24 @@ class Trainer:
             tokens=n_tokens,
             tokens_per_s=n_tokens / max(1e-9, t_gen + t_sig + t_upd),
             **{k: sum(m[k] for m in mets if k in m) / max(1, sum(k in m for m in mets)) for k in _avg_keys(mets)},
-            **diagnostics.summary(self._effective(adv_hat, mask, kargs), mask, seq_adv, batch.entropy),
+            **diagnostics.summary(effective, mask, tc.seq_advantages, batch.entropy),
         )
-        return rec, ro, batch, adv_hat
+        return rec, ro, batch, tc
 
-    def _effective(self, adv_hat: Tensor, mask: Tensor, kargs: dict[str, Any]) -> Tensor:
-        """The credit each token really gets: Â itself for per-token kernels, the on-policy gradient
-        weight for sequence / trace kernels (so the logged Gini of S-trace reflects its kept set)."""
-        if self.recipe.kernel in ("token", "reinforce"):
-            return adv_hat
-        from tokencredit.report.effective import effective_credit
-
-        return effective_credit(adv_hat, mask, kernel=self.recipe.kernel, kernel_args=kargs)
+    def credit(self, batch: RolloutBatch) -> TokenCredit:
+        """The step's credit: the one pipeline with this run's recipe, tokenizer special ids and length limit."""
+        return recipes.token_credit(
+            self.recipe, batch, special_ids=self.special_ids, max_response_length=self.cfg.rollout.max_new_tokens
+        )
 
     def _negative_prompts(self, ro: StepRollouts) -> dict[str, Any]:
         """GCPO: the same responses after a prompt that asks for a wrong answer."""
         from tokencredit.credit.gcpo import negative_prompt
+        from tokencredit.signals import negative_prompt_inputs
 
         texts = [self._prompt_text(negative_prompt(p.problem)) for p in ro.problems]
-        side = self.tokenizer.padding_side
-        self.tokenizer.padding_side = "left"
-        try:
-            enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        finally:
-            self.tokenizer.padding_side = side
-        neg_seq = torch.cat([enc["input_ids"], ro.response_ids], dim=1).to(self.device)
-        neg_attn = torch.cat([enc["attention_mask"], ro.response_mask.long()], dim=1).to(self.device)
-        return {"neg_sequences": neg_seq, "neg_attention_mask": neg_attn, "neg_prompt_len": int(enc["input_ids"].shape[1])}
+        dev = self.device
+        return negative_prompt_inputs(self.tokenizer, texts, ro.response_ids.to(dev), ro.response_mask.to(dev))
 
     # ------------------------------------------------------------------ evaluation and saving
     def evaluate(self, step: int) -> dict[str, Any]:
@@ -546,7 +521,7 @@ class Trainer:
         with StepProgress(cfg.run.steps, self.step_done, enabled=cfg.run.progress, console=self.console) as bar:
             for step in range(self.step_done, cfg.run.steps):
                 try:
-                    rec, ro, batch, adv_hat = self.step(step)
+                    rec, ro, batch, tc = self.step(step)
                 except BatchValidationError as e:  # a non-finite signal or score, caught by the batch checks
                     raise TrainingError(f"step {step + 1}: {e}{self._last_good_note()}") from e
                 except TrainingError as e:
@@ -557,8 +532,7 @@ class Trainer:
                 is_eval = (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.run.steps
                 if is_eval:
                     if batch is not None:
-                        seq_adv = advantages.compute(self.recipe.advantage, ro.scores, ro.group_ids, **self.recipe.advantage_params)
-                        self.save_rollouts(done, ro, batch, adv_hat, seq_adv)
+                        self.save_rollouts(done, ro, batch, tc.token_advantages, tc.seq_advantages)
                     ev = self.evaluate(done)
                     self.log(ev)
                     bar.note(ev)

@@ -9,8 +9,8 @@ from tokencredit import credit
 from tokencredit.batch import RolloutBatch
 from tokencredit.credit.entropy import top_entropy_mask
 from tokencredit.errors import ConfigError
-from tokencredit.recipes import RECIPES
-from tokencredit.report.effective import effective_credit, effective_needs, recipe_credit
+from tokencredit.objectives import effective_credit
+from tokencredit.recipes import RECIPES, credit_needs, token_credit
 
 ONE_ROW = torch.ones(1, 4, dtype=torch.bool)
 ENTROPY = torch.tensor([[2.1, 0.05, 1.3, 0.02]])
@@ -69,33 +69,40 @@ def test_strace_worked_example(decay, want):
 
 
 @pytest.mark.parametrize(
-    ("kernel", "args"),
+    ("loss", "kernel", "args"),
     [
-        ("token", {}),
-        ("gspo-token", {}),
-        ("reinforce", {}),
-        ("ptrace", {"lam": 0.0}),
-        ("accumulating", {"lam": 0.0}),
+        ("ppo-clip", "token", {}),
+        ("ppo-clip", "gspo-token", {}),
+        ("reinforce", "token", {}),
+        ("ppo-clip", "ptrace", {"lam": 0.0}),
+        ("ppo-clip", "accumulating", {"lam": 0.0}),
     ],
 )
-def test_per_token_kernels_reproduce_the_advantages(kernel, args):
+def test_per_token_kernels_reproduce_the_advantages(loss, kernel, args):
     b = ragged_batch(1)
     a_hat = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(3)) * b.mask
-    got = effective_credit(a_hat, b.mask, kernel=kernel, kernel_args=args, old_log_probs=b.old_log_probs)
+    got = effective_credit(
+        a_hat, b.mask, loss=loss, kernel=kernel, kernel_args=args, old_log_probs=b.old_log_probs
+    )
     torch.testing.assert_close(got, a_hat, atol=1e-6, rtol=1e-6)
     assert bool((got[~b.mask] == 0).all()) and got.dtype == torch.float32 and not got.requires_grad
 
 
-@pytest.mark.parametrize(
-    "name", [r.name for r in RECIPES.values() if r.kernel in ("token", "reinforce", "gspo-token")]
-)
+@pytest.mark.parametrize("name", [r.name for r in RECIPES.values() if r.per_token])
 def test_recipes_with_per_token_kernels_show_their_credit_methods_advantages(name):
     recipe = RECIPES[name]
     b = ragged_batch(2)
-    rc = recipe_credit(recipe, b)
+    rc = token_credit(recipe, b)
     want = credit.compute(recipe.credit, b, rc.seq_advantages, **recipe.credit_params)
-    torch.testing.assert_close(rc.effective, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rc.effective(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(rc.token_advantages, want)
+    # the shortcut TokenCredit.effective takes for per-token objectives equals the autograd path
+    args = rc.policy_kwargs()
+    by_autograd = effective_credit(
+        rc.token_advantages, rc.mask, loss=args["loss"], kernel=args["kernel"],
+        kernel_args={k: v for k, v in args.items() if k == "keep"},
+    )  # fmt: skip
+    torch.testing.assert_close(rc.effective(), by_autograd, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["gspo", "ptrace", "strace"])
@@ -103,12 +110,13 @@ def test_trace_and_sequence_kernels_conserve_each_rows_credit(name):
     # Each kernel row e[t, .] sums to 1, so under token-mean sum_k Â_eff[k] = sum over loss tokens of Â_t.
     recipe = RECIPES[name]
     b = ragged_batch(4)
-    rc = recipe_credit(recipe, b)
+    rc = token_credit(recipe, b)
     lm = rc.loss_mask
+    eff = rc.effective()
     torch.testing.assert_close(
-        rc.effective.double().sum(-1), (rc.token_advantages.double() * lm).sum(-1), atol=1e-5, rtol=1e-5
+        eff.double().sum(-1), (rc.token_advantages.double() * lm).sum(-1), atol=1e-5, rtol=1e-5
     )
-    assert bool((rc.effective[~lm] == 0).all())
+    assert bool((eff[~lm] == 0).all())
     if name == "strace":
         assert bool(lm.sum() < b.mask.sum())  # only the kept (high-entropy) tokens carry credit
 
@@ -145,14 +153,14 @@ def test_truncated_rows_leave_the_loss_when_the_recipe_masks_them():
     b = ragged_batch(11)
     b.truncated[2] = True
     recipe = RECIPES["dapo"].with_overrides(mask_truncated=True)
-    rc = recipe_credit(recipe, b)
-    assert bool((rc.effective[2] == 0).all()) and bool(rc.effective[0].abs().sum() > 0)
+    eff = token_credit(recipe, b).effective()
+    assert bool((eff[2] == 0).all()) and bool(eff[0].abs().sum() > 0)
 
 
 def test_needs_leave_out_the_ratio_and_kl_signals():
-    assert effective_needs(RECIPES["strace"]) == {"entropy"}
-    assert effective_needs(RECIPES["grpo+ktae"]) == set()
-    assert effective_needs(RECIPES["delta"]) == {"hidden", "old_log_probs"}
+    assert credit_needs(RECIPES["strace"]) == {"entropy"}
+    assert credit_needs(RECIPES["grpo+ktae"]) == set()
+    assert credit_needs(RECIPES["delta"]) == {"hidden", "old_log_probs"}
 
 
 def test_empty_loss_set_and_bad_inputs():

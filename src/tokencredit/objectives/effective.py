@@ -27,21 +27,24 @@ KL term is left out (it is a regulariser, not credit).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from tokencredit.batch import RolloutBatch
+from tokencredit.objectives.kernels import get_kernel
+from tokencredit.objectives.losses import get_loss
+from tokencredit.objectives.policy import loss_token_mask, policy_loss
 
-__all__ = ["RecipeCredit", "effective_credit", "effective_needs", "recipe_credit"]
+__all__ = ["effective_credit"]
 
 
 def effective_credit(
     token_advantages: Tensor,
     mask: Tensor,
     *,
+    loss: str = "ppo-clip",
+    loss_params: Mapping[str, Any] | None = None,
     kernel: str = "token",
     kernel_args: Mapping[str, Any] | None = None,
     loss_agg_mode: str = "token-mean",
@@ -51,13 +54,11 @@ def effective_credit(
     """Â_eff [N,T] float32 = -n_loss * dL/dlogp at ratio 1, detached, exactly 0 off the loss tokens.
 
     token_advantages: Â [N,T] (or A [N], broadcast) as the objective receives it; mask [N,T] the
-    valid tokens. kernel / kernel_args: "reinforce" or a registered ratio kernel and its keyword
-    arguments (as `tokencredit.recipes.kernel_arguments` builds them, e.g. lam, keep, decay).
+    valid tokens. loss / loss_params: a registered policy loss and its hyperparameters; kernel / kernel_args: a registered ratio kernel and
+    its prepared keyword arguments (`tokencredit.objectives.prepare_kernel`: lam, keep, decay).
     old_log_probs [N,T] (optional) only sets the point at which the gradient is taken; the log-ratio
     is 0 there whatever its value, so zeros are used when it is None. Computed in float64.
     """
-    from tokencredit.objectives import loss_token_mask, policy_loss
-
     m = mask.bool()
     if token_advantages.dim() not in (1, 2) or tuple(token_advantages.shape[:1]) != tuple(m.shape[:1]):
         raise ValueError(
@@ -80,23 +81,26 @@ def effective_credit(
     if old_log_probs is not None:
         base = torch.where(m, old_log_probs.detach().double(), base)
     log_prob = base.clone().requires_grad_(True)
-    keep = kw.get("keep")
-    lmask = loss_token_mask(m, kernel, keep if isinstance(keep, Tensor) else None)
+    uses_ratio = get_loss(loss).uses_ratio
+    keep = kw.get("keep") if uses_ratio and get_kernel(kernel).uses_keep else None
+    lmask = loss_token_mask(m, keep if isinstance(keep, Tensor) else None)
     n_loss = int(lmask.sum())
     if n_loss == 0:
         return torch.zeros(m.shape, dtype=torch.float32, device=m.device)
     with torch.enable_grad():
-        loss, _ = policy_loss(
+        value, _ = policy_loss(
             log_prob,
-            None if kernel == "reinforce" else base,
+            base if uses_ratio else None,
             adv,
             m,
+            loss=loss,
             kernel=kernel,
             loss_agg_mode=loss_agg_mode,
             norm_constant=norm_constant,
+            **dict(loss_params or {}),
             **kw,
         )
-        (grad,) = torch.autograd.grad(loss, log_prob, allow_unused=True)
+        (grad,) = torch.autograd.grad(value, log_prob, allow_unused=True)
     if grad is None:
         grad = torch.zeros_like(base)
     # "+ 0.0" turns -0.0 (a zero gradient times -n) into +0.0
@@ -106,70 +110,3 @@ def effective_credit(
         i, j = (int(x) for x in bad.nonzero()[0])
         raise FloatingPointError(f"effective_credit: non-finite gradient weight at rollout {i}, token {j}")
     return out.float().detach()
-
-
-def effective_needs(recipe: Any) -> frozenset[str]:
-    """Signals needed to show a recipe's effective credit: its credit method's plus its kernel's.
-
-    Unlike `tokencredit.recipes.recipe_needs` this leaves out old_log_probs for the ratio and
-    ref_log_probs for the KL term: at ratio 1 neither changes the gradient weight.
-    """
-    from tokencredit import credit, objectives
-
-    needs = set(credit.get(recipe.credit).needs)
-    if recipe.kernel != "reinforce":
-        needs |= objectives.get_kernel(recipe.kernel).needs
-    return frozenset(needs)
-
-
-@dataclass(frozen=True)
-class RecipeCredit:
-    """A recipe's credit on one batch: A [N], Â [N,T] of its credit method, Â_eff [N,T], loss tokens [N,T]."""
-
-    seq_advantages: Tensor
-    token_advantages: Tensor
-    effective: Tensor
-    loss_mask: Tensor
-
-
-def recipe_credit(
-    recipe: Any,
-    batch: RolloutBatch,
-    *,
-    seq_advantages: Tensor | None = None,
-    loss_agg_mode: str = "token-mean",
-) -> RecipeCredit:
-    """A, Â and Â_eff of `recipe` (a `tokencredit.recipes.Recipe`) on `batch`, as the trainer forms them.
-
-    A comes from the recipe's estimator (unless `seq_advantages` is given), Â from its credit
-    method with its credit_params, the kernel arguments from `recipes.kernel_arguments` (S-trace's
-    kept set from the batch entropy), and rows of truncated completions leave the loss when the
-    recipe masks them (DAPO option). `loss_agg_mode` defaults to token-mean, under which per-token
-    kernels give Â_eff = Â; pass recipe.loss_agg_mode to include the recipe's row weighting.
-    """
-    from tokencredit import advantages, credit
-    from tokencredit.recipes import kernel_arguments
-
-    if seq_advantages is None:
-        seq_advantages = advantages.compute(
-            recipe.advantage, batch.scores, batch.group_ids, **recipe.advantage_params
-        )
-    a_hat = credit.compute(recipe.credit, batch, seq_advantages, **recipe.credit_params)
-    mask = batch.mask
-    if recipe.mask_truncated and batch.truncated is not None:
-        mask = mask & ~batch.truncated[:, None]
-    kargs = kernel_arguments(recipe, batch) if recipe.kernel != "reinforce" else {}
-    eff = effective_credit(
-        a_hat,
-        mask,
-        kernel=recipe.kernel,
-        kernel_args=kargs,
-        loss_agg_mode=loss_agg_mode,
-        norm_constant=recipe.norm_constant,
-        old_log_probs=batch.old_log_probs,
-    )
-    from tokencredit.objectives import loss_token_mask
-
-    keep = kargs.get("keep")
-    lmask = loss_token_mask(mask, recipe.kernel, keep if isinstance(keep, Tensor) else None)
-    return RecipeCredit(seq_advantages.detach().float(), a_hat, eff, lmask)

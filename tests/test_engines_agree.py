@@ -1,0 +1,259 @@
+"""Every engine computes the same Â for a recipe: the trainer, explain, probe, the TRL plugin and the verl plugin.
+
+One fixed batch (3 groups x 4 responses of the embedded toy tokenizer's ids, with EOS, padding, a
+special id inside responses, a truncated response without EOS, mixed and all-equal rewards, and
+every per-token signal) goes through each engine's own glue: the trainer's `Trainer.credit`, explain's
+`explain_batch`, probe's `probe_batch`, `CreditGRPOTrainer._token_advantages` and verl's
+`compute_advantage` through the plugin's hook. Each must equal the core pipeline,
+`tokencredit.recipes.token_credit`, to 1e-6, and KTAE must give the tokenizer's special ids no key value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tokencredit import models
+from tokencredit.batch import RolloutBatch
+from tokencredit.data.synthetic import ArithmeticTask
+from tokencredit.errors import ConfigError
+from tokencredit.recipes import RECIPES, known_names, token_credit, zero_outside
+from tokencredit.report import probe
+from tokencredit.report.explain import explain_batch, make_groups
+from tokencredit.report.methods import resolve_methods
+from tokencredit.train.config import load_config
+from tokencredit.train.trainer import Trainer
+
+G, N_GROUPS, T, H = 4, 3, 9, 6
+N = G * N_GROUPS
+TOL = 1e-6
+LORA_ONLY = {"arca", "policy-divergence"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return models.build_toy_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def fixed(tokenizer):
+    """(batch, special ids, [eos, pad, special-in-text] ids) of the embedded toy tokenizer."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    special = models.special_token_ids(tokenizer)
+    inner = next(i for i in special if i not in (eos, pad))  # <|im_start|> inside a response
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([9, 5, 7, 3, 6, 9, 4, 8, 2, 7, 5, 6])
+    ids = torch.randint(10, 60, (N, T), generator=gen)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    ids[mask.logical_not()] = pad
+    truncated = torch.zeros(N, dtype=torch.bool)
+    truncated[5] = True  # row 5 fills T without EOS
+    for i in range(N):
+        if not truncated[i]:
+            ids[i, lengths[i] - 1] = eos
+    for i in (0, 2, 4, 7, 9):
+        ids[i, 1] = inner
+    ids[3, 0] = ids[8, 0] = 17  # a shared token id in correct and wrong responses
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])  # last group all equal
+    logp = -torch.rand(N, T, generator=gen) * 3 - 0.02
+    ent = torch.rand(N, T, generator=gen) * 2
+    ent[:, ::3] = 0.0  # many exact ties, as a confident policy gives
+    signals = {
+        "old_log_probs": logp,
+        "ref_log_probs": logp - 0.05,
+        "entropy": ent,
+        "hidden": torch.randn(N, T, H, generator=gen),
+        "base_hidden": torch.randn(N, T, H, generator=gen),
+        "base_log_probs": logp - 0.3 * torch.rand(N, T, generator=gen),
+        "neg_log_probs": logp - torch.rand(N, T, generator=gen),
+    }
+    signals = {k: v * (mask[..., None] if v.dim() == 3 else mask) for k, v in signals.items()}
+    batch = RolloutBatch(
+        token_ids=ids, mask=mask, group_ids=torch.arange(N) // G, scores=scores, truncated=truncated, **signals
+    )
+    return batch, special, (eos, pad, inner)
+
+
+def reference(name: str, batch: RolloutBatch, special) -> torch.Tensor:
+    """The core pipeline's Â, 0 outside a kept set (what the objective trains on)."""
+    tc = token_credit(name, batch, special_ids=special)
+    return zero_outside(tc.token_advantages, tc.keep)
+
+
+def loss_tokens(tc) -> torch.Tensor:
+    return zero_outside(tc.token_advantages, tc.keep)
+
+
+def assert_same(got: torch.Tensor, want: torch.Tensor, engine: str, name: str) -> None:
+    diff = float((got.double() - want.double()).abs().max())
+    assert diff <= TOL, f"{engine} differs from the core for {name!r}: max |dA| = {diff:.3g}"
+
+
+def assert_special_ids_get_no_key_value(name: str, got: torch.Tensor, batch: RolloutBatch, special, engine: str):
+    """KTAE: Â = A + k(id); at a special id k must be 0, so Â equals the sequence advantage there."""
+    recipe = RECIPES.get(name)
+    if (recipe.credit if recipe else name) != "ktae":
+        return
+    seq = token_credit(name, batch, special_ids=special).seq_advantages
+    at = batch.mask & torch.isin(batch.token_ids, torch.tensor(special))
+    assert bool(at.any())
+    gap = (got - seq[:, None].expand_as(got))[at].abs().max()
+    assert float(gap) == 0.0, f"{engine}: KTAE gives a special id a key value ({float(gap):.3g})"
+    # and the setting matters on this batch: without the ids, those tokens get a value
+    bare = token_credit(name, batch).token_advantages
+    assert float((bare - seq[:, None])[at].abs().max()) > 0
+
+
+ALL_NAMES = known_names()  # every recipe, then the credit methods that are not recipes
+
+
+# ---------------------------------------------------------------------------------------------- trainer
+@pytest.fixture(scope="module")
+def trainers(tiny_model_dir, tmp_path_factory):
+    from conftest import _micro_sets
+
+    out = {}
+    for name in ALL_NAMES:
+        extra = {"rollout.max_new_tokens": 32, **({"model.lora_rank": 4} if name in LORA_ONLY else {})}
+        sets = _micro_sets(tiny_model_dir, **extra)
+        sets = [s for s in sets if not s.startswith("reward.function=")]
+        cfg = load_config(sets=sets, recipe=name)
+        out[name] = Trainer(cfg, tmp_path_factory.mktemp("agree"))
+    return out
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_trainer_path(name, trainers, fixed):
+    batch, special, _ = fixed
+    tc = trainers[name].credit(batch)
+    got = loss_tokens(tc)
+    assert_same(got, reference(name, batch, special), "trainer", name)
+    assert_special_ids_get_no_key_value(name, got, batch, special, "trainer")
+
+
+# ---------------------------------------------------------------------------------------------- explain / probe
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_explain_path(name, fixed, tokenizer):
+    batch, special, _ = fixed
+    specs = resolve_methods([name])
+    seq = token_credit(name, batch, special_ids=special).seq_advantages
+    tokens = [[str(int(x)) for x in row[m]] for row, m in zip(batch.token_ids, batch.mask)]
+    groups = make_groups(batch, tokens, seq, groups=N_GROUPS)
+    credits: dict = {}
+    data = explain_batch(batch, specs, groups, special_ids=models.special_token_ids(tokenizer), credits=credits)
+    assert not data.methods[0].skipped, data.methods[0].note
+    got = loss_tokens(credits[name])
+    assert_same(got, reference(name, batch, special), "explain", name)
+    assert_special_ids_get_no_key_value(name, got, batch, special, "explain")
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_probe_path(name, fixed, tokenizer):
+    batch, special, _ = fixed
+    problems = [p for p in ArithmeticTask(seed=1).sample(N_GROUPS, "heldout") for _ in range(G)]
+    truth, _ = probe.build_truth(problems, batch.token_ids, batch.mask, batch.group_ids, tokenizer)
+    credits: dict = {}
+    res = probe.probe_batch(
+        batch, truth, resolve_methods([name]), lora=True, special_ids=models.special_token_ids(tokenizer),
+        credits=credits,
+    )  # fmt: skip
+    assert res[name]["status"] == "ok", res[name]
+    got = loss_tokens(credits[name])
+    assert_same(got, reference(name, batch, special), "probe", name)
+    assert_special_ids_get_no_key_value(name, got, batch, special, "probe")
+
+
+# ---------------------------------------------------------------------------------------------- TRL
+@pytest.fixture(scope="module")
+def trl_module():
+    return pytest.importorskip("tokencredit.integrations.trl", reason="TRL is not installed (extra tokencredit[trl])")
+
+
+def _trl_trainer(trl_module, model_dir, tmp_path, name):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ds = Dataset.from_list([{"prompt": "Compute 1 + 2.", "answer": "3"}] * 8)
+    sequence = RECIPES[name].kernel in ("gspo", "gspo-token") if name in RECIPES else False
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "trl"), per_device_train_batch_size=N, num_generations=G, max_completion_length=T,
+        max_steps=1, report_to="none", use_cpu=True, save_strategy="no", seed=0, beta=0.0,
+        importance_sampling_level="sequence" if sequence else "token",
+    )  # fmt: skip
+    return trl_module.CreditGRPOTrainer(
+        model=str(model_dir), reward_funcs=lambda completions, **_: [0.0] * len(completions), args=args,
+        train_dataset=ds, processing_class=tok, credit=name,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_trl_path(name, trl_module, fixed, tiny_model_dir, tmp_path, monkeypatch):
+    """Table recipes only: a credit method on its own takes TRL's own normalisation (eps 1e-4) by design."""
+    batch, special, _ = fixed
+    recipe = RECIPES[name]
+    if recipe.uses_ratio and recipe.kernel not in ("token", "gspo", "gspo-token"):
+        with pytest.raises(ConfigError, match=recipe.kernel):
+            _trl_trainer(trl_module, tiny_model_dir, tmp_path, name)
+        return  # TRL's loss has no trace kernel: refused, never trained with another Â
+    trainer = _trl_trainer(trl_module, tiny_model_dir, tmp_path, name)
+    trainer.model.train()
+    signals = {k: getattr(batch, k) for k in ("old_log_probs", "ref_log_probs", "entropy", "hidden", "base_hidden",
+                                              "base_log_probs", "neg_log_probs")}  # fmt: skip
+    # TRL's forward pass is replaced by the fixed signals; the rest of the plugin's glue runs as in training.
+    monkeypatch.setattr(trainer, "_signals", lambda inputs, output, mask: dict(signals))
+    trainer._tc_rewards = batch.scores[:, None].clone()
+    output = {
+        "completion_ids": batch.token_ids.clone(),
+        "completion_mask": batch.mask.long(),
+        "prompt_ids": torch.zeros(N, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(N, 1, dtype=torch.long),
+    }
+    got = trainer._token_advantages([], output)
+    assert_same(zero_outside(got, token_credit(name, batch, special_ids=special).keep), reference(name, batch, special),
+                "TRL", name)  # fmt: skip
+    assert_special_ids_get_no_key_value(name, got, batch, special, "TRL")
+
+
+# ---------------------------------------------------------------------------------------------- verl
+@pytest.fixture(scope="module")
+def verl_plugin():
+    return pytest.importorskip("tokencredit.integrations.verl", reason="verl is not installed (extra tokencredit[verl])")
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_verl_path(name, verl_plugin, fixed, tokenizer):
+    from verl import DataProto
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo import ray_trainer
+
+    from tokencredit.integrations._common import slug
+
+    batch, special, _ = fixed
+    lengths = batch.mask.sum(-1)
+    rewards = torch.zeros(N, T).scatter(1, (lengths - 1)[:, None], batch.scores[:, None])
+    keys = {name: verl_plugin.SIGNAL_KEYS[name][0] for name in verl_plugin.SIGNAL_KEYS}
+    tensors = {"responses": batch.token_ids, "response_mask": batch.mask.long(), "token_level_rewards": rewards}
+    tensors.update({keys[s]: getattr(batch, s) for s in keys})
+    uid = np.array([f"prompt-{int(g)}" for g in batch.group_ids], dtype=object)
+    data = DataProto.from_dict(tensors=tensors, non_tensors={"uid": uid})
+
+    class Legacy:  # verl's legacy trainer, as far as the plugin's old-log-prob hook reads it
+        config = None
+
+    Legacy.tokenizer = tokenizer
+
+    def old_log_prob(self, data):
+        return DataProto.from_dict(tensors={"old_log_probs": batch.old_log_probs}), 0.0
+
+    verl_plugin._wrap_legacy_old_log_prob(old_log_prob)(Legacy(), None)  # reads the tokenizer's special ids
+    try:
+        estimator = f"tc_{slug(name)}"
+        out = ray_trainer.compute_advantage(data, adv_estimator=estimator, config=AlgoConfig(adv_estimator=estimator))
+    finally:
+        verl_plugin._LEGACY_SPECIAL_IDS[0] = None
+    got = out.batch["advantages"]
+    assert_same(got, reference(name, batch, special), "verl", name)
+    assert_special_ids_get_no_key_value(name, got, batch, special, "verl")

@@ -137,7 +137,7 @@ def run_ours(
 def _steps(trainer: Any, args: argparse.Namespace, out: dict[str, list[float]]) -> None:
     for step in range(args.steps):
         c0, t0 = time.process_time(), time.perf_counter()
-        rec, *_ = trainer.step(step)
+        rec = trainer.step(step).record
         trainer.log(rec)
         if step == 0:
             continue  # warm-up

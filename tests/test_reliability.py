@@ -16,6 +16,7 @@ from tokencredit import cli
 from tokencredit.errors import ConfigError
 from tokencredit.train import checkpoint as ckpt
 from tokencredit.train.config import load_config, validate_config
+from tokencredit.train.rundir import MetricsLog
 from tokencredit.train.trainer import Trainer
 
 PROGRESS_BAR = re.compile(r"\d+%\|")
@@ -260,13 +261,13 @@ def test_non_finite_logits_stop_the_step_and_keep_the_last_good_state(
     assert rc == 1 and f"training stopped: {expected}" in err
     assert f"last good checkpoint: step 1 in {run} (continue with --resume)" in err
     # the last good state: step 1's metrics line and checkpoint, nothing of step 2
-    assert [r["step"] for r in ckpt.MetricsLog(run / "metrics.jsonl").read()] == [1]
+    assert [r["step"] for r in MetricsLog(run / "metrics.jsonl").read()] == [1]
     assert sorted(p.name for p in (run / "checkpoints").glob("*.pt")) == ["step_000001.pt"]
     assert ckpt.load_latest_checkpoint(run, log=pytest.fail)["step"] == 1
     # ... from which the run resumes and finishes
     capsys.readouterr()
     assert cli.main(["train", "--resume", str(run)]) == 0
-    records = ckpt.MetricsLog(run / "metrics.jsonl").read()
+    records = MetricsLog(run / "metrics.jsonl").read()
     assert [r["step"] for r in records if r.get("type") != "eval"] == [1, 2, 3]
     assert all(r["pg_loss"] == r["pg_loss"] for r in records if "pg_loss" in r)  # finite again
     assert json.loads((run / "summary.json").read_text())["steps"] == 3
@@ -293,4 +294,4 @@ def test_non_finite_old_policy_signal_names_step_rollout_and_token(tiny_model_di
     assert rc == 1
     assert "training stopped: step 2: RolloutBatch.old_log_probs: non-finite value at rollout 1, token 0" in err
     assert "last good checkpoint: step 1" in err
-    assert [r["step"] for r in ckpt.MetricsLog(run / "metrics.jsonl").read()] == [1]
+    assert [r["step"] for r in MetricsLog(run / "metrics.jsonl").read()] == [1]

@@ -1,8 +1,5 @@
-"""`tokencredit` command line. Each sub-command lives in its own module, imported only when used,
-so `tokencredit recipes` does not pay for importing transformers.
-
-A sub-command module exposes `add_arguments(parser)` and `run(args) -> int`.
-"""
+"""`tokencredit` command line: dispatch to `tokencredit.commands.<name>`, imported only when used,
+and turn a ConfigError / TrainingError into one line and an exit code (2 / 1)."""
 
 from __future__ import annotations
 
@@ -10,16 +7,8 @@ import argparse
 import importlib
 import sys
 
+from tokencredit.commands import COMMANDS
 from tokencredit.errors import ConfigError, TrainingError
-
-COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("tokencredit.train.cli", "train a model with a recipe (default: the embedded toy math task)"),
-    "recipes": ("tokencredit.recipes", "list the recipes (advantage, credit method, objective, paper)"),
-    "eval": ("tokencredit.evaluation", "evaluate a model on the shipped math benchmarks"),
-    "explain": ("tokencredit.report.explain", "per-token credit heatmaps of several methods as one HTML file"),
-    "compare": ("tokencredit.report.compare", "method shoot-out: recipes x seeds on equal terms"),
-    "probe": ("tokencredit.report.probe", "credit-quality probe: does a method blame the first wrong token?"),
-}
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -27,7 +16,7 @@ def _top_parser() -> argparse.ArgumentParser:
         prog="tokencredit",
         description="Token-level credit assignment for RL with verifiable rewards.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="commands:\n" + "\n".join(f"  {k:<9} {v[1]}" for k, v in COMMANDS.items()),
+        epilog="commands:\n" + "\n".join(f"  {k:<9} {v}" for k, v in COMMANDS.items()),
     )
     p.add_argument("command", choices=list(COMMANDS), metavar="COMMAND", help="one of: " + ", ".join(COMMANDS))
     return p
@@ -41,8 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
         _top_parser().parse_args([cmd])  # prints the usage error and exits 2
-    module = importlib.import_module(COMMANDS[cmd][0])
-    parser = argparse.ArgumentParser(prog=f"tokencredit {cmd}", description=COMMANDS[cmd][1])
+    # one command's dependencies only (transformers for train, not for `tokencredit recipes`)
+    module = importlib.import_module(f"tokencredit.commands.{cmd}")
+    parser = argparse.ArgumentParser(prog=f"tokencredit {cmd}", description=COMMANDS[cmd])
     module.add_arguments(parser)
     args = parser.parse_args(rest)
     try:

@@ -1,5 +1,5 @@
 """Math evaluation: metrics (pure functions), `evaluate` (shared with the trainer's periodic eval)
-and the ``tokencredit eval`` command.
+and `evaluate_benchmarks` (benchmarks x seeds, used by ``tokencredit eval``).
 
 Metrics, per problem then averaged over problems:
   avg@n     mean accuracy over the n samples (a pass@1 estimate).
@@ -19,17 +19,20 @@ so the command reports them with every table.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tokencredit.errors import ConfigError
+from tokencredit import rollout
+from tokencredit.data import benchmarks, load_problems
+from tokencredit.data.templates import check_template, render_all
+from tokencredit.rewards.extract import normalize_answer
+from tokencredit.rewards.verifier import MathVerifier
 
 # ---------------------------------------------------------------------------------------------
 # metrics (pure)
@@ -93,7 +96,6 @@ def majority_vote(answers: Sequence[str | None], correct: Sequence[bool], k: int
     Uses the first k samples; ties score the expected accuracy of a uniform pick among the tied
     groups (see the module docstring for the grouping).
     """
-    from tokencredit.rewards.extract import normalize_answer
 
     if len(answers) != len(correct):
         raise ValueError(f"got {len(answers)} answers but {len(correct)} verdicts")
@@ -144,10 +146,7 @@ def powers_of_two(k_max: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _progress(enabled: bool):
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+def _progress(enabled: bool) -> Progress:
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -192,10 +191,6 @@ def evaluate(
     dict of floats: num_problems, greedy_acc, avg@n, pass@k, maj@k, mean_response_length,
     truncated_rate.
     """
-    from tokencredit.data.templates import check_template, render_all
-    from tokencredit.rewards.verifier import MathVerifier
-    from tokencredit.rollout import generate
-
     if not problems:
         raise ValueError("no problems to evaluate")
     if samples < 0:
@@ -218,7 +213,7 @@ def evaluate(
         trunc: list[bool] = []
         per_chunk = max(1, batch_size // n_per)
         for start in range(0, P, per_chunk):
-            r = generate(
+            r = rollout.generate(
                 model,
                 tokenizer,
                 prompts[start : start + per_chunk],
@@ -276,61 +271,57 @@ def evaluate(
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# CLI: tokencredit eval
-# ---------------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="a local model directory / hub id, or 'toy'")
-    parser.add_argument(
-        "--bench",
-        default="math500",
-        help="comma-separated benchmark names (math500, aime24, amc23, minerva_math, olympiadbench, "
-        "gsm8k_train) or data files (.jsonl / .parquet / datasets directory)",
-    )
-    parser.add_argument(
-        "--samples", type=int, default=4, help="samples per problem K (pass@k for k=1,2,4..<=K)"
-    )
-    parser.add_argument("--temperature", type=float, default=0.6)
-    parser.add_argument("--top-p", type=float, default=0.95)
-    parser.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
-    parser.add_argument("--max-new-tokens", type=int, default=1024)
-    parser.add_argument("--limit", type=int, default=None, help="first L problems of each benchmark")
-    parser.add_argument("--seed", default="0", help="seed, or comma-separated seeds (mean and std reported)")
-    parser.add_argument(
-        "--template", default="qwen-math", help="qwen-math, r1-zero, or a string with {problem}"
-    )
-    parser.add_argument("--batch-size", type=int, default=64, help="sequences per generate call")
-    parser.add_argument("--no-greedy", action="store_true", help="skip the greedy (temperature 0) pass")
-    parser.add_argument("--timeout", type=float, default=5.0, help="verifier seconds per answer")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    parser.add_argument("--out", default=None, help="write the results as JSON to this file")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-
-
-def _load_model(spec: str, device: str, dtype: str) -> tuple[Any, Any]:
-    """'toy' or a local directory through `tokencredit.models.load_model` (nothing is ever downloaded)."""
-    import torch
-
-    from tokencredit.models import load_model
-
-    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    if dtype == "auto":
-        tdtype = torch.bfloat16 if dev.startswith("cuda") else torch.float32
-    else:
-        tdtype = getattr(torch, dtype)
-    return load_model(spec, dtype=tdtype, device=dev)
-
-
-def _load_bench(name: str, limit: int | None) -> list[Any]:
-    from tokencredit.data import benchmarks, load_problems
-
+def load_benchmark(name: str, limit: int | None) -> list[Any]:
+    """A shipped benchmark by name, or problems from a data file (.jsonl / .json / .parquet / datasets dir)."""
     p = Path(name)
     if name not in benchmarks.COUNTS and (p.suffix in (".jsonl", ".json", ".parquet") or p.is_dir()):
         return load_problems(p, limit=limit)
     return benchmarks.load(name, limit=limit)
+
+
+def evaluate_benchmarks(
+    model: Any,
+    tokenizer: Any,
+    data: dict[str, list[Any]],
+    seeds: Sequence[int],
+    *,
+    verifier: Any,
+    greedy: bool = True,
+    progress: bool = True,
+    **sampling: Any,
+) -> dict[str, dict[str, Any]]:
+    """{benchmark: {"metrics": mean over seeds, "per_seed": [...], "std": sample std (2+ seeds)}}.
+
+    `sampling`: the keyword arguments of `evaluate` (samples, temperature, top_p, top_k,
+    max_new_tokens, template, batch_size). The greedy answer does not depend on the seed: it is
+    computed once, with the first seed.
+    """
+    results: dict[str, dict[str, Any]] = {}
+    for b, problems in data.items():
+        per_seed = []
+        greedy_keys: dict[str, float] = {}
+        for i, s in enumerate(seeds):
+            m = evaluate(
+                model, tokenizer, problems, seed=s, verifier=verifier, progress=progress,
+                greedy=greedy and i == 0, description=f"{b} seed {s}", **sampling,
+            )  # fmt: skip
+            if i == 0:
+                greedy_keys = {k: v for k, v in m.items() if k == "greedy_acc"}
+            m.update(greedy_keys)
+            per_seed.append(m)
+        keys = list(per_seed[0])
+        entry: dict[str, Any] = {
+            "metrics": {k: float(np.mean([m[k] for m in per_seed])) for k in keys},
+            "per_seed": per_seed,
+        }
+        if len(seeds) > 1:
+            entry["std"] = {
+                k: float(np.std([m[k] for m in per_seed], ddof=1))
+                for k in keys
+                if k not in ("num_problems", "greedy_acc")
+            }
+        results[b] = entry
+    return results
 
 
 def _fmt(mean: float, std: float | None, pct: bool) -> str:
@@ -372,107 +363,7 @@ def markdown_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.markdown import Markdown
-
-    from tokencredit.data.templates import check_template
-    from tokencredit.rewards.verifier import MathVerifier
-
-    try:
-        seeds = [int(s) for s in str(args.seed).split(",") if s.strip()]
-    except ValueError:
-        raise ConfigError(
-            f"--seed must be an integer or comma-separated integers, got {args.seed!r}"
-        ) from None
-    if not seeds:
-        raise ConfigError("--seed needs at least one seed")
-    if args.samples < 0:
-        raise ConfigError(f"--samples must be >= 0, got {args.samples}")
-    if args.samples == 0 and args.no_greedy:
-        raise ConfigError("nothing to evaluate: --samples 0 with --no-greedy")
-    if args.limit is not None and args.limit < 1:
-        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
-    check_template(args.template)
-    benches = [b.strip() for b in args.bench.split(",") if b.strip()]
-    if not benches:
-        raise ConfigError("--bench names no benchmark")
-    data = {b: _load_bench(b, args.limit) for b in benches}
-    model, tok = _load_model(args.model, args.device, args.dtype)
-    settings = {
-        "model": args.model,
-        "template": args.template,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "max_new_tokens": args.max_new_tokens,
-        "samples": args.samples,
-        "seeds": seeds,
-        "limit": args.limit,
-    }
-    results: dict[str, dict[str, Any]] = {}
-    with MathVerifier(args.timeout) as verifier:
-        for b, problems in data.items():
-            per_seed = []
-            greedy_keys: dict[str, float] = {}
-            for i, s in enumerate(seeds):
-                m = evaluate(
-                    model,
-                    tok,
-                    problems,
-                    samples=args.samples,
-                    temperature=args.temperature,
-                    top_p=args.top_p,
-                    top_k=args.top_k,
-                    max_new_tokens=args.max_new_tokens,
-                    template=args.template,
-                    seed=s,
-                    verifier=verifier,
-                    progress=not args.no_progress,
-                    # The greedy answer does not depend on the seed: compute it once.
-                    greedy=not args.no_greedy and i == 0,
-                    batch_size=args.batch_size,
-                    description=f"{b} seed {s}",
-                )
-                if i == 0:
-                    greedy_keys = {k: v for k, v in m.items() if k == "greedy_acc"}
-                m.update(greedy_keys)
-                per_seed.append(m)
-            keys = list(per_seed[0])
-            mean = {k: float(np.mean([m[k] for m in per_seed])) for k in keys}
-            entry: dict[str, Any] = {"metrics": mean, "per_seed": per_seed}
-            if len(seeds) > 1:
-                # Sample std over seeds; the greedy answer is computed once (it has no seed).
-                entry["std"] = {
-                    k: float(np.std([m[k] for m in per_seed], ddof=1))
-                    for k in keys
-                    if k not in ("num_problems", "greedy_acc")
-                }
-            results[b] = entry
-    table = markdown_table(results)
-    footer = (
-        f"template={args.template} temperature={args.temperature} top_p={args.top_p} top_k={args.top_k} "
-        f"max_new_tokens={args.max_new_tokens} samples={args.samples} seeds={','.join(map(str, seeds))}"
-        + ("" if len(seeds) == 1 else " (mean ± std over seeds)")
-    )
-    console = Console()
-    if max(len(line) for line in table.splitlines()) + 4 <= console.width:
-        console.print(Markdown(table))
-    else:
-        # Too wide to render without wrapping cells: print the Markdown source unwrapped.
-        console.print(table, markup=False, highlight=False, soft_wrap=True)
-    console.print(footer)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"settings": settings, "results": results, "markdown": table + "\n\n" + footer + "\n"}
-        out.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
-        print(f"wrote {out}", file=sys.stderr)
-    return 0
-
-
 __all__ = [
-    "add_arguments",
     "avg_at_k",
     "evaluate",
     "greedy_accuracy",
@@ -483,5 +374,6 @@ __all__ = [
     "mean_response_length",
     "pass_at_k",
     "powers_of_two",
-    "run",
+    "evaluate_benchmarks",
+    "load_benchmark",
 ]

@@ -330,7 +330,8 @@ def toy_task(seed: int = 0, path: str | Path | None = None) -> Any:
     )
 
 
-def _resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A torch dtype from its name ("float32", "bfloat16", "float16") or itself."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in _DTYPES:
@@ -338,8 +339,24 @@ def _resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def resolve_device(name: str, what: str = "device") -> torch.device:
+    """"auto" -> the first CUDA device if there is one, else the CPU; otherwise `name`, checked to exist
+    on this machine (a ConfigError naming `what` otherwise)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"{what} must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{what}={name!r} but no CUDA device is available (use 'auto' or 'cpu')")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"{what}={name!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+    return dev
+
+
 def load_model(
-    name_or_path: str, *, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
+    name_or_path: str, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu"
 ) -> tuple[Any, Any]:
     """(model, tokenizer) in eval mode on `device`.
 
@@ -350,7 +367,7 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = _resolve_dtype(dtype)
+    torch_dtype = resolve_dtype(dtype)
     if name_or_path == "toy":
         path = TOY_ASSET_DIR
         missing = [
@@ -432,3 +449,38 @@ def special_token_ids(tokenizer: Any) -> tuple[int, ...]:
     ids = set(getattr(tokenizer, "all_special_ids", None) or ())
     ids |= {i for i in (getattr(tokenizer, "eos_token_id", None), getattr(tokenizer, "pad_token_id", None)) if i is not None}
     return tuple(sorted(int(i) for i in ids))
+
+
+def add_lora(
+    model: torch.nn.Module,
+    *,
+    rank: int,
+    alpha: float,
+    dropout: float = 0.0,
+    targets: list[str] | tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    name: str = "the model",
+) -> torch.nn.Module:
+    """`model` wrapped in a peft LoRA adapter of `rank` on the modules named in `targets` (those present)."""
+    from peft import LoraConfig, get_peft_model
+
+    names = {n.split(".")[-1] for n, _ in model.named_modules()}
+    present = [t for t in targets if t in names]
+    if not present:
+        raise ConfigError(
+            f"model.lora_targets {list(targets)} match no module of {name} "
+            f"(module names include: {', '.join(sorted(names)[:12])})"
+        )
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=present, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def restore_parameters(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+    """Copy a checkpoint's parameters (the trainable ones, by name) into `model`; a name the model
+    lacks is a ConfigError naming `where` (a checkpoint of another model or adapter layout)."""
+    params = dict(model.named_parameters())
+    unknown = [n for n in state if n not in params]
+    if unknown:
+        raise ConfigError(f"{where}: parameters do not match the rebuilt model (e.g. {unknown[0]})")
+    with torch.no_grad():
+        for n, t in state.items():
+            params[n].copy_(t.to(params[n].device, params[n].dtype))

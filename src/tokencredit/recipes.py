@@ -97,10 +97,14 @@ class Recipe:
 
     def objective_label(self) -> str:
         """One line for tables: the loss, the kernel and clip when it uses a ratio, the aggregation, KL."""
-        if self.uses_ratio:
-            text = f"{self.loss} ({self.kernel} ratio, clip {self.eps_low:g}/{self.eps_high:g}), {self.loss_agg_mode}"
+        clip = f"clip {self.eps_low:g}/{self.eps_high:g}"
+        if self.loss == "ppo-clip":
+            text = f"{self.kernel}, {clip}, {self.loss_agg_mode}"
+        elif self.loss == "reinforce":
+            text = f"REINFORCE, {self.loss_agg_mode}"
         else:
-            text = f"{self.loss}, {self.loss_agg_mode}"
+            ratio = f" ({self.kernel} ratio)" if self.uses_ratio else ""
+            text = f"{self.loss}{ratio}, {self.loss_agg_mode}"
         return text + (f", KL {self.kl_coef:g}" if self.kl_coef else "")
 
     def to_dict(self) -> dict[str, Any]:
@@ -387,28 +391,6 @@ def zero_outside(values: Tensor, keep: Tensor | None) -> Tensor:
     if keep is None:
         return values
     return torch.where(keep, values, torch.zeros((), dtype=values.dtype, device=values.device))
-
-
-# ---------------------------------------------------------------------------------------------- `tokencredit recipes`
-def add_arguments(parser: Any) -> None:
-    parser.add_argument("--verbose", "-v", action="store_true", help="also show every hyperparameter")
-
-
-def run(args: Any) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="tokencredit recipes", show_lines=False)
-    for col in ("recipe", "advantage", "credit", "objective", "paper"):
-        table.add_column(col, overflow="fold", no_wrap=col in ("recipe", "credit"))
-    for r in RECIPES.values():
-        table.add_row(r.name, r.advantage, r.credit, r.objective_label(), r.paper)
-        if args.verbose:
-            skip = ("name", "paper", "kind")
-            table.add_row("", "", "", str({k: v for k, v in r.to_dict().items() if k not in skip}), "")
-    Console().print(table)
-    return 0
-
 
 
 def from_dict(data: Mapping[str, Any], where: str = "recipe") -> Recipe:

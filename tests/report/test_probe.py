@@ -14,6 +14,7 @@ from tokencredit.data.synthetic import locate_first_error
 from tokencredit.errors import ConfigError
 from tokencredit.report import probe
 from tokencredit.report.methods import resolve_methods
+from tokencredit.train.checkpoint import load_run_policy
 
 P = "Compute 47 + 38 - 19 + 6."
 REF = "47 + 38 = 85\n85 - 19 = 66\n66 + 6 = 72\nThe answer is \\boxed{72}."
@@ -355,7 +356,6 @@ def test_cli_writes_json_and_markdown(tmp_path, tiny_model_dir, capsys):
 
 
 def _write_run(run, model_dir, lora_rank):
-    from tokencredit.models import load_model
     from tokencredit.train import checkpoint as ckpt
     from tokencredit.train.config import TrainConfig, dump_toml
 
@@ -365,9 +365,7 @@ def _write_run(run, model_dir, lora_rank):
     cfg.data.difficulty = 2
     run.mkdir()
     (run / "config.toml").write_text(dump_toml(cfg))
-    model, _ = load_model(str(model_dir))
-    if lora_rank:
-        model = probe._add_lora(model, cfg)
+    model, _ = ckpt.build_policy(cfg)
     trainable = [p for p in model.parameters() if p.requires_grad]
     with torch.no_grad():
         for p in trainable:
@@ -383,7 +381,7 @@ def test_cli_run_dir_checkpoints_with_lora(tmp_path, tiny_model_dir):
 
     run = tmp_path / "run"
     saved = _write_run(run, tiny_model_dir, lora_rank=4)
-    loaded, _ = probe.load_checkpoint_model(run, probe._run_context(run)[0], 1, "cpu")
+    loaded, _, _ = load_run_policy(run, 1, "cpu")
     assert has_lora_adapter(loaded)
     want = {n: p for n, p in saved.named_parameters() if p.requires_grad}
     got = dict(loaded.named_parameters())

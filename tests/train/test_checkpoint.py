@@ -3,6 +3,7 @@ import json
 import torch
 
 from tokencredit.train import checkpoint as ck
+from tokencredit.train.rundir import MetricsLog
 
 
 def _setup():
@@ -58,7 +59,7 @@ def test_keep_prunes_old_checkpoints(tmp_path):
 
 
 def test_metrics_log_truncates_torn_and_later_lines(tmp_path):
-    log = ck.MetricsLog(tmp_path / "m.jsonl")
+    log = MetricsLog(tmp_path / "m.jsonl")
     for s in range(1, 5):
         log.append({"step": s, "reward": s / 10})
     with open(log.path, "a") as f:

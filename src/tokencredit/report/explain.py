@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,9 +39,11 @@ from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
 from tokencredit.errors import ConfigError, closest
-from tokencredit.models import special_token_ids
+from tokencredit.models import resolve_device, special_token_ids
 from tokencredit.report.html import GroupView, MethodView, ReportData, ResponseView, build_report
 from tokencredit.report.methods import MethodSpec, method_credit, needed_signals, resolve_methods
+from tokencredit.train.checkpoint import load_run_policy
+from tokencredit.train.rundir import RunDir
 
 if TYPE_CHECKING:
     from tokencredit.recipes import Recipe
@@ -69,7 +70,6 @@ __all__ = [
 DEFAULT_METHODS = "ktae,delta,strace,arca,uniform"
 _LORA_SIGNALS = ("base_hidden", "base_log_probs")
 _DISPLAY_SIGNALS = ("entropy", "old_log_probs")
-_STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 
 
 # ============================================================================ inputs
@@ -246,30 +246,27 @@ def load_jsonl(path: str | Path) -> list[GroupInput]:
 
 def saved_steps(run_dir: str | Path) -> list[int]:
     """The steps with saved rollouts in RUN_DIR/rollouts, ascending."""
-    d = Path(run_dir) / "rollouts"
-    if not d.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in d.iterdir() if (m := _STEP_FILE.match(p.name)))
+    return RunDir(run_dir).rollout_steps()
 
 
 def load_run_rollouts(run_dir: str | Path, step: int | None = None) -> tuple[int, list[GroupInput]]:
-    """(step, groups) from RUN_DIR/rollouts/step_NNNNNN.jsonl (the latest saved step by default)."""
-    run = Path(run_dir)
-    if not run.is_dir():
-        raise ConfigError(f"run directory not found: {run}")
-    steps = saved_steps(run)
+    """(step, groups) from a run's saved rollouts (the latest saved step by default)."""
+    run = RunDir(run_dir)
+    if not run.path.is_dir():
+        raise ConfigError(f"run directory not found: {run.path}")
+    steps = run.rollout_steps()
     if not steps:
         raise ConfigError(
-            f"{run}: no saved rollouts (rollouts/step_NNNNNN.jsonl); the trainer writes them at evaluation steps "
+            f"{run.path}: no saved rollouts (rollouts/step_NNNNNN.jsonl); the trainer writes them at evaluation steps "
             "when eval.save_groups > 0"
         )
     if step is None:
         step = steps[-1]
     elif step not in steps:
         raise ConfigError(
-            f"{run}: no rollouts saved at step {step}; saved steps: {', '.join(map(str, steps))}"
+            f"{run.path}: no rollouts saved at step {step}; saved steps: {', '.join(map(str, steps))}"
         )
-    groups = _read_groups(run / "rollouts" / f"step_{step:06d}.jsonl")
+    groups = _read_groups(run.rollout_path(step))
     for g in groups:
         for i, c in enumerate(g.completions):
             if c.token_ids is None:
@@ -504,12 +501,6 @@ def explain_batch(
 
 
 # ============================================================================ model and signals
-def _device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
 def _load_tokenizer(path: str | Path) -> Any:
     from transformers import AutoTokenizer
 
@@ -520,32 +511,6 @@ def _load_tokenizer(path: str | Path) -> Any:
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok
-
-
-def _lora_policy_from_checkpoint(
-    run_dir: Path, cfg: Any, device: str, notes: list[str]
-) -> tuple[Any, Any, str]:
-    """The run's base model with its LoRA adapter restored from the newest verified checkpoint."""
-    from tokencredit import models
-    from tokencredit.train import checkpoint as ckpt
-    from tokencredit.train.trainer import add_lora
-
-    state = ckpt.load_latest_checkpoint(run_dir, log=notes.append)
-    if state is None:
-        raise ConfigError(
-            f"no usable checkpoint in {run_dir / 'checkpoints'} to restore the LoRA adapter from"
-        )
-    model, tok = models.load_model(cfg.model.name, device=device)
-    model = add_lora(model, cfg.model)
-    params = dict(model.named_parameters())
-    unknown = [n for n in state["model"] if n not in params]
-    if unknown:
-        raise ConfigError(f"checkpoint parameters do not match the rebuilt LoRA model (e.g. {unknown[0]})")
-    with torch.no_grad():
-        for n, t in state["model"].items():
-            params[n].copy_(t.to(params[n].device, params[n].dtype))
-    model.eval()
-    return model, tok, f"base {cfg.model.name!r} + LoRA adapter from checkpoint step {int(state['step'])}"
 
 
 def _prompt_texts(groups: Sequence[GroupInput], tokenizer: Any, template: str) -> list[str]:
@@ -653,23 +618,8 @@ class _Inputs:
 
 
 def run_recipe(run_dir: Path, cfg: TrainConfig) -> Recipe:
-    """The recipe a run trained with: its recipe.json, else the one `cfg` resolves to.
-
-    ConfigError when recipe.json does not hold a recipe.
-    """
-
-    from tokencredit.recipes import from_dict, resolve
-
-    rpath = run_dir / "recipe.json"
-    if not rpath.is_file():
-        return resolve(cfg.algo.recipe, cfg.algo.overrides)
-    try:
-        data = json.loads(rpath.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{rpath}: not a recipe ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{rpath}: not a recipe (a JSON object is expected)")
-    return from_dict(data, str(rpath))
+    """The recipe a run trained with: its recipe.json, else the one `cfg` resolves to."""
+    return RunDir(run_dir).read_recipe(cfg)
 
 
 def _read_inputs(args: argparse.Namespace) -> _Inputs:
@@ -725,7 +675,7 @@ def _batch_with_signals(
     from tokencredit.models import load_model
     from tokencredit.signals import has_lora_adapter
 
-    device = _device(args.device)
+    device = resolve_device(args.device, "--device")
     recompute_all = inp.run_dir is None
     model = tokenizer = None
     model_desc = f"model {inp.model_path}"
@@ -747,9 +697,7 @@ def _batch_with_signals(
         lora_run = args.model is None and inp.cfg is not None and inp.cfg.model.lora_rank > 0
         if wanted & set(_LORA_SIGNALS) and lora_run:
             try:
-                model, tokenizer, model_desc = _lora_policy_from_checkpoint(
-                    inp.run_dir, inp.cfg, device, notes
-                )  # type: ignore[arg-type]
+                model, tokenizer, model_desc = load_run_policy(inp.run_dir, None, device, log=notes.append)
             except (ConfigError, OSError, RuntimeError) as e:
                 notes.append(f"could not restore the run's LoRA adapter ({e}); using {inp.model_path}")
         if model is None:

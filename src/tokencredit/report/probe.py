@@ -62,8 +62,10 @@ from torch import Tensor
 from tokencredit.batch import RolloutBatch
 from tokencredit.data.synthetic import LABELS, check, label_chars, locate_first_error
 from tokencredit.errors import ConfigError
-from tokencredit.models import special_token_ids
+from tokencredit.models import resolve_device, special_token_ids
 from tokencredit.report.methods import NA_LORA, method_credit, needed_signals, resolve_methods
+from tokencredit.train.checkpoint import load_run_policy
+from tokencredit.train.rundir import RunDir
 
 __all__ = [
     "DEFAULT_KS",
@@ -100,7 +102,6 @@ DEFAULT_METHODS = (
 DEFAULT_KS: tuple[int, ...] = (1, 3, 10)
 DEFAULT_RTOL = 1e-6
 _LABEL_CODE = {name: i for i, name in enumerate(LABELS)}
-_CKPT_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
 # ============================================================================ metrics (pure)
@@ -801,18 +802,6 @@ class ProbePoint:
     load: Callable[[], tuple[Any, Any]]
 
 
-def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and ((path / "config.toml").is_file() or (path / "checkpoints").is_dir())
-
-
-def checkpoint_steps(run_dir: Path) -> list[int]:
-    """Steps with a checkpoint file in RUN_DIR/checkpoints, ascending."""
-    d = run_dir / "checkpoints"
-    if not d.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in d.iterdir() if (m := _CKPT_FILE.match(p.name)))
-
-
 def parse_checkpoint(name: str) -> int:
     """The step number of "step_N", "step_000020", "N" or a path to step_N.pt."""
     m = re.fullmatch(r"(?:.*/)?(?:step_)?(\d+)(?:\.pt)?", name.strip())
@@ -821,82 +810,29 @@ def parse_checkpoint(name: str) -> int:
     return int(m.group(1))
 
 
-def _add_lora(model: Any, run_cfg: Any) -> Any:
-    """Wrap `model` with the run's LoRA adapter configuration, as the trainer does."""
-    from tokencredit.train.trainer import add_lora
-
-    return add_lora(model, run_cfg.model)
-
-
-def load_checkpoint_model(run_dir: Path, run_cfg: Any, step: int, device: str) -> tuple[Any, Any]:
-    """The run's base model (with its LoRA adapter when it trained one) carrying checkpoint `step`'s weights.
-
-    The checkpoint's SHA-256 digest is verified first (`tokencredit.train.checkpoint`).
-    """
-    from tokencredit import models
-    from tokencredit.train import checkpoint as ckpt
-
-    path = run_dir / "checkpoints" / f"step_{step:06d}.pt"
-    if not path.is_file():
-        have = ", ".join(f"step_{s}" for s in checkpoint_steps(run_dir)) or "none"
-        raise ConfigError(f"{run_dir}: no checkpoint at step {step} ({path.name}); saved: {have}")
-    ok, why = ckpt.verify_checkpoint(path)
-    if not ok:
-        raise ConfigError(f"checkpoint {path} is unusable: {why}")
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    model, tok = models.load_model(run_cfg.model.name, device=device)
-    if run_cfg.model.lora_rank > 0:
-        model = _add_lora(model, run_cfg)
-    params = dict(model.named_parameters())
-    unknown = [n for n in state["model"] if n not in params]
-    if unknown:
-        raise ConfigError(
-            f"checkpoint {path} holds parameters the run's model lacks (e.g. {unknown[0]}): "
-            "different base model or LoRA configuration?"
-        )
-    with torch.no_grad():
-        for n, t in state["model"].items():
-            params[n].copy_(t.to(params[n].device, params[n].dtype))
-    model.eval()
+def _checkpoint_policy(run: RunDir, step: int, device: Any) -> tuple[Any, Any]:
+    model, tok, _ = load_run_policy(run, step, device)
     return model, tok
-
-
-def _device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
-def _run_context(run_dir: Path) -> tuple[Any, Any]:
-    """(TrainConfig, resolved recipe) of a run directory (ConfigError when config.toml is missing)."""
-    from tokencredit.report.explain import run_recipe
-    from tokencredit.train.config import load_config
-
-    cfg_path = run_dir / "config.toml"
-    if not cfg_path.is_file():
-        raise ConfigError(
-            f"{run_dir}: no config.toml (the run's base model and task settings are read from it)"
-        )
-    cfg = load_config(cfg_path)
-    return cfg, run_recipe(run_dir, cfg)
 
 
 def resolve_points(args: argparse.Namespace) -> tuple[list[ProbePoint], Any, Any, Path | None]:
     """(points to probe, run TrainConfig or None, run recipe or None, run directory or None)."""
     from tokencredit import models
 
-    device = _device(args.device)
+    device = resolve_device(args.device, "--device")
     target = args.model
     path = Path(target).expanduser()
-    if target != "toy" and is_run_dir(path):
-        run_cfg, recipe = _run_context(path)
+    run = RunDir(path)
+    if target != "toy" and run.is_run():
+        run_cfg = run.read_config()
+        recipe = run.read_recipe(run_cfg)
         if args.all_checkpoints and args.checkpoint:
             raise ConfigError("give --checkpoint step_N or --all-checkpoints, not both")
         base = run_cfg.model.name
         if args.all_checkpoints:
-            steps = checkpoint_steps(path)
+            steps = run.checkpoint_steps()
             if not steps:
-                raise ConfigError(f"{path}: no checkpoints in {path / 'checkpoints'}")
+                raise ConfigError(f"{path}: no checkpoints in {run.checkpoints_dir}")
             points = [
                 ProbePoint(
                     "step 0 (start)",
@@ -911,7 +847,7 @@ def resolve_points(args: argparse.Namespace) -> tuple[list[ProbePoint], Any, Any
                         f"step {s}",
                         f"run {path}, checkpoint step {s} on {base!r}",
                         s,
-                        lambda s=s: load_checkpoint_model(path, run_cfg, s, device),
+                        lambda s=s: _checkpoint_policy(run, s, device),
                     )
                 )
             return points, run_cfg, recipe, path
@@ -923,21 +859,21 @@ def resolve_points(args: argparse.Namespace) -> tuple[list[ProbePoint], Any, Any
                         f"step {s}",
                         f"run {path}, checkpoint step {s} on {base!r}",
                         s,
-                        lambda: load_checkpoint_model(path, run_cfg, s, device),
+                        lambda: _checkpoint_policy(run, s, device),
                     )
                 ],
                 run_cfg,
                 recipe,
                 path,
             )
-        final = path / "final"
+        final = run.final_dir
         if not (final / "config.json").is_file():
-            have = ", ".join(f"step_{s}" for s in checkpoint_steps(path)) or "none"
+            have = ", ".join(f"step_{s}" for s in run.checkpoint_steps()) or "none"
             raise ConfigError(
                 f"{path}: no exported model in {final} (the run did not finish?); probe a checkpoint with "
                 f"--checkpoint step_N (saved: {have})"
             )
-        steps = checkpoint_steps(path)
+        steps = run.checkpoint_steps()
         merged = (
             " (LoRA merged into the weights: probe a --checkpoint for ARCA / policy-divergence)"
             if run_cfg.model.lora_rank > 0

@@ -1,19 +1,17 @@
-"""Atomic checkpoints and crash-safe metrics.
+"""Atomic checkpoints: save, verify, load the newest good one, restore a trainer or a policy.
 
-A checkpoint is one file `checkpoints/step_NNNNNN.pt` holding the trainable parameters (the
-LoRA adapter, or every weight under full fine-tuning), optimizer and scheduler states, RNG
-states and the step, plus a SHA-256 of its bytes in `step_NNNNNN.json`. Both are written to a
-temporary file, fsynced and renamed, so a crash leaves either the old or the new file, never a
-torn one (a temporary file left by a killed writer is deleted by the next save). Loading
-verifies the digest; a corrupt or partial checkpoint is reported and the previous one is used.
-
-`metrics.jsonl` gets one line per step, flushed and fsynced; on resume, lines after the
-checkpoint's step and any torn last line are dropped, so the file has no duplicates.
+A checkpoint is one file `checkpoints/step_NNNNNN.pt` (paths: `tokencredit.train.rundir`) holding
+the trainable parameters (the LoRA adapter, or every weight under full fine-tuning), optimizer
+and scheduler states, RNG states and the step, plus a SHA-256 of its bytes in `step_NNNNNN.json`.
+Both are written atomically, so a crash leaves either the old or the new file, never a torn one
+(a temporary file left by a killed writer is deleted by the next save). Loading verifies the
+digest; a corrupt or partial checkpoint is reported and the previous one is used.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import random
@@ -25,32 +23,21 @@ import numpy as np
 import torch
 from torch import nn
 
+from tokencredit import models
+from tokencredit.errors import ConfigError
+from tokencredit.train.config import TrainConfig
+from tokencredit.train.rundir import RunDir, atomic_write_bytes, atomic_write_text
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    _atomic_write_bytes(Path(path), text.encode())
+__all__ = [
+    "load_latest_checkpoint",
+    "load_run_policy",
+    "restore",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+    "trainable_state",
+    "verify_checkpoint",
+]
 
 
 def rng_state() -> dict[str, Any]:
@@ -78,7 +65,7 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(
-    run_dir: Path,
+    run_dir: Path | RunDir,
     step: int,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -86,9 +73,9 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     keep: int = 2,
 ) -> Path:
-    ckdir = Path(run_dir) / "checkpoints"
-    ckdir.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(ckdir)
+    rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    rd.checkpoints_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(rd.checkpoints_dir)
     payload = {
         "step": step,
         "model": trainable_state(model),
@@ -97,25 +84,23 @@ def save_checkpoint(
         "rng": rng_state(),
         "extra": extra or {},
     }
-    import io
-
     buf = io.BytesIO()
     torch.save(payload, buf)
     data = buf.getvalue()
-    path = ckdir / f"step_{step:06d}.pt"
-    _atomic_write_bytes(path, data)
+    path = rd.checkpoint_path(step)
+    atomic_write_bytes(path, data)
     meta = {"step": step, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     atomic_write_text(path.with_suffix(".json"), json.dumps(meta))
-    for old in sorted(ckdir.glob("step_*.pt"))[:-keep] if keep > 0 else []:
-        old.unlink(missing_ok=True)
-        old.with_suffix(".json").unlink(missing_ok=True)
+    for old in rd.checkpoint_steps()[:-keep] if keep > 0 else []:
+        rd.checkpoint_path(old).unlink(missing_ok=True)
+        rd.checkpoint_path(old).with_suffix(".json").unlink(missing_ok=True)
     return path
 
 
 def _remove_stale_temps(ckdir: Path) -> None:
     """Delete temp files a killed process left behind (a checkpoint-sized file each, never renamed).
 
-    Only another process's temps are stale: ours are renamed before `_atomic_write_bytes` returns.
+    Only another process's temps are stale: ours are renamed before `atomic_write_bytes` returns.
     """
     mine = f".tmp-{os.getpid()}"
     for tmp in ckdir.glob(".step_*.tmp-*"):
@@ -138,68 +123,78 @@ def verify_checkpoint(path: Path) -> tuple[bool, str]:
     return True, ""
 
 
-def load_latest_checkpoint(run_dir: Path, log: Any = None) -> dict[str, Any] | None:
+def _read(path: Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def load_latest_checkpoint(run_dir: Path | RunDir, log: Any = None) -> dict[str, Any] | None:
     """The newest checkpoint whose digest verifies (earlier ones are tried in turn); None if none."""
     say = log or (lambda msg: print(msg, file=sys.stderr))
-    for path in sorted((Path(run_dir) / "checkpoints").glob("step_*.pt"), reverse=True):
+    rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    for step in reversed(rd.checkpoint_steps()):
+        path = rd.checkpoint_path(step)
         ok, why = verify_checkpoint(path)
         if not ok:
             say(f"checkpoint {path} is unusable ({why}); trying the previous one")
             continue
         try:
-            return torch.load(path, map_location="cpu", weights_only=False)
+            return _read(path)
         except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
             say(f"checkpoint {path} could not be read ({type(e).__name__}: {e}); trying the previous one")
     return None
 
 
 def restore(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, ckpt: dict[str, Any]) -> int:
+    """Put a checkpoint's parameters, optimizer, scheduler and RNG states back; returns its step."""
     params = dict(model.named_parameters())
     missing = [n for n in ckpt["model"] if n not in params]
     if missing:
         raise RuntimeError(f"checkpoint has parameters the model lacks (different model or LoRA config?): {missing[:3]}")
-    with torch.no_grad():
-        for n, t in ckpt["model"].items():
-            params[n].copy_(t.to(params[n].device, params[n].dtype))
+    models.restore_parameters(model, ckpt["model"], "checkpoint")
     optimizer.load_state_dict(ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["scheduler"])
     set_rng_state(ckpt["rng"])
     return int(ckpt["step"])
 
 
-class MetricsLog:
-    """Append-only JSONL of per-step metrics; each line flushed and fsynced."""
+def build_policy(cfg: TrainConfig, device: str | torch.device = "cpu") -> tuple[Any, Any]:
+    """(model, tokenizer) as a run with `cfg` builds it before training: the base model in the
+    configured dtype, wrapped in its LoRA adapter when the run trains one."""
+    model, tok = models.load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
+    if cfg.model.lora_rank > 0:
+        m = cfg.model
+        model = models.add_lora(
+            model, rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout, targets=m.lora_targets,
+            name=repr(m.name),
+        )  # fmt: skip
+    return model, tok
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
 
-    def truncate_after(self, step: int) -> None:
-        """Keep only complete lines with step <= `step` (drops a torn tail and lines a crash will redo)."""
-        if not self.path.exists():
-            return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if int(rec.get("step", -1)) <= step:
-                kept.append(line)
-        atomic_write_text(self.path, "".join(k + "\n" for k in kept))
+def load_run_policy(
+    run_dir: Path | RunDir, step: int | None = None, device: str | torch.device = "cpu", log: Any = None
+) -> tuple[Any, Any, str]:
+    """(model, tokenizer, description) of a run's policy at checkpoint `step` (None: the newest good one).
 
-    def append(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def read(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        out = []
-        for line in self.path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
+    The run's base model and LoRA configuration come from its config.toml; the checkpoint's
+    digest is verified first. The model is in eval mode.
+    """
+    rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    cfg = rd.read_config()
+    if step is None:
+        state = load_latest_checkpoint(rd, log=log)
+        if state is None:
+            raise ConfigError(f"no usable checkpoint in {rd.checkpoints_dir}")
+    else:
+        path = rd.checkpoint_path(step)
+        if not path.is_file():
+            have = ", ".join(f"step_{s}" for s in rd.checkpoint_steps()) or "none"
+            raise ConfigError(f"{rd.path}: no checkpoint at step {step} ({path.name}); saved: {have}")
+        ok, why = verify_checkpoint(path)
+        if not ok:
+            raise ConfigError(f"checkpoint {path} is unusable: {why}")
+        state = _read(path)
+    model, tok = build_policy(cfg, device)
+    models.restore_parameters(model, state["model"], f"checkpoint step {int(state['step'])} of {rd.path}")
+    model.eval()
+    adapter = " + LoRA adapter" if cfg.model.lora_rank > 0 else ""
+    return model, tok, f"base {cfg.model.name!r}{adapter} from checkpoint step {int(state['step'])}"

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from tokencredit.errors import ConfigError
 from tokencredit.train.config import apply_set, load_config
+from tokencredit.train.rundir import RunDir
+from tokencredit.train.trainer import Trainer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,8 +26,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tokencredit.train.trainer import Trainer
-
     sets = list(args.set)
     for flag, key in ((args.model, "model.name"), (args.steps, "run.steps"), (args.seed, "run.seed")):
         if flag is not None:
@@ -33,12 +33,13 @@ def run(args: argparse.Namespace) -> int:
     if args.no_progress:
         sets.append("run.progress=false")
     if args.resume:
-        run_dir = Path(args.resume)
-        if not (run_dir / "config.toml").is_file():
-            raise ConfigError(f"--resume {run_dir}: no config.toml there (not a tokencredit run directory)")
+        run = RunDir(args.resume)
+        if not run.config_path.is_file():
+            raise ConfigError(f"--resume {run.path}: no config.toml there (not a tokencredit run directory)")
         if args.config or args.recipe:
             raise ConfigError("--resume uses the run's saved config; pass only --set overrides (e.g. run.steps=200)")
-        cfg = load_config(run_dir / "config.toml")
+        cfg = run.read_config()
+        run_dir = run.path
         for s in sets:
             apply_set(cfg, s)
         trainer = Trainer(cfg, run_dir, resume=True)

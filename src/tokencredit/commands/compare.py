@@ -1,0 +1,5 @@
+"""`tokencredit compare`: arguments and output of `tokencredit.report.compare` (split by concern in progress)."""
+
+from tokencredit.report.compare import add_arguments, run
+
+__all__ = ["add_arguments", "run"]

@@ -1,0 +1,227 @@
+"""The trainer's data side of a step: which problems, the rollouts sampled for them, their rewards.
+
+`PromptSampler` is a deterministic, resumable stream of training problems. `sample_round` samples
+G completions for each of P prompts and scores them; `collect` is one step's rollouts, with DAPO's
+dynamic sampling (keep only groups whose rewards differ, resample up to a limit). `StepRollouts`
+holds the result (prompts left-padded, responses right-padded, one row per completion).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tokencredit import rollout
+from tokencredit.data import benchmarks, load_problems
+from tokencredit.data.synthetic import ArithmeticTask
+from tokencredit.errors import ConfigError, TrainingError
+from tokencredit.rewards import Reward, format_reward, overlong_penalty
+from tokencredit.rewards.custom import RewardError
+from tokencredit.rollout import PromptResponseLayout
+
+__all__ = [
+    "PromptSampler", "StepRollouts", "collect", "informative_rows", "load_problems_for", "sample_round", "seed_for",
+]  # fmt: skip
+
+
+def seed_for(*parts: int) -> int:
+    """A deterministic 31-bit seed from integers (run seed, step, round...); FNV-1a mixing."""
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFFFFFF)) * 1099511628211) % (1 << 64)
+    return h % (2**31 - 1)
+
+
+def load_problems_for(spec: str, data: Any, split: str) -> list[Any]:
+    """Problems for `data.train` / `data.eval` (`data`: the run's DataConfig): "toy" (the synthetic
+    task's train or held-out split), comma-separated shipped benchmark names, or files / `datasets`
+    directories."""
+    limit = data.eval_size if split == "heldout" and data.eval_size > 0 else None
+    if spec == "toy":
+        task = ArithmeticTask(difficulty=data.difficulty, digits=data.digits)
+        return task.sample(data.eval_size if split == "heldout" else data.train_size, split)
+    out: list[Any] = []
+    for part in (x.strip() for x in spec.split(",") if x.strip()):
+        if part in benchmarks.NAMES:
+            out += benchmarks.load(part, limit=limit)
+        else:
+            out += load_problems(
+                part, problem_field=data.problem_field or None, answer_field=data.answer_field or None, limit=limit
+            )
+    if not out:
+        raise ConfigError(f"data.{'eval' if split == 'heldout' else 'train'} = {spec!r} gave no problems")
+    return out
+
+
+class PromptSampler:
+    """Deterministic, resumable stream of training problems: shuffled epochs, cursor in the checkpoint."""
+
+    def __init__(self, problems: list[Any], seed: int) -> None:
+        if not problems:
+            raise ConfigError("data.train: no training problems")
+        self.problems, self.seed, self.cursor = problems, seed, 0
+
+    def take(self, n: int) -> list[Any]:
+        out = []
+        for _ in range(n):
+            epoch, pos = divmod(self.cursor, len(self.problems))
+            g = torch.Generator().manual_seed(seed_for(self.seed, 7, epoch))
+            out.append(self.problems[int(torch.randperm(len(self.problems), generator=g)[pos])])
+            self.cursor += 1
+        return out
+
+
+@dataclass
+class StepRollouts(PromptResponseLayout):
+    """One step's rollouts, merged over generation rounds (prompt left-padded, response right-padded).
+
+    problems: one per row; group_ids [N] int64 (rows answering the same prompt of the same round);
+    scores [N] float32 (correctness + format + overlong shaping); correct [N] bool (the verifier's
+    verdict alone); truncated [N] bool; rounds: generation rounds this step took.
+    """
+
+    problems: list[Any]
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+    truncated: Tensor
+    texts: list[str]
+    group_ids: Tensor
+    scores: Tensor
+    correct: Tensor
+    rounds: int = 1
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def select(self, rows: Tensor) -> StepRollouts:
+        """The rows where `rows` (bool [N]) is True."""
+        idx = rows.nonzero().flatten()
+        keep = idx.tolist()
+        return replace(
+            self,
+            problems=[self.problems[i] for i in keep],
+            texts=[self.texts[i] for i in keep],
+            **{f: getattr(self, f)[idx] for f in _ROW_TENSORS},
+        )
+
+
+_ROW_TENSORS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "group_ids", "scores", "correct")
+
+
+def _pad_cat(tensors: list[Tensor], value: int | bool, left: bool) -> Tensor:
+    """Concatenate [n_i, L_i] tensors along rows, padding columns to the widest (left or right)."""
+    width = max(t.shape[1] for t in tensors)
+    padded = []
+    for t in tensors:
+        pad = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype, device=t.device)
+        padded.append(torch.cat([pad, t] if left else [t, pad], dim=1))
+    return torch.cat(padded)
+
+
+def _merge(parts: list[StepRollouts], pad_id: int) -> StepRollouts:
+    return StepRollouts(
+        problems=[p for r in parts for p in r.problems],
+        prompt_ids=_pad_cat([r.prompt_ids for r in parts], pad_id, left=True),
+        prompt_mask=_pad_cat([r.prompt_mask for r in parts], False, left=True),
+        response_ids=_pad_cat([r.response_ids for r in parts], pad_id, left=False),
+        response_mask=_pad_cat([r.response_mask for r in parts], False, left=False),
+        truncated=torch.cat([r.truncated for r in parts]),
+        texts=[t for r in parts for t in r.texts],
+        group_ids=torch.cat([r.group_ids for r in parts]),
+        scores=torch.cat([r.scores for r in parts]),
+        correct=torch.cat([r.correct for r in parts]),
+        rounds=parts[-1].rounds,
+    )
+
+
+def sample_round(
+    model: Any,
+    tokenizer: Any,
+    problems: list[Any],
+    prompts: list[str],
+    *,
+    group_size: int,
+    reward: Reward,
+    format_weight: float,
+    overlong_buffer: int,
+    sampling: dict[str, Any],
+    seed: int,
+    group_offset: int,
+    step: int,
+) -> StepRollouts:
+    """G = `group_size` completions for each prompt, scored: score = verifier reward (+ format reward
+    x `format_weight`) (+ DAPO's overlong penalty with buffer `overlong_buffer`, 0 = off).
+
+    `sampling`: temperature, top_p, max_new_tokens, batch_size of `tokencredit.rollout.generate`.
+    Group ids are the prompt's index plus `group_offset` (distinct across resampling rounds).
+    """
+    try:
+        ro = rollout.generate(model, tokenizer, prompts, group_size, seed=seed, **sampling)
+    except RuntimeError as e:
+        # torch.multinomial refuses a NaN/inf sampling distribution: the model's logits are not finite
+        if "inf" in str(e) and "nan" in str(e):
+            raise TrainingError(f"step {step + 1}: non-finite logits while sampling rollouts ({e})") from e
+        raise
+    rows = [problems[int(i)] for i in ro.prompt_index]
+    try:
+        raw = torch.tensor(reward(ro.texts, [p.answer for p in rows]), dtype=torch.float32)
+    except RewardError as e:  # the reward function's output names the bad rollout
+        raise TrainingError(f"step {step + 1}: {e}") from e
+    scores = raw
+    if format_weight:
+        scores = scores + format_weight * torch.tensor(format_reward(ro.texts), dtype=torch.float32)
+    if overlong_buffer > 0:
+        lengths = ro.response_mask.sum(-1)
+        scores = scores + overlong_penalty(lengths, sampling["max_new_tokens"], overlong_buffer).float()
+    return StepRollouts(
+        problems=rows,
+        prompt_ids=ro.prompt_ids,
+        prompt_mask=ro.prompt_mask.bool(),
+        response_ids=ro.response_ids,
+        response_mask=ro.response_mask.bool(),
+        truncated=ro.truncated.bool(),
+        texts=list(ro.texts),
+        group_ids=ro.prompt_index.long() + group_offset,
+        scores=scores,
+        correct=raw > 0,
+    )
+
+
+def informative_rows(ro: StepRollouts) -> Tensor:
+    """bool [N]: rows of groups whose scores are not all equal (DAPO's dynamic-sampling filter)."""
+    _, inv = torch.unique(ro.group_ids, return_inverse=True)
+    n = int(inv.max()) + 1
+    lo = torch.full((n,), float("inf")).scatter_reduce(0, inv, ro.scores, "amin")
+    hi = torch.full((n,), float("-inf")).scatter_reduce(0, inv, ro.scores, "amax")
+    return (hi > lo)[inv]
+
+
+def collect(
+    sample: Callable[[int], StepRollouts], *, groups: int, dynamic: bool, max_rounds: int, pad_id: int
+) -> StepRollouts:
+    """One step's rollouts from `sample(round)`; with `dynamic` (DAPO) only informative groups are kept,
+    resampling (up to `max_rounds` more rounds) until `groups` of them are found. May be empty."""
+    first = sample(0)
+    if not dynamic:
+        return first
+    parts, n_groups, rnd, cur = [], 0, 0, first
+    while True:
+        informative = informative_rows(cur)
+        if bool(informative.any()):
+            parts.append(cur.select(informative))
+            n_groups += int(torch.unique(cur.group_ids[informative]).numel())
+        rnd += 1
+        if n_groups >= groups or rnd > max_rounds:
+            break
+        cur = sample(rnd)
+    if not parts:
+        return replace(first.select(torch.zeros(len(first), dtype=torch.bool)), rounds=rnd)
+    merged = _merge(parts, pad_id)
+    keep_groups = torch.unique(merged.group_ids, sorted=False)[:groups]
+    return replace(merged.select(torch.isin(merged.group_ids, keep_groups)), rounds=rnd)

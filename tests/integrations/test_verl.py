@@ -227,7 +227,7 @@ def test_v1_hook_fetches_responses_and_entropy_from_the_transfer_queue():
             )
             return ray_trainer.compute_advantage(data, adv_estimator=self.config.algorithm.adv_estimator)
 
-    hooked = tc_verl._wrap_v1_compute_advantage(Trainer._compute_advantage, FakeTQ)
+    hooked = tc_verl.hooks._wrap_v1_compute_advantage(Trainer._compute_advantage, FakeTQ)
     out = hooked(Trainer(), Batch(), {})
     assert calls == [(tuple(Batch.keys), "train", ("responses", "entropy"))]
     torch.testing.assert_close(out.batch["advantages"], _core("tc_strace"), rtol=0, atol=0)
@@ -287,9 +287,9 @@ def test_strace_loss_refuses_an_estimator_without_the_kept_set():
                     loss_mode = "tc_strace"
 
     with pytest.raises(ConfigError, match="tc_strace"):
-        tc_verl._check_pairing(Cfg())
+        tc_verl.losses.check_pairing(Cfg())
     Cfg.algorithm.adv_estimator = "tc_strace"
-    tc_verl._check_pairing(Cfg())
+    tc_verl.losses.check_pairing(Cfg())
     old, new, mask = _loss_inputs()
     with pytest.raises(ConfigError, match="rollout-correction"):
         core_algos.get_policy_loss_fn("tc_ptrace")(old, new, old, mask, "token-mean", None, torch.ones(N, T))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -188,6 +189,139 @@ def _check_inputs(token_ids: Tensor, mask: Tensor, correct: Tensor, group_ids: T
 
 
 # ---------------------------------------------------------------------------- key values
+@dataclass(frozen=True)
+class _Groups:
+    """Per-rollout group index and per-group counts (only `mixed` groups carry key values)."""
+
+    index: Tensor  # [N] group of each rollout, 0..n-1
+    size: Tensor  # [n] rollouts per group
+    n_true: Tensor  # [n] correct rollouts per group
+    len_true: Tensor  # [n] valid tokens of the correct rollouts
+    len_false: Tensor  # [n] valid tokens of the wrong rollouts
+    mixed: Tensor  # [n] bool: the group has both outcomes
+
+
+def _groups(valid: Tensor, correct: Tensor, group_ids: Tensor) -> _Groups:
+    gidx = torch.unique(group_ids.to(valid.device), return_inverse=True)[1]
+    n = int(gidx.max().item()) + 1
+    size = torch.bincount(gidx, minlength=n)
+    n_true = torch.bincount(gidx[correct], minlength=n)
+    lengths = valid.sum(1)
+    zeros = torch.zeros(n, dtype=torch.int64, device=valid.device)
+    len_true = zeros.clone().index_add_(0, gidx, lengths * correct)
+    len_false = zeros.index_add_(0, gidx, lengths * ~correct)
+    return _Groups(gidx, size, n_true, len_true, len_false, (n_true > 0) & (n_true < size))
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """Statistics of every (group, token id) pair occurring in the live tokens.
+
+    count_all / count_true: occurrences in all / the correct rollouts; a / b: correct / wrong
+    rollouts of the group containing the id at least once; group, token_id: the pair's group and
+    id; perm, pair_of_sorted: how the sorted live tokens map back (for scattering k).
+    """
+
+    count_all: Tensor
+    count_true: Tensor
+    a: Tensor
+    b: Tensor
+    group: Tensor
+    token_id: Tensor
+    perm: Tensor
+    pair_of_sorted: Tensor
+
+
+def _pairs(token_ids: Tensor, live: Tensor, correct: Tensor, g: _Groups) -> _Pairs:
+    """One sort of packed int64 keys: group | id | wrong bit | rank of the rollout in its group.
+
+    Bit fields (shifts, no divisions) so that sorting groups tokens by (group, id) pair, and within
+    a pair by rollout: pairs and (pair, rollout) presence are runs of equal (sub)keys.
+    """
+    n_rows, device = token_ids.shape[0], token_ids.device
+    ids = token_ids.masked_select(live).long()  # row-major order of the live positions
+    order = torch.argsort(g.index, stable=True)
+    starts = torch.cumsum(g.size, 0) - g.size
+    rank = torch.empty_like(g.index)
+    rank[order] = torch.arange(n_rows, device=device) - starts[g.index[order]]
+    rank_bits = max(1, (int(g.size.max()) - 1).bit_length())
+    id_bits = max(1, int(ids.max()).bit_length())
+    group_bits = max(1, (g.size.numel() - 1).bit_length())
+    if group_bits + id_bits + rank_bits + 1 > 63:
+        raise ValueError(
+            f"KTAE key does not fit in int64 ({g.size.numel()} groups, max id {int(ids.max())}, "
+            f"max group size {int(g.size.max())}); split the batch"
+        )
+    pair_shift = rank_bits + 1
+    row_key = (g.index << (id_bits + pair_shift)) | ((~correct).long() << rank_bits) | rank
+    key = (ids << pair_shift) | row_key.repeat_interleave(live.sum(1))
+    sorted_key, perm = torch.sort(key)
+    del key, ids
+
+    sorted_pair = sorted_key >> pair_shift
+    new_pair = torch.ones_like(sorted_key, dtype=torch.bool)
+    torch.ne(sorted_pair[1:], sorted_pair[:-1], out=new_pair[1:])
+    new_rollout = torch.ones_like(new_pair)
+    torch.ne(sorted_key[1:], sorted_key[:-1], out=new_rollout[1:])
+    is_true = ((sorted_key >> rank_bits) & 1) == 0
+    pair_start = new_pair.nonzero().squeeze(1)
+    pair_end = torch.cat([pair_start[1:], pair_start.new_tensor([sorted_key.numel()])]) - 1
+    a = _segment_sums(new_rollout & is_true, pair_end)
+    pair_key = sorted_pair[pair_start]
+    return _Pairs(
+        count_all=pair_end - pair_start + 1,
+        count_true=_segment_sums(is_true, pair_end),
+        a=a,
+        b=_segment_sums(new_rollout, pair_end) - a,
+        group=pair_key >> id_bits,
+        token_id=pair_key & ((1 << id_bits) - 1),
+        perm=perm,
+        pair_of_sorted=torch.cumsum(new_pair, 0, dtype=torch.int32) - 1,
+    )
+
+
+def _strength_direction(g: _Groups, p: _Pairs, fisher: str, alpha: float, beta: float) -> tuple[Tensor, Tensor]:
+    """(S, h) per pair from cached tables: S and h depend only on (G, N_T, a, b), so one
+    [2, (N_T+1)(N_F+1)] table per distinct (G, N_T) combo, concatenated; a pair's entry is
+    base[group] + a * (N_F + 1) + b."""
+    side = int(g.size.max()) + 1
+    combos, combo_of_mixed = torch.unique((g.size * side + g.n_true)[g.mixed], return_inverse=True)
+    luts, bases = [], []
+    offset = 0
+    for c in combos.tolist():
+        table = _combo_table(c // side, c % side, fisher, alpha, beta)
+        luts.append(table)
+        bases.append((offset, c // side - c % side + 1))
+        offset += table.shape[1]
+    device = g.index.device
+    lut = torch.cat(luts, 1).to(device)
+    group_base = torch.zeros(g.size.numel(), 2, dtype=torch.int64, device=device)
+    group_base[g.mixed] = torch.tensor(bases, dtype=torch.int64, device=device)[combo_of_mixed]
+    base_stride = group_base[p.group]
+    per_pair = lut[:, base_stride[:, 0] + p.a * base_stride[:, 1] + p.b]
+    return per_pair[0], per_pair[1]
+
+
+def _tf_contrast(g: _Groups, p: _Pairs) -> Tensor:
+    """BM25 frequency contrast per pair: tf_T / (tf_F + 1e-5) - tf_F / (tf_T + 1e-5)."""
+    l_true, l_false = g.len_true.double(), g.len_false.double()
+    l_avg = ((l_true + l_false) / 2.0).clamp(min=1.0)
+    per_group = torch.stack(
+        [
+            1.0 / l_true.clamp(min=1.0),
+            _K1 * (1.0 - _B + _B * l_true / l_avg),
+            1.0 / l_false.clamp(min=1.0),
+            _K1 * (1.0 - _B + _B * l_false / l_avg),
+        ],
+        1,
+    )[p.group]  # one [P, 4] row lookup per pair
+    f_true = p.count_true * per_group[:, 0]
+    f_false = (p.count_all - p.count_true) * per_group[:, 2]
+    tf_true = f_true * (_K1 + 1.0) / (f_true + per_group[:, 1])
+    tf_false = f_false * (_K1 + 1.0) / (f_false + per_group[:, 3])
+    return tf_true / (tf_false + 1e-5) - tf_false / (tf_true + 1e-5)
+
+
 def key_token_values(
     token_ids: Tensor,
     mask: Tensor,
@@ -226,122 +360,30 @@ def key_token_values(
             f"KTAE needs alpha >= 0, beta >= 0 and alpha + beta > 0, got alpha={alpha}, beta={beta}"
         )
     device = token_ids.device
-    n_rows, width = token_ids.shape
-    out = torch.zeros(n_rows, width, dtype=torch.float32, device=device)
-    if n_rows == 0:
+    out = torch.zeros(token_ids.shape, dtype=torch.float32, device=device)
+    if token_ids.shape[0] == 0:
         return out
-
     correct = correct.to(device=device, dtype=torch.bool)
     valid = mask.to(device) != 0
-    gidx = torch.unique(group_ids.to(device), return_inverse=True)[1]
-    n_groups = int(gidx.max().item()) + 1
-    g_size = torch.bincount(gidx, minlength=n_groups)
-    g_true = torch.bincount(gidx[correct], minlength=n_groups)
-    lengths = valid.sum(1)
-    len_true = torch.zeros(n_groups, dtype=torch.int64, device=device).index_add_(0, gidx, lengths * correct)
-    len_false = torch.zeros(n_groups, dtype=torch.int64, device=device).index_add_(
-        0, gidx, lengths * ~correct
-    )
-    mixed = (g_true > 0) & (g_true < g_size)
-
+    g = _groups(valid, correct, group_ids)
     negative = valid & (token_ids < 0)
     if bool(negative.any()):
         i, j = (int(x) for x in negative.nonzero()[0])
         raise ValueError(f"token_ids: negative id {int(token_ids[i, j])} at rollout {i}, token {j}")
-
-    # Only valid tokens of groups with both outcomes carry a key value.
-    live = valid & mixed[gidx][:, None]
-    live_per_row = live.sum(1)
-    if int(live_per_row.sum()) == 0:
+    live = valid & g.mixed[g.index][:, None]  # only valid tokens of groups with both outcomes
+    if not bool(live.any()):
         return out
-    ids = token_ids.masked_select(live).long()  # row-major order of the live positions
-
-    # One int64 key per token: group | id | wrong bit | rank of the rollout in its group, with
-    # bit fields (shifts, no divisions). Sorting it groups tokens by (group, id) pair, and within
-    # a pair by rollout, so pairs and (pair, rollout) presence are runs of equal (sub)keys.
-    order = torch.argsort(gidx, stable=True)
-    starts = torch.cumsum(g_size, 0) - g_size
-    rank = torch.empty_like(gidx)
-    rank[order] = torch.arange(n_rows, device=device) - starts[gidx[order]]
-    rank_bits = max(1, (int(g_size.max()) - 1).bit_length())
-    id_bits = max(1, int(ids.max()).bit_length())
-    group_bits = max(1, (n_groups - 1).bit_length())
-    if group_bits + id_bits + rank_bits + 1 > 63:
-        raise ValueError(
-            f"KTAE key does not fit in int64 ({n_groups} groups, max id {int(ids.max())}, "
-            f"max group size {int(g_size.max())}); split the batch"
-        )
-    pair_shift = rank_bits + 1
-    row_key = (gidx << (id_bits + pair_shift)) | ((~correct).long() << rank_bits) | rank
-    key = (ids << pair_shift) | row_key.repeat_interleave(live_per_row)
-    sorted_key, perm = torch.sort(key)
-    del key, ids
-
-    sorted_pair = sorted_key >> pair_shift
-    new_pair = torch.ones_like(sorted_key, dtype=torch.bool)
-    torch.ne(sorted_pair[1:], sorted_pair[:-1], out=new_pair[1:])
-    new_rollout = torch.ones_like(new_pair)
-    torch.ne(sorted_key[1:], sorted_key[:-1], out=new_rollout[1:])
-    is_true = ((sorted_key >> rank_bits) & 1) == 0
-    pair_start = new_pair.nonzero().squeeze(1)
-    pair_end = torch.cat([pair_start[1:], pair_start.new_tensor([sorted_key.numel()])]) - 1
-    pair_of_sorted = torch.cumsum(new_pair, 0, dtype=torch.int32) - 1
-
-    count_all = pair_end - pair_start + 1
-    count_true = _segment_sums(is_true, pair_end)
-    present = _segment_sums(new_rollout, pair_end)
-    a = _segment_sums(new_rollout & is_true, pair_end)
-    b = present - a
-    pair_key = sorted_pair[pair_start]
-    pair_group = pair_key >> id_bits
-    del sorted_key, sorted_pair, new_pair, new_rollout, is_true
-
-    # S and h depend only on (G, N_T, a, b): one cached [2, (N_T+1)(N_F+1)] table per distinct
-    # (G, N_T) combo, concatenated; a pair's entry is base[group] + a * (N_F + 1) + b.
-    side = int(g_size.max()) + 1
-    combos, combo_of_mixed = torch.unique((g_size * side + g_true)[mixed], return_inverse=True)
-    luts, bases = [], []
-    offset = 0
-    for c in combos.tolist():
-        table = _combo_table(c // side, c % side, fisher, float(alpha), float(beta))
-        luts.append(table)
-        bases.append((offset, c // side - c % side + 1))
-        offset += table.shape[1]
-    lut = torch.cat(luts, 1).to(device)
-    group_base = torch.zeros(n_groups, 2, dtype=torch.int64, device=device)
-    group_base[mixed] = torch.tensor(bases, dtype=torch.int64, device=device)[combo_of_mixed]
-    base_stride = group_base[pair_group]
-    per_pair = lut[:, base_stride[:, 0] + a * base_stride[:, 1] + b]
-    strength, direction = per_pair[0], per_pair[1]
-
+    pairs = _pairs(token_ids, live, correct, g)
+    strength, direction = _strength_direction(g, pairs, fisher, float(alpha), float(beta))
     if use_tf:
-        # Per-group BM25 constants, gathered once per pair as one [P, 4] row lookup.
-        l_true, l_false = len_true.double(), len_false.double()
-        l_avg = ((l_true + l_false) / 2.0).clamp(min=1.0)
-        per_group = torch.stack(
-            [
-                1.0 / l_true.clamp(min=1.0),
-                _K1 * (1.0 - _B + _B * l_true / l_avg),
-                1.0 / l_false.clamp(min=1.0),
-                _K1 * (1.0 - _B + _B * l_false / l_avg),
-            ],
-            1,
-        )[pair_group]
-        f_true = count_true * per_group[:, 0]
-        f_false = (count_all - count_true) * per_group[:, 2]
-        tf_true = f_true * (_K1 + 1.0) / (f_true + per_group[:, 1])
-        tf_false = f_false * (_K1 + 1.0) / (f_false + per_group[:, 3])
-        direction = direction + tf_true / (tf_false + 1e-5) - tf_false / (tf_true + 1e-5)
-
+        direction = direction + _tf_contrast(g, pairs)
     # "+ 0.0" turns the -0.0 of a zero strength times a negative direction into +0.0.
     k_pair = (top * torch.tanh(strength * direction / 2.0) + 0.0).float()
     ignore = torch.as_tensor(ignore_token_ids, dtype=torch.int64, device=device).flatten()
     if ignore.numel():
-        pair_id = pair_key & ((1 << id_bits) - 1)
-        k_pair = torch.where(torch.isin(pair_id, ignore), 0.0, k_pair)
-
-    k_live = k_pair.new_empty(perm.shape)
-    k_live[perm] = k_pair[pair_of_sorted]
+        k_pair = torch.where(torch.isin(pairs.token_id, ignore), 0.0, k_pair)
+    k_live = k_pair.new_empty(pairs.perm.shape)
+    k_live[pairs.perm] = k_pair[pairs.pair_of_sorted]
     return out.masked_scatter_(live, k_live)
 
 

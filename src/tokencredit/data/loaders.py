@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tokencredit.errors import ConfigError
+from tokencredit.rewards.extract import last_boxed
 
 PROBLEM_FIELDS = ("problem", "question", "prompt")
 ANSWER_FIELDS = ("answer", "ground_truth", "reward_model.ground_truth", "solution", "final_answer")
@@ -72,8 +73,6 @@ def _prompt_text(value: Any, where: str) -> str:
 
 
 def _answer_from_text(text: str, from_solution: bool) -> str | None:
-    from tokencredit.rewards.extract import last_boxed
-
     if from_solution or "\\boxed" in text or "\\fbox" in text:
         boxed = last_boxed(text)
         if boxed is not None:

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from tokencredit import advantages as adv_mod
 from tokencredit.batch import RolloutBatch
+from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.errors import ConfigError
 from tokencredit.integrations._common import ENGINE_KERNELS
 from tokencredit.models import special_token_ids
@@ -253,8 +254,6 @@ class CreditGRPOTrainer(GRPOTrainer):
 
     def _negative_inputs(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> dict[str, Any]:
         """GCPO: the same completions after a prompt that asks for a wrong answer."""
-        from tokencredit.credit.gcpo import negative_prompt
-
         prompts = []
         for i, example in enumerate(inputs):
             if self._negative_prompt_fn is not None:

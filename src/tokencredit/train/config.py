@@ -8,12 +8,14 @@ ones. The resolved configuration is written to the run directory as `config.toml
 from __future__ import annotations
 
 import ast
+import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from tokencredit.errors import ConfigError, closest
+from tokencredit.models import resolve_device
 
 
 @dataclass
@@ -241,8 +243,6 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None, r
 def validate_config(cfg: TrainConfig) -> None:
     """Check value ranges that the types cannot express; a bad value is a one-line ConfigError
     naming the key (not a torch or generate error several calls later)."""
-    import math
-
     def need(ok: bool, key: str, rule: str) -> None:
         if not ok:
             section, name = key.split(".")
@@ -297,18 +297,7 @@ def validate_config(cfg: TrainConfig) -> None:
 
 def _check_device(device: str) -> None:
     """run.device: "auto", or a torch device string whose backend is present on this machine."""
-    if device == "auto":
-        return
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ConfigError(f"run.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"run.device={device!r} but no CUDA device is available (use 'auto' or 'cpu')")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ConfigError(f"run.device={device!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+    resolve_device(device, "run.device")
 
 
 def _toml_value(v: Any) -> str:

@@ -71,31 +71,23 @@ def policy_update(
     if fuse_old:
         batch.old_log_probs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         batch.entropy = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    forward = _Forward(model, sequences, attention_mask, prompt_len, temperature, fuse_old, step)
     for _epoch in range(optim.ppo_epochs):
         order = torch.randperm(n, generator=g) if optim.mini_batches > 1 else torch.arange(n)
         for mb in order.tensor_split(optim.mini_batches):
             mb = mb.to(mask.device)
-            n_tok = float(credit.loss_mask[mb].sum())
-            n_seq = float((credit.loss_mask[mb].sum(-1) > 0).sum())
+            counts = {"global_tokens": float(credit.loss_mask[mb].sum()),
+                      "global_seqs": float((credit.loss_mask[mb].sum(-1) > 0).sum())}  # fmt: skip
             optimizer.zero_grad(set_to_none=True)
             for micro in mb.split(optim.micro_batch_size or len(mb)):
-                out = token_log_probs(
-                    model, sequences[micro], attention_mask[micro], prompt_len, temperature=temperature,
-                    response_mask=mask[micro], with_entropy=fuse_old,
-                )  # fmt: skip
-                logp = out[0] if fuse_old else out
-                if not bool(torch.isfinite(logp[mask[micro]]).all()):
-                    raise TrainingError(f"step {step + 1}: non-finite log-probs in the training forward")
-                if fuse_old:
-                    batch.old_log_probs[micro] = logp.detach()
-                    batch.entropy[micro] = out[1].detach()
+                logp = forward(batch, micro)
                 loss, met = objectives.policy_loss(
                     logp,
                     batch.old_log_probs[micro] if credit.recipe.uses_ratio else None,
                     credit.token_advantages[micro],
                     credit.mask[micro],
                     ref_log_prob=None if batch.ref_log_probs is None else batch.ref_log_probs[micro],
-                    global_tokens=n_tok, global_seqs=n_seq, **credit.policy_kwargs(micro),
+                    **counts, **credit.policy_kwargs(micro),
                 )  # fmt: skip
                 if not bool(torch.isfinite(loss)):
                     raise TrainingError(f"step {step + 1}: non-finite loss ({loss.item()})")
@@ -107,6 +99,33 @@ def policy_update(
             grad_norms.append(float(gn))
             optimizer.step()
     return UpdateStats(_mean_metrics(mets), sum(grad_norms) / len(grad_norms))
+
+
+@dataclass(frozen=True)
+class _Forward:
+    """The training forward of a micro-batch: log pi(y_t) with grad (and, fused, the old policy's signals)."""
+
+    model: torch.nn.Module
+    sequences: Tensor
+    attention_mask: Tensor
+    prompt_len: int
+    temperature: float
+    fuse_old: bool
+    step: int
+
+    def __call__(self, batch: RolloutBatch, micro: Tensor) -> Tensor:
+        mask = batch.mask[micro]
+        out = token_log_probs(
+            self.model, self.sequences[micro], self.attention_mask[micro], self.prompt_len,
+            temperature=self.temperature, response_mask=mask, with_entropy=self.fuse_old,
+        )  # fmt: skip
+        logp = out[0] if self.fuse_old else out
+        if not bool(torch.isfinite(logp[mask]).all()):
+            raise TrainingError(f"step {self.step + 1}: non-finite log-probs in the training forward")
+        if self.fuse_old:
+            batch.old_log_probs[micro] = logp.detach()
+            batch.entropy[micro] = out[1].detach()
+        return logp
 
 
 def can_fuse_old_pass(model: torch.nn.Module, optim: OptimConfig, recipe: Any, credit_needs: frozenset[str]) -> bool:

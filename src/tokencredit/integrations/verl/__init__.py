@@ -1,0 +1,136 @@
+"""verl plugin: tokencredit's token credit as verl advantage estimators and policy losses.
+
+Load it without forking verl: ``VERL_USE_EXTERNAL_MODULES=tokencredit.integrations.verl`` (verl
+imports the module at ``import verl``; in a Ray cluster pass the variable through
+``ray_kwargs.ray_init.runtime_env.env_vars``), then select
+``algorithm.adv_estimator=tc_<name>`` and, for the trace kernels,
+``actor_rollout_ref.actor.policy_loss.loss_mode=tc_ptrace`` / ``tc_strace``. See docs/integrations.md.
+
+What it registers (generated, never listed by hand):
+
+- one estimator ``tc_<slug>`` per recipe of `tokencredit.recipes.RECIPES` and per credit method
+  of `tokencredit.credit.CREDIT_METHODS` that is not also a recipe (``tc_ktae``, ``tc_delta``,
+  ``tc_strace``, ``tc_arca``, ``tc_entropy_80_20``, ``tc_gcpo``, ``tc_dapo_ktae``, ...). Each returns
+  (Â, Â) [bs, T] computed by the core: the group baseline (`tokencredit.advantages`), then the
+  credit method (`tokencredit.credit.compute`);
+- one policy loss ``tc_<kernel>`` per ratio kernel verl does not already have (``tc_ptrace``,
+  ``tc_strace``, ``tc_accumulating``), computed by `tokencredit.objectives.policy_loss` with
+  verl's clip ratios, dual clip, ``loss_agg_mode`` and global-batch normalisers.
+
+Inputs verl does not pass. A registered estimator receives only ``token_level_rewards``,
+``response_mask``, ``index`` and ``config``; token credit needs the response token ids and, for
+some methods, the old policy's entropy. `install_hooks` (run once at import; the one place that
+touches verl) supplies them by the least invasive routes of the integration spec, patching each
+verl module right after it is first imported (`HOOK_TARGETS`), so ``import verl`` stays light:
+
+1. the module-level ``compute_advantage`` (in ``verl.trainer.ppo.ray_trainer`` and, on the v1
+   trainer, ``verl.trainer.ppo.v1.utils``) is wrapped: for a ``tc_`` estimator it hands the whole
+   ``DataProto`` to the estimator; every other estimator goes to verl's code untouched;
+2. v1 trainer (verl 0.9 default): ``PPOTrainer._compute_advantage`` reads only a fixed field list
+   from the TransferQueue; the wrapper lets our estimators fetch ``responses`` and ``entropy``
+   (which the v1 trainer keeps there) for the same keys;
+3. legacy trainer (``trainer.use_v1=False``): ``RayPPOTrainer._compute_old_log_prob`` returns the
+   entropy that ``fit`` then pops; the wrapper keeps a copy under ``tc_entropy``.
+
+Signals verl never computes (final hidden states for DelTA / ARCA, the adapter-free pass, GCPO's
+negative-prompt pass) come from the actor extension, `tokencredit.integrations.verl_actor`, switched
+on by ``TOKENCREDIT_VERL_ACTOR_SIGNALS=1`` (driver and Ray workers; legacy trainer): it hooks verl's
+FSDP engine and the legacy trainer's ``_compute_old_log_prob``, so the old-log-prob step also
+returns exactly the signals the selected estimator needs, under the batch keys of `SIGNAL_KEYS`
+(``tc_hidden``, ...). Without them those estimators raise a `ConfigError` naming the switch. The
+S-trace loss reads its kept token set from the advantages (see `register_loss`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from packaging.version import Version
+
+from tokencredit import objectives
+from tokencredit.errors import ConfigError
+from tokencredit.integrations._common import ENGINE_KERNELS, slug
+from tokencredit.recipes import RECIPES, known_names
+
+try:
+    import verl
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "tokencredit.integrations.verl needs verl: pip install 'tokencredit[verl]' and then "
+        "pip install --no-deps 'verl>=0.9,<0.10' (see docs/integrations.md)"
+    ) from err
+
+SUPPORTED_VERSIONS = ">=0.9,<0.10"
+_MIN_VERSION, _MAX_VERSION = Version("0.9.0"), Version("0.10.0")
+
+
+def check_version(version: str | None = None) -> str:
+    """Raise ImportError unless verl's version is in SUPPORTED_VERSIONS (the range we test)."""
+    found = verl.__version__ if version is None else version
+    if not _MIN_VERSION <= Version(found) < _MAX_VERSION:
+        raise ImportError(
+            f"tokencredit.integrations.verl supports verl {SUPPORTED_VERSIONS} (tested with 0.9.1); found verl "
+            f"{found}. Its hooks wrap verl-internal functions whose signatures change between releases, so "
+            "other versions are refused rather than silently mis-wired."
+        )
+    return found
+
+
+# The version is checked before any verl-internal module is imported by the parts below.
+check_version()
+
+from tokencredit.integrations.verl.batch import SIGNAL_KEYS, batch_from_dataproto  # noqa: E402
+from tokencredit.integrations.verl.estimators import (  # noqa: E402
+    _CONTEXT,
+    _LEGACY_SPECIAL_IDS,
+    ESTIMATORS,
+    estimator_spec,
+    register_estimator,
+)
+from tokencredit.integrations.verl.hooks import (  # noqa: E402
+    _PENDING,
+    ACTOR_HOOK_TARGETS,
+    HOOK_TARGETS,
+    _PostImportPatcher,
+    _wrap_legacy_old_log_prob,
+    install_hooks,
+)
+from tokencredit.integrations.verl.losses import LOSSES, register_loss  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ACTOR_HOOK_TARGETS",
+    "ESTIMATORS",
+    "HOOK_TARGETS",
+    "LOSSES",
+    "SIGNAL_KEYS",
+    "SUPPORTED_VERSIONS",
+    "batch_from_dataproto",
+    "check_version",
+    "estimator_spec",
+    "install_hooks",
+    "register_estimator",
+    "register_loss",
+]
+# test-facing internals: the legacy trainer's special ids, the v1 step context, the pending patches
+_INTERNALS = (_CONTEXT, _LEGACY_SPECIAL_IDS, _PENDING, _PostImportPatcher, _wrap_legacy_old_log_prob)
+
+
+
+def register_all() -> None:
+    """One estimator per recipe and per credit method that is not a recipe; one loss per kernel verl lacks."""
+    for name in known_names():
+        try:
+            register_estimator(f"tc_{slug(name)}", name)
+        except ConfigError as err:  # a recipe whose credit method is not registered in this build
+            log.warning("tokencredit: estimator tc_%s not registered: %s", slug(name), err)
+    for kernel in objectives.KERNELS:
+        if kernel in ENGINE_KERNELS:
+            continue
+        params = dict(RECIPES[kernel].kernel_params) if kernel in RECIPES else {}
+        register_loss(f"tc_{slug(kernel)}", kernel, **params)
+
+
+register_all()
+HOOKED = install_hooks()

@@ -1,0 +1,101 @@
+"""verl's DataProto -> tokencredit's RolloutBatch: where each field and per-token signal is read from."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torch import Tensor
+from verl import DataProto
+
+from tokencredit.batch import RolloutBatch
+from tokencredit.errors import ConfigError
+from tokencredit.integrations import verl_actor
+from tokencredit.integrations._common import group_ids_from_labels
+
+__all__ = ["SIGNAL_KEYS", "batch_from_dataproto", "first_key"]
+
+# Where each per-token signal is read from in a DataProto's batch, first match wins. verl's own
+# keys: old_log_probs, ref_log_prob, entropy (v1 TransferQueue field), entropys (legacy
+# old-log-prob output, kept as tc_entropy by our hook); the other tc_* keys come from the actor
+# extension (tokencredit.integrations.verl_actor, switched on by TOKENCREDIT_VERL_ACTOR_SIGNALS=1).
+SIGNAL_KEYS: dict[str, tuple[str, ...]] = {
+    "old_log_probs": ("old_log_probs",),
+    "ref_log_probs": ("ref_log_prob",),
+    "entropy": ("tc_entropy", "entropy", "entropys"),
+    **{name: (key,) for name, key in verl_actor.BATCH_KEYS.items()},
+}
+
+
+
+def first_key(data: DataProto, keys: Iterable[str]) -> str | None:
+    present = set(data.batch.keys())
+    return next((k for k in keys if k in present), None)
+
+
+def batch_from_dataproto(
+    data: DataProto,
+    needs: Iterable[str] = (),
+    *,
+    token_level_rewards: Tensor | None = None,
+    response_mask: Tensor | None = None,
+    who: str = "tokencredit",
+) -> RolloutBatch:
+    """A RolloutBatch [bs, T] from a verl DataProto.
+
+    token ids = ``responses``; mask = ``response_mask``; score = sum of ``token_level_rewards`` over
+    the response (verl puts the outcome reward at the last valid token; an in-reward KL penalty is
+    summed in, as verl's GRPO does); group ids = ``non_tensor_batch["uid"]``; the per-token
+    signals `needs` from the keys in SIGNAL_KEYS. Raises ConfigError naming a missing field.
+    """
+    batch = data.batch
+    rewards = batch["token_level_rewards"] if token_level_rewards is None else token_level_rewards
+    mask = batch["response_mask"] if response_mask is None else response_mask
+    if "responses" not in batch.keys():
+        raise ConfigError(
+            f"{who}: the DataProto has no 'responses' (response token ids); keys: {sorted(batch.keys())}"
+        )
+    if "uid" not in data.non_tensor_batch:
+        raise ConfigError(
+            f"{who}: the DataProto has no non_tensor_batch['uid'] (the prompt group of each response)"
+        )
+    token_ids = batch["responses"]
+    if token_ids.shape != mask.shape:
+        raise ConfigError(
+            f"{who}: 'responses' has shape {tuple(token_ids.shape)} but 'response_mask' {tuple(mask.shape)}"
+        )
+    signals: dict[str, Tensor] = {}
+    for name in sorted(set(needs)):
+        key = first_key(data, SIGNAL_KEYS[name])
+        if key is None:
+            raise ConfigError(_missing_signal_message(who, name))
+        signals[name] = batch[key].float()
+    return RolloutBatch(
+        token_ids=token_ids,
+        mask=mask.bool(),
+        group_ids=group_ids_from_labels(data.non_tensor_batch["uid"]).to(token_ids.device),
+        scores=rewards.float().sum(-1),
+        **signals,
+    )
+
+
+def _missing_signal_message(who: str, name: str) -> str:
+    keys = " / ".join(SIGNAL_KEYS[name])
+    if name == "entropy":
+        how = (
+            "verl computes it with the old log-probs; it is in the batch when tokencredit.integrations.verl is "
+            "imported through VERL_USE_EXTERNAL_MODULES in the trainer process (its hooks keep it)"
+        )
+    elif verl_actor.enabled():
+        how = (
+            f"{verl_actor.SWITCH} is set in this process, but the signal did not arrive: the extension hooks the "
+            "legacy trainer's old-log-prob step (trainer.use_v1=False) and needs the variable in the Ray workers "
+            "too (docs/integrations.md, 'Methods that need the actor extension')"
+        )
+    else:
+        how = (
+            f"verl's actor does not compute it. Switch on tokencredit's actor extension with {verl_actor.SWITCH}=1 "
+            "in the driver and the Ray workers, and trainer.use_v1=False (docs/integrations.md, 'Methods that need "
+            "the actor extension')"
+        )
+    return f"{who} needs the per-token signal {name!r} (batch key {keys}), which this DataProto lacks: {how}"
+

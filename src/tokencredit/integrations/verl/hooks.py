@@ -1,0 +1,221 @@
+"""The one place that touches verl: hooks on its trainers (and, with the actor extension, its FSDP
+engine), applied right after each target module is first imported, so ``import verl`` stays light."""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import inspect
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from torch import Tensor
+from verl import DataProto
+from verl.trainer.ppo import core_algos
+
+from tokencredit.integrations import verl_actor
+from tokencredit.integrations.verl.estimators import (
+    _CONTEXT,
+    _LEGACY_SPECIAL_IDS,
+    ESTIMATORS,
+    _special_ids,
+    _StepContext,
+)
+from tokencredit.integrations.verl.losses import check_pairing
+from tokencredit.recipes import credit_needs
+
+__all__ = ["ACTOR_HOOK_TARGETS", "HOOK_TARGETS", "install_hooks"]
+
+def _wrap_compute_advantage(original: Callable[..., DataProto]) -> Callable[..., DataProto]:
+    if getattr(original, "tokencredit_hook", False):
+        return original
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def compute_advantage(*args: Any, **kwargs: Any) -> DataProto:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        data, estimator = bound.arguments["data"], bound.arguments["adv_estimator"]
+        name = getattr(estimator, "value", estimator)
+        if name not in ESTIMATORS:
+            return original(*args, **kwargs)
+        if "response_mask" not in data.batch.keys():
+            from verl.trainer.ppo.ray_trainer import compute_response_mask
+
+            data.batch["response_mask"] = compute_response_mask(data)
+        fn = core_algos.get_adv_estimator_fn(name)
+        adv, returns = fn(
+            token_level_rewards=data.batch["token_level_rewards"],
+            response_mask=data.batch["response_mask"],
+            index=data.non_tensor_batch.get("uid"),
+            config=bound.arguments.get("config"),
+            data=data,
+        )
+        data.batch["advantages"] = adv
+        data.batch["returns"] = returns
+        for key in verl_actor.BATCH_KEYS.values():
+            # [bs, T, H] hidden states are for the estimator only; do not ship them to the actor update.
+            data.batch.pop(key, None)
+        return data
+
+    compute_advantage.tokencredit_hook = True  # type: ignore[attr-defined]
+    return compute_advantage
+
+
+def _actor_request(config: Any) -> tuple[str, ...]:
+    """The actor-extension signals the configured tc_ estimator needs; () when the switch is off."""
+    if not verl_actor.enabled():
+        return ()
+    try:
+        name = config.algorithm.adv_estimator
+    except (AttributeError, KeyError):
+        return ()
+    spec = ESTIMATORS.get(getattr(name, "value", name))
+    return verl_actor.requested(credit_needs(spec)) if spec is not None else ()
+
+
+def _wrap_legacy_old_log_prob(original: Callable[..., Any]) -> Callable[..., Any]:
+    if getattr(original, "tokencredit_hook", False):
+        return original
+    if verl_actor.enabled():
+        verl_actor.check_target(original, "_compute_old_log_prob")
+
+    @functools.wraps(original)
+    def _compute_old_log_prob(self: Any, *args: Any, **kwargs: Any) -> Any:
+        config = getattr(self, "config", None)
+        check_pairing(config)
+        _LEGACY_SPECIAL_IDS[0] = _special_ids(getattr(self, "tokenizer", None))
+        wanted = _actor_request(config)
+        if wanted:
+            batch = args[0] if args else kwargs["batch"]
+            with verl_actor.requesting(self, batch, wanted) as signals:
+                result = original(self, *args, **kwargs)
+        else:
+            result, signals = original(self, *args, **kwargs), {}
+        old = result[0] if isinstance(result, tuple) else result
+        if "entropys" in old.batch.keys():
+            # `fit` pops "entropys" after logging it; keep it for the estimators.
+            old.batch["tc_entropy"] = old.batch["entropys"]
+        for key, value in signals.items():
+            old.batch[key] = value  # `fit` unions these into the batch the estimator receives
+        return result
+
+    _compute_old_log_prob.tokencredit_hook = True  # type: ignore[attr-defined]
+    return _compute_old_log_prob
+
+
+def _wrap_v1_compute_advantage(original: Callable[..., Any], tq_module: Any) -> Callable[..., Any]:
+    if getattr(original, "tokencredit_hook", False):
+        return original
+
+    @functools.wraps(original)
+    def _compute_advantage(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        name = self.config.algorithm.adv_estimator
+        if getattr(name, "value", name) not in ESTIMATORS:
+            return original(self, batch, *args, **kwargs)
+        check_pairing(self.config)
+
+        def fetch(fields: list[str]) -> dict[str, Tensor]:
+            got = tq_module.kv_batch_get(
+                keys=batch.keys, partition_id=batch.partition_id, select_fields=fields
+            )
+            padded = got.to_padded_tensor()
+            return {f: padded[f] for f in fields}
+
+        token = _CONTEXT.set(_StepContext(_special_ids(getattr(self, "tokenizer", None)), fetch))
+        try:
+            return original(self, batch, *args, **kwargs)
+        finally:
+            _CONTEXT.reset(token)
+
+    _compute_advantage.tokencredit_hook = True  # type: ignore[attr-defined]
+    return _compute_advantage
+
+
+def _patch_ray_trainer(module: ModuleType) -> None:
+    module.compute_advantage = _wrap_compute_advantage(module.compute_advantage)
+    legacy = getattr(module, "RayPPOTrainer", None)
+    if legacy is not None and hasattr(legacy, "_compute_old_log_prob"):
+        legacy._compute_old_log_prob = _wrap_legacy_old_log_prob(legacy._compute_old_log_prob)
+
+
+def _patch_v1_utils(module: ModuleType) -> None:
+    module.compute_advantage = _wrap_compute_advantage(module.compute_advantage)
+
+
+def _patch_v1_trainer_base(module: ModuleType) -> None:
+    module.PPOTrainer._compute_advantage = _wrap_v1_compute_advantage(
+        module.PPOTrainer._compute_advantage, module.tq
+    )
+
+
+def _patch_fsdp_engine(module: ModuleType) -> None:
+    engine = module.FSDPEngineWithLMHead
+    engine.forward_step = verl_actor.wrap_forward_step(engine.forward_step)
+
+
+# verl module -> the patch applied right after it is executed (or at once if it already was).
+HOOK_TARGETS: dict[str, Callable[[ModuleType], None]] = {
+    "verl.trainer.ppo.ray_trainer": _patch_ray_trainer,
+    "verl.trainer.ppo.v1.utils": _patch_v1_utils,
+    "verl.trainer.ppo.v1.trainer_base": _patch_v1_trainer_base,
+}
+# Worker side of the actor extension, hooked only when its switch is on (verl_actor.enabled()).
+ACTOR_HOOK_TARGETS: dict[str, Callable[[ModuleType], None]] = {
+    "verl.workers.engine.fsdp.transformer_impl": _patch_fsdp_engine,
+}
+_PENDING: dict[str, Callable[[ModuleType], None]] = {}
+
+
+class _PostImportPatcher(importlib.abc.MetaPathFinder):
+    """Patches a pending verl module right after its code runs, so `import verl` stays light.
+
+    verl imports this plugin from its package __init__ (VERL_USE_EXTERNAL_MODULES), before any
+    trainer module exists; importing the trainers there would pull the whole training stack into
+    every Ray worker and risk import cycles. Instead the loader of each target is wrapped once.
+    """
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _PENDING:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                run = spec.loader.exec_module
+
+                def exec_module(module: ModuleType, run: Callable[[ModuleType], None] = run) -> None:
+                    run(module)
+                    patch = _PENDING.pop(fullname, None)
+                    if patch is not None:
+                        patch(module)
+
+                spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+                return spec
+        return None
+
+
+def install_hooks() -> list[str]:
+    """Schedule (or apply, for already imported modules) the hooks of the module docstring; idempotent.
+
+    Returns the verl modules hooked. A module that is never imported (e.g. the v1 trainer on an
+    install without TransferQueue) is simply never patched. With the actor extension's switch on
+    (verl_actor.SWITCH), verl's FSDP engine is hooked too (ACTOR_HOOK_TARGETS).
+    """
+    targets = {**HOOK_TARGETS, **(ACTOR_HOOK_TARGETS if verl_actor.enabled() else {})}
+    for name, patch in targets.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+        else:
+            _PENDING[name] = patch
+    if _PENDING and not any(isinstance(f, _PostImportPatcher) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PostImportPatcher())
+    return list(targets)
+

@@ -11,6 +11,7 @@ import random
 import pytest
 
 from tokencredit import cli
+from tokencredit.commands import compare as compare_cmd
 from tokencredit.errors import ConfigError
 from tokencredit.recipes import get_recipe
 from tokencredit.report import compare
@@ -29,7 +30,7 @@ from tokencredit.train.config import dump_toml, load_config
 
 def parse(argv):
     p = argparse.ArgumentParser()
-    compare.add_arguments(p)
+    compare_cmd.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -253,7 +254,7 @@ def test_end_to_end_and_resume(tiny_model_dir, tmp_path, monkeypatch):
     from tokencredit.train.trainer import Trainer
 
     out = tmp_path / "cmp"
-    assert compare.run(parse(compare_argv(tiny_model_dir, out))) == 0
+    assert compare_cmd.run(parse(compare_argv(tiny_model_dir, out))) == 0
     runs = out / "runs"
     assert sorted(p.name for p in runs.iterdir()) == ["arca-s0", "arca-s1", "grpo-s0", "grpo-s1"]
     res = json.loads((out / "compare.json").read_text())
@@ -286,25 +287,25 @@ def test_end_to_end_and_resume(tiny_model_dir, tmp_path, monkeypatch):
         real_init(self, cfg, run_dir, resume=resume, console=console)
 
     monkeypatch.setattr(Trainer, "__init__", spy_init)
-    assert compare.run(parse(compare_argv(tiny_model_dir, out))) == 0
+    assert compare_cmd.run(parse(compare_argv(tiny_model_dir, out))) == 0
     assert calls == []
     assert json.loads((out / "compare.json").read_text())["recipes"] == res["recipes"]
 
     # an unfinished run (no summary.json) resumes from its checkpoint
     (runs / "grpo-s1" / "summary.json").unlink()
-    assert compare.run(parse(compare_argv(tiny_model_dir, out))) == 0
+    assert compare_cmd.run(parse(compare_argv(tiny_model_dir, out))) == 0
     assert calls == [("grpo-s1", True)]
     again = json.loads((out / "compare.json").read_text())["recipes"]
     assert again[0]["final_accuracy"] == res["recipes"][0]["final_accuracy"]
 
     # more steps than a finished run has: it is extended from its last checkpoint; fewer: an error
     more = {
-        p.run_dir.name: compare._state(p)
+        p.run_dir.name: compare.plan_state(p)
         for p in compare.plan_runs(parse(compare_argv(tiny_model_dir, out, steps=3)))
     }
     assert more == {"grpo-s0": "resume", "grpo-s1": "resume", "arca-s0": "resume", "arca-s1": "resume"}
     with pytest.raises(ConfigError, match="planned for run.steps=2, more than 1"):
-        compare._state(compare.plan_runs(parse(compare_argv(tiny_model_dir, out, steps=1)))[0])
+        compare.plan_state(compare.plan_runs(parse(compare_argv(tiny_model_dir, out, steps=1)))[0])
 
     # a run that fails is reported and left out; the others are still compared
     from tokencredit.train.trainer import TrainingError
@@ -314,7 +315,7 @@ def test_end_to_end_and_resume(tiny_model_dir, tmp_path, monkeypatch):
 
     monkeypatch.setattr(Trainer, "fit", crash)
     (runs / "grpo-s0" / "summary.json").unlink()
-    assert compare.run(parse(compare_argv(tiny_model_dir, out))) == 1
+    assert compare_cmd.run(parse(compare_argv(tiny_model_dir, out))) == 1
     failed = json.loads((out / "compare.json").read_text())
     assert failed["failed"] == [
         {"run_dir": str(runs / "grpo-s0"), "reason": "TrainingError: step 1: non-finite loss (nan)"}
@@ -323,18 +324,18 @@ def test_end_to_end_and_resume(tiny_model_dir, tmp_path, monkeypatch):
     assert "**Failed runs:**" in (out / "compare.md").read_text()
 
     with pytest.raises(ConfigError, match=r"grpo-s0 was made with other settings \(optim.lr"):
-        compare.run(parse(compare_argv(tiny_model_dir, out, "--set", "optim.lr=0.5")))
+        compare_cmd.run(parse(compare_argv(tiny_model_dir, out, "--set", "optim.lr=0.5")))
     with pytest.raises(ConfigError, match="use --seeds"):
-        compare.run(parse(compare_argv(tiny_model_dir, tmp_path / "o2", "--set", "run.seed=3")))
-    with pytest.raises(ConfigError, match="unknown recipe 'grpoo'"):
-        compare.run(parse(["--recipes", "grpoo", "--out", str(tmp_path / "o3")]))
+        compare_cmd.run(parse(compare_argv(tiny_model_dir, tmp_path / "o2", "--set", "run.seed=3")))
+    with pytest.raises(ConfigError, match="unknown recipe or credit method 'grpoo'"):
+        compare_cmd.run(parse(["--recipes", "grpoo", "--out", str(tmp_path / "o3")]))
 
 
 def test_parallel_jobs_in_subprocesses(tiny_model_dir, tmp_path):
     out = tmp_path / "par"
     argv = compare_argv(tiny_model_dir, out, "--jobs", "2", "--set", "eval.at_start=false", steps=1)
     argv[argv.index("grpo,arca")] = "grpo"
-    assert compare.run(parse(argv)) == 0
+    assert compare_cmd.run(parse(argv)) == 0
     for s in (0, 1):
         d = out / "runs" / f"grpo-s{s}"
         assert (d / "summary.json").is_file() and "curves:" in (d / "train.log").read_text()

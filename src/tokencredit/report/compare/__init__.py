@@ -1,0 +1,64 @@
+"""The method shoot-out behind `tokencredit compare`: recipes x seeds on equal terms.
+
+Each (recipe, seed) is one ordinary trainer run in ``OUT/runs/<recipe>-s<seed>``. All runs share
+every setting except the recipe, the seed and (for recipes that only work with a LoRA adapter,
+such as ARCA) the LoRA rank, so they see the same data stream (`PromptSampler` depends only on
+`run.seed`), the same rollout budget per step and the same held-out problems. DAPO-style dynamic
+sampling draws extra prompts from that stream when a group is uninformative; the table shows the
+generation rounds per step so that difference in budget stays visible.
+
+Compare is resumable: a run with a `summary.json` for the planned number of steps is not rerun; an
+unfinished run resumes from its last checkpoint. `--collect` only aggregates existing run
+directories, grouping them by recipe (recipe.json) and LoRA rank (config.toml).
+
+Outputs in OUT: `compare.md` (the table, the command that made it and the settings),
+`compare.json`, `accuracy.png` (held-out accuracy vs step, mean over seeds with a band per
+recipe) and `concentration.png` (credit Gini and effective-token ratio vs step, mean over seeds).
+
+Statistics: mean ± sample std (n - 1) over seeds; against the baseline recipe a paired t-test over
+the seeds both have, on the final held-out accuracy (two-sided p from the exact Student t
+distribution for integer degrees of freedom, Abramowitz & Stegun 26.7.3-4).
+
+Modules, one concern each (execution and statistics never import each other):
+    stats      t distribution, paired t-test, mean ± std, steps to a target
+    runs       reading run directories (through tokencredit.train.rundir.RunDir) into RunData
+    aggregate  groups of runs by recipe, curves over seeds, the result dict
+    render     Markdown and rich tables, plots, writing compare.md / compare.json / the plots
+    execute    planning the runs, their state on disk, training them in-process or as subprocesses
+The command line is `tokencredit.commands.compare`.
+"""
+
+from tokencredit.report.compare.aggregate import METRICS, Group, aggregate, final_accuracy, group_runs
+from tokencredit.report.compare.execute import (
+    DEFAULT_RECIPES,
+    DEFAULT_SEEDS,
+    PlannedRun,
+    PlanOptions,
+    execute,
+    finished_runs,
+    plan_runs,
+    plan_state,
+)
+from tokencredit.report.compare.render import (
+    markdown,
+    plot_accuracy,
+    plot_concentration,
+    rich_table,
+    table_rows,
+    write_report,
+)
+from tokencredit.report.compare.runs import RunData, collect_runs, expand_run_dirs, read_metrics, read_run
+from tokencredit.report.compare.stats import (
+    PairedTest,
+    mean_std,
+    paired_t_test,
+    steps_to_target,
+    t_two_sided_p,
+)
+
+__all__ = [
+    "DEFAULT_RECIPES", "DEFAULT_SEEDS", "METRICS", "Group", "PairedTest", "PlanOptions", "PlannedRun", "RunData", "aggregate",
+    "collect_runs", "execute", "expand_run_dirs", "final_accuracy", "finished_runs", "group_runs", "markdown",
+    "mean_std", "paired_t_test", "plan_runs", "plan_state", "plot_accuracy", "plot_concentration", "read_metrics",
+    "read_run", "rich_table", "steps_to_target", "t_two_sided_p", "table_rows", "write_report",
+]  # fmt: skip

@@ -1,0 +1,242 @@
+"""The comparison for people: the table (Markdown for compare.md, rich for the terminal), the two
+plots, and `write_report`, which puts compare.md, compare.json and the plots in the output directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from tokencredit.report.compare.aggregate import METRICS
+from tokencredit.train.rundir import atomic_write_text
+
+__all__ = ["markdown", "plot_accuracy", "plot_concentration", "rich_table", "table_rows", "write_report"]
+
+ACCURACY_PNG, CONCENTRATION_PNG = "accuracy.png", "concentration.png"
+
+
+def _fmt(stats: dict[str, Any], digits: int = 3) -> str:
+    if stats.get("mean") is None:
+        return "n/a"
+    m = f"{stats['mean']:.{digits}f}"
+    return m if stats.get("std") is None else f"{m} ± {stats['std']:.{digits}f}"
+
+
+def _fmt_p(p: float | None) -> str:
+    if p is None:
+        return "n/a"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _fmt_target(st: dict[str, Any]) -> str:
+    if not st["reached"]:
+        return "not reached"
+    s = _fmt(st, digits=0)
+    return s if st["reached"] == st["of"] else f"{s} ({st['reached']}/{st['of']} seeds)"
+
+
+def _fmt_test(t: dict[str, Any] | None) -> tuple[str, str]:
+    """The Δ and p cells of a paired test against the baseline."""
+    if t is None:
+        return "baseline", ""
+    if t["n"] < 2:
+        delta = "n/a" if t["n"] == 0 else f"{t['mean_diff']:+.3f}"
+        return delta, f"n/a ({t['n']} matched seed{'s' if t['n'] != 1 else ''})"
+    return f"{t['mean_diff']:+.3f}", _fmt_p(t["p"])
+
+
+def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Column names and rows of the comparison table (shared by the Markdown and the rich table)."""
+    base = result["baseline"]
+    metric = "greedy" if result["metric"] == METRICS["greedy"] else "avg@k"
+    cols = [
+        "recipe", "LoRA", "seeds", f"final held-out acc. ({metric})", f"Δ vs {base}", "p (paired t)",
+        f"steps to {result['target']:g}", "resp. length", "tokens/s", "credit Gini", "gen. rounds/step",
+    ]  # fmt: skip
+    rows = []
+    for g in result["recipes"]:
+        delta, p = _fmt_test(g["vs_baseline"])
+        rows.append([
+            g["label"], f"r={g['lora_rank']}" if g["lora_rank"] else "-", str(len(g["seeds"])),
+            _fmt(g["final_accuracy"]), delta, p, _fmt_target(g["steps_to_target"]),
+            _fmt(g["response_length"], 1), _fmt(g["tokens_per_s"], 0), _fmt(g["credit_gini"]),
+            _fmt(g["gen_rounds"], 2),
+        ])  # fmt: skip
+    return cols, rows
+
+
+def _notes(result: dict[str, Any]) -> list[str]:
+    """compare.md below the table: how to read it, LoRA, the settings, failed and left-out runs."""
+    lines = [
+        f"Final held-out accuracy: `{result['metric']}` at each run's last evaluation, mean ± sample std over "
+        f"seeds. Δ and p: paired t-test (two-sided) against `{result['baseline']}` over the seeds both have. "
+        f"Steps to {result['target']:g}: first evaluated step reaching it (resolution = eval.every), mean over "
+        "the seeds that reached it. Response length, credit Gini (of |Â| per response) and generation rounds: "
+        "means over training steps, then over seeds. tokens/s: response tokens per second of rollout + signals + "
+        "update.",
+        "",
+    ]
+    lora = [g for g in result["recipes"] if g["lora_rank"]]
+    if lora and len(lora) < len(result["recipes"]):
+        lines += [
+            "LoRA: " + ", ".join(f"`{g['label']}` (r={g['lora_rank']})" for g in lora)
+            + " trained a LoRA adapter; the other recipes fine-tuned all weights (`--lora-rank R` puts every recipe "
+            "under the same adapter).",
+            "",
+        ]  # fmt: skip
+    lines += ["Settings shared by every run:", ""]
+    lines += [f"- `{k} = {json.dumps(v)}`" for k, v in result["settings"].items()]
+    if result["differing_settings"]:
+        lines += ["", "**Settings that differ between runs** (the comparison is not on equal terms):", ""]
+        for k, vals in result["differing_settings"].items():
+            lines.append(
+                f"- `{k}`: " + ", ".join(f"{Path(d).name} = {json.dumps(v)}" for d, v in vals.items())
+            )
+    for title, items in (("Failed runs", result.get("failed")), ("Left out", result.get("left_out"))):
+        if items:
+            lines += ["", f"**{title}:**", ""] + [f"- `{x['run_dir']}`: {x['reason']}" for x in items]
+    return lines
+
+
+def markdown(result: dict[str, Any], command: str) -> str:
+    """compare.md: the command, the table, the settings and notes, and the two plots."""
+    cols, rows = table_rows(result)
+    esc = [[c.replace("|", "\\|") for c in row] for row in rows]
+    lines = [
+        "# tokencredit compare",
+        "",
+        "Produced by:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(cols))) + "|",
+        *("| " + " | ".join(r) + " |" for r in esc),
+        "",
+        *_notes(result),
+        "",
+        f"![held-out accuracy]({ACCURACY_PNG})",
+        "",
+        f"![credit concentration]({CONCENTRATION_PNG})",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def rich_table(result: dict[str, Any]) -> Table:
+    """The comparison table for the terminal (short column names; the rows of `table_rows`)."""
+    _, rows = table_rows(result)
+    cols = ["recipe", "LoRA", "n", "final acc.", "Δ", "p", f"steps→{result['target']:g}", "length", "tok/s",
+            "Gini", "rounds"]  # fmt: skip
+    t = Table(title=f"tokencredit compare (vs {result['baseline']}; columns as in compare.md)")
+    for i, c in enumerate(cols):
+        t.add_column(c, justify="left" if i == 0 else "right", overflow="fold")
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+# ------------------------------------------------------------------------------------------ plots
+def _smooth(y: list[float], window: int) -> list[float]:
+    """Trailing moving average (window 1 = unchanged)."""
+    if window <= 1:
+        return list(y)
+    out, acc = [], 0.0
+    for i, v in enumerate(y):
+        acc += v
+        if i >= window:
+            acc -= y[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend. Imported here, not at the top: matplotlib is slow to
+    import and only the plots need it (reading, aggregating and the tables do not)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _colors(n: int) -> list[Any]:
+    import matplotlib  # only the plots need matplotlib (see _pyplot)
+
+    cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def plot_accuracy(result: dict[str, Any], path: Path, band: str = "std") -> Path:
+    """Held-out accuracy vs step: the mean over seeds per recipe, band = ±1 std or min-max over seeds."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for g, color in zip(result["recipes"], _colors(len(result["recipes"]))):
+        c = g["curves"]["accuracy"]
+        if not c["step"]:
+            continue
+        ax.plot(
+            c["step"], c["mean"], marker="o", ms=3, color=color, label=f"{g['label']} (n={len(g['seeds'])})"
+        )
+        if band == "minmax":
+            lo, hi = c["min"], c["max"]
+        else:
+            lo = [m - s for m, s in zip(c["mean"], c["std"])]
+            hi = [m + s for m, s in zip(c["mean"], c["std"])]
+        ax.fill_between(c["step"], lo, hi, color=color, alpha=0.15, linewidth=0)
+    if result["target"] is not None:
+        ax.axhline(result["target"], color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel(result["metric"].removeprefix("eval_").replace("_", " "))
+    ax.set_title(f"held-out accuracy (mean over seeds, band = {'min-max' if band == 'minmax' else '±1 std'})")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_concentration(result: dict[str, Any], path: Path, smooth: int = 5) -> Path:
+    """Credit Gini and effective-token ratio of |Â| vs step, mean over seeds per recipe (moving average)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    panels = (
+        ("credit_gini", "credit Gini of |Â| (0 = uniform)"),
+        ("credit_eff_ratio", "effective-token ratio EffN/T"),
+    )
+    for ax, (key, title) in zip(axes, panels):
+        for g, color in zip(result["recipes"], _colors(len(result["recipes"]))):
+            c = g["curves"][key]
+            if c["step"]:
+                ax.plot(c["step"], _smooth(c["mean"], smooth), color=color, label=g["label"])
+        ax.set_title(title + (f", moving average over {smooth} steps" if smooth > 1 else ""), fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("credit concentration (mean over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def write_report(result: dict[str, Any], out: Path, *, band: str = "std", smooth: int = 5) -> dict[str, Path]:
+    """Write the plots, compare.md (headed by `result["command"]`) and compare.json into `out`; their paths."""
+    out = Path(out)
+    paths = {
+        "accuracy": out / ACCURACY_PNG, "concentration": out / CONCENTRATION_PNG,
+        "markdown": out / "compare.md", "json": out / "compare.json",
+    }  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    plot_accuracy(result, paths["accuracy"], band=band)
+    plot_concentration(result, paths["concentration"], smooth=smooth)
+    atomic_write_text(paths["markdown"], markdown(result, result["command"]))
+    atomic_write_text(paths["json"], json.dumps(result, indent=2, allow_nan=False))
+    return paths

@@ -1,0 +1,107 @@
+"""Statistics of a comparison over seeds: mean ± sample std, the paired t-test with its exact p-value,
+steps to a target accuracy. Plain floats in, plain floats out; nothing here reads or runs anything."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PairedTest", "finite_or_str", "mean_std", "paired_t_test", "steps_to_target", "t_two_sided_p"]
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """P(|T| >= |t|) for Student's t with integer `df` >= 1, in closed form (A&S 26.7.3-4).
+
+    With theta = atan(|t| / sqrt(df)), c = cos theta, s = sin theta, A(t|df) = P(|T| < |t|) is
+    2/pi * (theta + s * (c + 2/3 c^3 + ... + (2*4*...*(df-3)) / (1*3*...*(df-2)) c^(df-2))) for odd
+    df (just 2 theta / pi for df = 1) and s * (1 + 1/2 c^2 + ... + (1*3*...*(df-3)) / (2*4*...*(df-2))
+    c^(df-2)) for even df. Returns 1 - A.
+    """
+    if df < 1 or int(df) != df:
+        raise ValueError(f"df must be a positive integer, got {df}")
+    if math.isnan(t):
+        raise ValueError("t is NaN")
+    df = int(df)
+    theta = math.atan(abs(t) / math.sqrt(df)) if math.isfinite(t) else math.pi / 2
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    if df % 2:
+        series, term = 0.0, math.cos(theta)
+        for k in range(1, (df - 1) // 2 + 1):
+            series += term
+            term *= c2 * (2 * k) / (2 * k + 1)
+        a = 2 / math.pi * (theta + s * series)
+    else:
+        series, term = 0.0, 1.0
+        for k in range(1, df // 2 + 1):
+            series += term
+            term *= c2 * (2 * k - 1) / (2 * k)
+        a = s * series
+    return min(1.0, max(0.0, 1.0 - a))
+
+
+def finite_or_str(v: float | None) -> float | str | None:
+    """`v` for JSON: +-inf as the strings "inf" / "-inf" (JSON has no infinity)."""
+    return v if v is None or math.isfinite(v) else ("inf" if v > 0 else "-inf")
+
+
+@dataclass
+class PairedTest:
+    """Paired t-test of x - y over matched seeds: t = mean(d) / (sd(d) / sqrt(n)), df = n - 1."""
+
+    n: int
+    mean_diff: float | None  # None when there is no pair
+    t: float | None  # None when n < 2; +-inf when every difference is the same non-zero number
+    p: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "mean_diff": self.mean_diff,
+            "t": finite_or_str(self.t),
+            "df": self.n - 1,
+            "p": self.p,
+        }
+
+
+def paired_t_test(x: list[float], y: list[float]) -> PairedTest:
+    """Two-sided paired t-test of x against y (same length, matched by position).
+
+    Fewer than 2 pairs: t and p are None. Zero spread of the differences: p = 1 when they are all
+    0 (no difference), else t = +-inf and p = 0 (a constant non-zero shift).
+    """
+    if len(x) != len(y):
+        raise ValueError(f"paired test needs equal lengths, got {len(x)} and {len(y)}")
+    d = [float(a) - float(b) for a, b in zip(x, y)]
+    n = len(d)
+    if n == 0:
+        return PairedTest(0, None, None, None)
+    mean = math.fsum(d) / n
+    if n < 2:
+        return PairedTest(n, mean, None, None)
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in d) / (n - 1))
+    if sd <= 1e-12 * max(1.0, abs(mean)):
+        if abs(mean) <= 1e-12:
+            return PairedTest(n, mean, 0.0, 1.0)
+        return PairedTest(n, mean, math.copysign(math.inf, mean), 0.0)
+    t = mean / (sd / math.sqrt(n))
+    return PairedTest(n, mean, t, t_two_sided_p(t, n - 1))
+
+
+def mean_std(values: list[float]) -> dict[str, Any]:
+    """Mean, sample std (n - 1; None for one value) and the values; mean None for no values."""
+    vals = [float(v) for v in values]
+    n = len(vals)
+    if n == 0:
+        return {"n": 0, "mean": None, "std": None, "values": []}
+    mean = math.fsum(vals) / n
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else None
+    return {"n": n, "mean": mean, "std": std, "values": vals}
+
+
+def steps_to_target(evals: list[dict[str, Any]], key: str, target: float) -> int | None:
+    """First evaluated step whose `key` reaches `target` (step 0 is the starting model); None if never."""
+    for e in sorted(evals, key=lambda r: r["step"]):
+        if key in e and e[key] >= target:
+            return int(e["step"])
+    return None

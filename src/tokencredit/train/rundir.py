@@ -8,6 +8,7 @@
     RUN_DIR/summary.json           start / final evaluation, wall time, the exported model's path
     RUN_DIR/curves.png             training curves
     RUN_DIR/final/                 the trained model as a plain Hugging Face directory (LoRA merged)
+    RUN_DIR/train.log              the output of a run that `tokencredit compare --jobs` started
 
 Every file is written atomically (temporary file, fsync, rename): a crash leaves the old file or
 the new one, never a torn one. `metrics.jsonl` is append-only; on resume, lines after the
@@ -112,6 +113,7 @@ class RunDir:
         self.summary_path = self.path / "summary.json"
         self.curves_path = self.path / "curves.png"
         self.final_dir = self.path / "final"
+        self.log_path = self.path / "train.log"
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"

@@ -32,7 +32,6 @@ __all__ = [
 DEFAULT_RECIPES = "grpo,dapo,dapo+ktae,delta,strace,arca"
 DEFAULT_SEEDS = "0,1,2"
 # The child's stdout and stderr in its run directory (a file of compare's, not the trainer's).
-TRAIN_LOG = "train.log"
 
 
 class PlanOptions(Protocol):
@@ -196,9 +195,9 @@ def _child_env() -> dict[str, str]:
 
 
 def _start(plan: PlannedRun, resume: bool, env: dict[str, str]) -> _Child:
-    """Write the planned config into the run directory and start `tokencredit train` on it, logging to TRAIN_LOG."""
+    """Write the planned config into the run directory and start `tokencredit train` on it, logging to RunDir.log_path."""
     RunDir(plan.run_dir).write_config(plan.cfg)
-    log = open(plan.run_dir / TRAIN_LOG, "a")  # noqa: SIM115 - closed when the child ends
+    log = open(RunDir(plan.run_dir).log_path, "a")  # noqa: SIM115 - closed when the child ends
     proc = subprocess.Popen(_child_command(plan, resume), stdout=log, stderr=subprocess.STDOUT, env=env)
     return _Child(plan, proc, log, time.perf_counter())
 
@@ -210,7 +209,7 @@ def _finish(child: _Child, console: Console) -> str | None:
     if child.proc.returncode == 0:
         console.print(f"finished {plan.name} in {time.perf_counter() - child.t0:.0f} s")
         return None
-    log = plan.run_dir / TRAIN_LOG
+    log = RunDir(plan.run_dir).log_path
     tail = log.read_text().strip().splitlines()[-1:] or [""]
     error = f"exit status {child.proc.returncode}: {tail[0]} (see {log})"
     console.print(f"[red]FAILED {plan.name}: {error}")

@@ -22,9 +22,11 @@ from tokencredit.oracle import (
     OracleCredit,
     SampledRewards,
     advantages_from_values,
+    average_ranks,
     line_break_boundaries,
     mc_value,
     skip_positions,
+    spearman,
     step_advantages,
     step_ids_from_boundaries,
     token_advantages,
@@ -183,6 +185,66 @@ def test_step_ids_from_boundaries():
     assert step_ids_from_boundaries(mask, b).tolist() == [[0, 0, 1, 1, 2, -1], [0, 1, -1, -1, -1, -1]]
 
 
+def test_average_ranks_and_spearman_on_hand_made_values():
+    assert average_ranks(torch.tensor([3.0, 1.0, 3.0, 2.0])).tolist() == [3.5, 1.0, 3.5, 2.0]
+    assert spearman(torch.tensor([1.0, 2, 3, 4]), torch.tensor([1.0, 3, 2, 4])) == pytest.approx(0.8)
+    # ties: Pearson of the average ranks [1.5, 1.5, 3] and [1, 2, 3]
+    assert spearman(torch.tensor([1.0, 1, 2]), torch.tensor([1.0, 2, 3])) == pytest.approx(1.5 / math.sqrt(3))
+    assert spearman(torch.tensor([5.0, 5, 5]), torch.tensor([1.0, 2, 3])) is None
+    assert spearman(torch.tensor([1.0]), torch.tensor([2.0])) is None
+
+
+def _credit(adv, se, mask, skipped=None) -> OracleCredit:
+    adv, se, mask = torch.tensor(adv), torch.tensor(se), torch.tensor(mask, dtype=torch.bool)
+    n, t = adv.shape
+    z = torch.zeros(n, t + 1)
+    return OracleCredit(
+        adv, se, mask, torch.zeros(n, t, dtype=torch.bool) if skipped is None else torch.tensor(skipped),
+        torch.zeros(n, t), z, z, z.bool(), torch.zeros(n), oracle.OracleCost(),
+    )  # fmt: skip
+
+
+def test_fidelity_metrics_on_a_hand_made_batch():
+    cr = _credit(
+        adv=[[-0.8, 0.0, 0.3, 0.05], [0.6, -0.1, 0.0, 0.0]],
+        se=[[0.1, 0.0, 0.1, 0.1], [0.2, 0.2, 0.0, 0.0]],
+        mask=[[1, 1, 1, 1], [1, 1, 1, 0]],
+        skipped=[[False, True, False, False], [False, False, True, False]],
+    )
+    # significant: (0,0) -0.8 > 0.2, (0,2) 0.3 > 0.2, (1,0) 0.6 > 0.4; not (0,3), (1,1) or skipped ones
+    assert cr.significant().nonzero().tolist() == [[0, 0], [0, 2], [1, 0]]
+    hat = torch.tensor([[-2.0, 0.5, -1.0, 0.0], [1.0, -1.0, 0.5, 9.0]])  # 9.0 sits on padding
+    f = oracle.fidelity(hat, cr)
+    assert f["tokens"] == 7 and f["significant_tokens"] == 3
+    assert f["sign_agreement"] == pytest.approx(2 / 3)  # (0,2) has the wrong sign
+    assert f["significant_share"] == pytest.approx((2 + 1 + 1) / (2 + 0.5 + 1 + 0 + 1 + 1 + 0.5))
+    valid = cr.mask
+    assert f["spearman"] == pytest.approx(spearman(hat[valid], cr.advantages[valid]))
+    per = [spearman(hat[i][valid[i]], cr.advantages[i][valid[i]]) for i in range(2)]
+    assert f["spearman_per_response"] == pytest.approx(sum(per) / 2) and f["responses"] == 2
+    # Â = A* is perfect; uniform credit has no per-response correlation
+    g = oracle.fidelity(cr.advantages.clone(), cr)
+    assert g["spearman"] == pytest.approx(1.0) and g["sign_agreement"] == 1.0
+    u = oracle.fidelity(torch.where(valid, -1.0, 0.0), cr)
+    assert u["spearman_per_response"] is None and u["responses"] == 0
+    # restricted to rows, and zero credit
+    assert oracle.fidelity(hat, cr, rows=torch.tensor([False, True]))["tokens"] == 3
+    z = oracle.fidelity(torch.zeros(2, 4), cr)
+    assert z["significant_share"] is None and z["sign_agreement"] == 0.0
+    with pytest.raises(ValueError, match="rollout 1, token 1"):
+        oracle.fidelity(torch.tensor([[0.0] * 4, [0.0, float("nan"), 0.0, 0.0]]), cr)
+
+
+def test_oracle_targets_need_a_significantly_negative_minimum():
+    cr = _credit(
+        adv=[[-0.8, -0.8, 0.3], [-0.1, 0.2, 0.0], [0.4, 0.1, 0.0]],
+        se=[[0.1, 0.1, 0.1], [0.2, 0.0, 0.0], [0.1, 0.1, 0.0]],
+        mask=[[1, 1, 1], [1, 1, 1], [1, 1, 0]],
+    )
+    assert oracle.oracle_targets(cr).tolist() == [0, -1, -1]
+    assert oracle.oracle_targets(cr, z=0.1).tolist() == [0, 0, -1]
+
+
 # ============================================================================ hand-made policy
 def test_estimate_converges_to_the_analytic_advantage_within_its_standard_error(tree):
     policy, seqs, mask, lp, rewards, exact = tree
@@ -331,13 +393,17 @@ def test_step_advantages_cap_and_step_delta():
     assert int(lengths.max()) > 2
     for i, s in enumerate(seqs):
         torch.testing.assert_close(
-            cap.advantages[i, 0].double(), torch.tensor(policy.value(s[:1]) - policy.value(()), dtype=torch.float64)
+            cap.advantages[i, 0].double(),
+            torch.tensor(policy.value(s[:1]) - policy.value(()), dtype=torch.float64),
         )
         if len(s) > 2:
             assert bool((cap.advantages[i, 2 : len(s)] == 0).all())
             torch.testing.assert_close(cap.advantages[i, 1], rewards[i] - cap.values[i, 1])
             torch.testing.assert_close(
-                cap.values[i, 1].double(), torch.tensor(policy.value(s[:1]), dtype=torch.float64), atol=1e-6, rtol=0
+                cap.values[i, 1].double(),
+                torch.tensor(policy.value(s[:1]), dtype=torch.float64),
+                atol=1e-6,
+                rtol=0,
             )
     # the step-level delta: a step whose probability is >= 1 - delta gets 0 and the bound 1 - p_step
     sk = step_advantages(

@@ -30,9 +30,9 @@ sampling temperature (`tokencredit.signals`, logits / temperature). With top_p <
 the sampler renormalises over a subset that contains y_t, which can only raise y_t's
 probability, so the bound computed from the plain tempered p stays valid (conservative). Only
 states adjacent to an unskipped position are sampled: V(s_t) and V(s_{t+1}) for every position t
-with p < 1 - delta. `DEFAULT_DELTA` = 1e-3: on a batch of the toy warm start it skips about 90% of
-the tokens and the skipped positions' bound adds up to well under 2% of the batch's |A*| mass
-(benchmarks/bench_oracle.py, BENCHMARKS.md).
+with p < 1 - delta. `DEFAULT_DELTA` = 1e-3: on a batch of the toy warm start (128 rollouts) it
+skips 90% of the tokens, and the skipped positions can hold at most 1.24% of the batch's |A*| mass
+(their summed bound against a lower bound of the mass; benchmarks/bench_oracle.py, BENCHMARKS.md).
 
 Step-level values (VinePPO; Kazemnejad et al., "VinePPO: Refining Credit Assignment in RL
 Training of LLMs", ICML 2025, arXiv 2410.01679). VinePPO replaces PPO's value network by the same
@@ -44,9 +44,10 @@ outcome reward), and step j's advantage V(s_{j+1}) - V(s_j) is given to every to
 step (EOS gets the last step's). Its code estimates values for at most the first 20 steps
 (``max_step_for_value_estimation``); later states take the reward as their value.
 `step_advantages` / `vine_credit` implement this with steps ending after every token whose text
-contains a line break; the delta skip is off by default there (VinePPO has none), and when on it
-uses the step-level bound 1 - prod_t p_t over the step's tokens (same argument, the step as one
-action).
+contains a line break (so a final answer line is a step of its own, where VinePPO's MATH split
+joins it to the last reasoning line); the delta skip is off by default there (VinePPO has none),
+and when on it uses the step-level bound 1 - prod_t p_t over the step's tokens (same argument,
+the step as one action).
 
 Layers: pure estimation functions on tensors (`skip_positions`, `value_states`, `mc_value`,
 `advantages_from_values`, `step_ids_from_boundaries`, `step_advantages_from_values`), drivers that

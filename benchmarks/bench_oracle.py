@@ -21,7 +21,8 @@ delta = 0 a near-certain token's A* is the difference of two independent estimat
 same value, so that mass is noise unless it exceeds the noise floor.
 
     python benchmarks/bench_oracle.py                       # K = 16, delta = 1e-3 (the defaults)
-    python benchmarks/bench_oracle.py --full-rows 16 --k 8  # + the direct delta = 0 comparison
+    python benchmarks/bench_oracle.py --full-rows 16        # + the direct delta = 0 comparison
+    python benchmarks/bench_oracle.py --model toy-hard --max-new-tokens 128 --vine
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def main() -> None:
     ap.add_argument("--delta", type=float, default=oracle.DEFAULT_DELTA)
     ap.add_argument("--batch-size", type=int, default=64, help="sequences per generate call")
     ap.add_argument("--full-rows", type=int, default=0, help="rollouts also estimated at delta = 0")
+    ap.add_argument("--vine", action="store_true", help="also VinePPO's step values (K = 9) on the batch")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
@@ -85,6 +87,9 @@ def main() -> None:
         v0 = oracle.mc_value(
             sampler(torch.arange(n), torch.zeros(n, dtype=torch.long), args.k, args.seed + 1).rewards
         )[0]
+        vine = None
+        if args.vine:
+            vine = oracle.vine_credit(model, tok, ro, golds, reward, k=oracle.VINE_K, seed=args.seed, **kw)
         full = None
         if args.full_rows:
             rows = torch.arange(min(args.full_rows, n))
@@ -123,6 +128,11 @@ def main() -> None:
         mark = " (run)" if d == args.delta else ""
         print(f"| {d:g}{mark} | {float(skip.sum()) / float(mask.sum()):.1%} | {states} | {b:.3f} | "
               f"{b / lower:.2%} | {b / (b + kept_d):.2%} |")  # fmt: skip
+    if vine is not None:
+        steps = float((vine.steps.max(1).values + 1).double().mean())
+        print(
+            f"VinePPO step values (K = {oracle.VINE_K}, {steps:.1f} steps per rollout): {vine.cost.summary()}"
+        )
     if full is not None:
         r = len(full.rewards)
         skip_def = oracle.skip_positions(lp[:r], mask[:r], args.delta)

@@ -420,6 +420,16 @@ def test_step_advantages_cap_and_step_delta():
 
 
 # ============================================================================ Hugging Face path
+@pytest.fixture
+def one_thread():
+    """Generation of a tiny model on a busy shared machine: 2 torch threads spin-wait and run many
+    times slower than 1 (BENCHMARKS.md)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def tiny_lm():
     from conftest import tiny_qwen3
@@ -437,7 +447,7 @@ def _last_char_reward(texts, golds):
     return [float(len(t) == 2 and t[1] in g) for t, g in zip(texts, golds)]
 
 
-def test_model_sampler_values_match_the_models_own_probabilities(tiny_lm):
+def test_model_sampler_values_match_the_models_own_probabilities(tiny_lm, one_thread):
     """With a 2-token budget the state after the first token has exactly one token to go, so its
     value is sum_y softmax(logits / T)[y] * r(y1 y): the sampler must follow the temperature,
     the budget and the reward."""
@@ -477,7 +487,7 @@ def test_model_sampler_values_match_the_models_own_probabilities(tiny_lm):
     assert out.cost.continuations == out.cost.states * 400
 
 
-def test_model_sampler_is_deterministic_and_restores_train_mode(tiny_lm):
+def test_model_sampler_is_deterministic_and_restores_train_mode(tiny_lm, one_thread):
     from tokencredit.rollout import generate
 
     model, tok = tiny_lm
@@ -500,7 +510,7 @@ def test_model_sampler_is_deterministic_and_restores_train_mode(tiny_lm):
             k=3,
             delta=0.0,
             seed=s,
-            batch_size=7,
+            batch_size=12,
         )
         for s in (0, 0, 1)
     ]
@@ -536,7 +546,7 @@ def test_model_sampler_is_deterministic_and_restores_train_mode(tiny_lm):
         ModelSampler(model, tok, ro, golds, digits, temperature=1.0, max_new_tokens=3)
 
 
-def test_vine_credit_steps_end_at_line_breaks(tiny_lm):
+def test_vine_credit_steps_end_at_line_breaks(tiny_lm, one_thread):
     model, tok = tiny_lm
     ids = torch.tensor([tok("ab\ncd\ne", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]])
     mask = torch.ones_like(ids, dtype=torch.bool)
@@ -563,7 +573,7 @@ def test_vine_credit_steps_end_at_line_breaks(tiny_lm):
 
 
 @pytest.mark.slow
-def test_oracle_blames_the_checkers_first_wrong_token_on_the_warm_start():
+def test_oracle_blames_the_checkers_first_wrong_token_on_the_warm_start(one_thread):
     """On a warm-start batch the most negative A* of a wrong rollout is the checker's first wrong
     token far more often than chance (1 / length, about 1.6%)."""
     from tokencredit import models
@@ -572,25 +582,19 @@ def test_oracle_blames_the_checkers_first_wrong_token_on_the_warm_start():
     from tokencredit.report.probe import char_to_token, token_char_spans
     from tokencredit.rollout import generate
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model, tok = models.load_model("toy")
-        problems = models.toy_task(seed=1).sample(6, "heldout")
-        ro = generate(
-            model, tok, [render("qwen-math", p.problem, tok) for p in problems], 4, max_new_tokens=80, seed=0
-        )
-        rows = [problems[int(i)] for i in ro.prompt_index]
+    model, tok = models.load_model("toy")
+    problems = models.toy_task(seed=1).sample(6, "heldout")
+    ro = generate(
+        model, tok, [render("qwen-math", p.problem, tok) for p in problems], 4, max_new_tokens=80, seed=0
+    )
+    rows = [problems[int(i)] for i in ro.prompt_index]
 
-        def reward(texts, golds):
-            return [float(extract_answer(t) == int(g)) for t, g in zip(texts, golds)]
+    def reward(texts, golds):
+        return [float(extract_answer(t) == int(g)) for t, g in zip(texts, golds)]
 
-        out = oracle.oracle_credit(
-            model, tok, ro, [p.answer for p in rows], reward, temperature=1.0, max_new_tokens=80, k=8, seed=0,
-            batch_size=64,
-        )  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)
+    out = oracle.oracle_credit(
+        model, tok, ro, [p.answer for p in rows], reward, temperature=1.0, max_new_tokens=80, k=8, seed=0
+    )
     hits, lengths = [], []
     for i, p in enumerate(rows):
         ids = ro.response_ids[i, ro.response_mask[i]].tolist()

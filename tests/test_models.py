@@ -1,3 +1,5 @@
+import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -174,9 +176,13 @@ def test_load_model_errors(tmp_path, monkeypatch):
         load_model(str(f))
     with pytest.raises(ConfigError, match="dtype"):
         load_model("toy", dtype="float64")
-    monkeypatch.setattr(models, "TOY_ASSET_DIR", tmp_path / "empty")
-    with pytest.raises(ConfigError, match="build-toy"):
+    for name in models.TOY_VARIANTS:
+        empty = dataclasses.replace(models.TOY_VARIANTS[name], asset_dir=tmp_path / "empty")
+        monkeypatch.setitem(models.TOY_VARIANTS, name, empty)
+    with pytest.raises(ConfigError, match="build-toy`"):
         load_model("toy")
+    with pytest.raises(ConfigError, match="build-toy --task toy-hard"):
+        load_model("toy-hard")
 
 
 def test_load_model_needs_an_eos_token(tmp_path, tok):
@@ -199,3 +205,84 @@ def test_load_model_local_path_dtype_and_pad_default(tmp_path, tok):
     model, tk = load_model(str(tmp_path), dtype="bfloat16")
     assert next(model.parameters()).dtype == torch.bfloat16
     assert tk.pad_token == EOS_TOKEN  # a missing pad token falls back to EOS
+
+
+# ---------------------------------------------------------------------------- the toy variants
+# SHA-256 of the shipped default warm start: adding the hard variant must not change it.
+TOY_WEIGHTS_SHA256 = "2ce818fe09c76a8ded2c4fb203c6cf711d2da283ffaf2b25a4229a537c4036c9"
+
+
+def test_default_toy_is_unchanged_by_the_variants():
+    toy = models.toy_variant("toy")
+    assert toy.asset_dir == TOY_ASSET_DIR and toy.rebuild_command == models.REBUILD_COMMAND
+    assert (
+        hashlib.sha256((TOY_ASSET_DIR / "model.safetensors").read_bytes()).hexdigest() == TOY_WEIGHTS_SHA256
+    )
+    # the variant's build settings are the ones the shipped toy was built with
+    assert json.loads((TOY_ASSET_DIR / "warm_start.json").read_text()) == dataclasses.asdict(toy.config)
+    assert toy.config == WarmStartConfig()
+    t = models.toy_task()
+    assert (t.difficulty, t.digits, t.operand_digits) == (3, 2, 1)
+
+
+def test_toy_variant_errors_name_the_closest():
+    with pytest.raises(ConfigError, match="closest: toy-hard"):
+        models.toy_variant("toy-hrad")
+    with pytest.raises(ConfigError, match="unknown toy model"):
+        models.toy_task(name="tiny")
+
+
+def test_hard_variant_ships_and_fits_its_budget():
+    hard = models.toy_variant("toy-hard")
+    assert hard.asset_dir == models.TOY_HARD_ASSET_DIR and "--task toy-hard" in hard.rebuild_command
+    files = {p.name: p.stat().st_size for p in hard.asset_dir.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "warm_start.json"} <= files.keys()
+    assert sum(files.values()) < 5 * 2**20
+    assert json.loads((hard.asset_dir / "warm_start.json").read_text()) == dataclasses.asdict(hard.config)
+    task = models.toy_task(seed=3, name="toy-hard")
+    assert (task.difficulty, task.digits, task.operand_digits) == (hard.config.difficulty, 2, 1)
+    assert task.difficulty == 6 and task.seed == 3
+    # the rollout budget holds every reference solution plus EOS (character-level tokens)
+    longest = max(len(p.solution) + 1 for p in task.sample(500, "train"))
+    assert longest <= hard.max_new_tokens
+    assert (
+        max(len(p.solution) + 1 for p in models.toy_task().sample(500, "train"))
+        <= models.toy_variant("toy").max_new_tokens
+    )
+    # the same tokenizer as the toy (one token per character, same chat template)
+    _, tk = load_model("toy-hard")
+    assert render("qwen-math", "Compute 1 + 2.", tk) == render(
+        "qwen-math", "Compute 1 + 2.", build_toy_tokenizer()
+    )
+
+
+def test_hard_warm_start_answers_in_format_and_leaves_room():
+    """Greedy answers on held-out problems are six-step chains; accuracy is neither near 0 nor near 1
+    (the shipped build measured 30-60% on 400 held-out problems; see models.TOY_HARD_CONFIG)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, tk = load_model("toy-hard")
+        probs = models.toy_task(name="toy-hard").sample(40, "heldout")
+        acc = models.toy_accuracy(model, tk, probs, temperature=0.0, max_new_tokens=128)
+        enc = tk([render("qwen-math", p.problem, tk) for p in probs[:6]], return_tensors="pt", padding=True)
+        out = model.generate(**enc, max_new_tokens=128, do_sample=False)
+    finally:
+        torch.set_num_threads(threads)
+    for t in tk.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True):
+        lines = t.strip().split("\n")
+        assert len(lines) == 7 and lines[-1].startswith("The answer is \\boxed{"), t
+    assert 0.1 <= acc <= 0.85, acc
+
+
+def test_build_toy_cli_hard_variant(tmp_path, capsys):
+    threads = torch.get_num_threads()
+    try:
+        args = ["build-toy", "--task", "toy-hard", "--out", str(tmp_path), "--steps", "1", "--eval", "0"]
+        assert models.main(args) == 0
+    finally:
+        torch.set_num_threads(threads)
+    built = json.loads((tmp_path / "warm_start.json").read_text())
+    assert built["difficulty"] == 6 and built["steps"] == 1
+    assert built["forget_rate"] == models.TOY_HARD_CONFIG.forget_rate
+    assert (tmp_path / "model.safetensors").is_file()

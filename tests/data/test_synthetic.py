@@ -282,3 +282,23 @@ def test_task_methods_delegate():
     task = ArithmeticTask()
     assert task.check(P, REF) and task.locate_first_error(P, REF).kind == "correct"
     assert task.label_chars(P, REF) == label_chars(P, REF)
+
+
+def test_hard_task_teacher_slips_only_at_carries():
+    """The data of the shipped "toy-hard" warm start (tokencredit.models.TOY_HARD_CONFIG): six-step
+    chains whose noisy-teacher solutions go wrong only by dropping a carry, more often than not."""
+    task = ArithmeticTask(difficulty=6, seed=0)
+    probs = task.sample(400, "train")
+    rng = random.Random("hard")
+    wrong = 0
+    for p in probs:
+        assert len(p.solution) + 1 <= 98  # + EOS: the rollout budget of toy-hard (128) holds it
+        noisy = task.solution(p, forget_rate=0.55, rng=rng)
+        loc = locate_first_error(p, noisy)
+        if loc.kind == "correct":
+            continue
+        wrong += 1
+        assert loc.kind == "wrong-step" and not check(p, noisy)
+        a, op, b = loc.expected.split(" ")[:3]
+        assert op == "+" and (int(a) % 10 + int(b) % 10) >= 10
+    assert 0.45 < wrong / len(probs) < 0.75

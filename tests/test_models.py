@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tokencredit import models
+from tokencredit import cli, models
 from tokencredit.data.synthetic import ArithmeticTask
 from tokencredit.data.templates import QWEN_MATH_SYSTEM, render
 from tokencredit.errors import ConfigError
@@ -74,7 +74,7 @@ def test_build_toy_model_is_a_qwen3_and_deterministic(tok):
 
 
 def test_shared_prefix_loss_equals_the_plain_loss(tok):
-    from tokencredit.models import _encode_examples, _sft_loss
+    from tokencredit.models.warm_start import _encode_examples, _sft_loss
 
     probs = ArithmeticTask(difficulty=2).sample(5)
     prompts = [render("qwen-math", p.problem, tok) for p in probs]
@@ -129,7 +129,7 @@ def test_build_toy_writes_loadable_deterministic_files(tmp_path):
 def test_build_toy_cli(tmp_path, capsys):
     threads = torch.get_num_threads()
     try:
-        assert models.main(["build-toy", "--out", str(tmp_path), "--steps", "1", "--eval", "0"]) == 0
+        assert cli.main(["build-toy", "--out", str(tmp_path), "--steps", "1", "--eval", "0"]) == 0
     finally:
         torch.set_num_threads(threads)
     assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "tokenizer.json").is_file()
@@ -279,7 +279,7 @@ def test_build_toy_cli_hard_variant(tmp_path, capsys):
     threads = torch.get_num_threads()
     try:
         args = ["build-toy", "--task", "toy-hard", "--out", str(tmp_path), "--steps", "1", "--eval", "0"]
-        assert models.main(args) == 0
+        assert cli.main(args) == 0
     finally:
         torch.set_num_threads(threads)
     built = json.loads((tmp_path / "warm_start.json").read_text())

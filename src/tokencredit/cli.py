@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in COMMANDS:
         _top_parser().parse_args([cmd])  # prints the usage error and exits 2
     # one command's dependencies only (transformers for train, not for `tokencredit recipes`)
-    module = importlib.import_module(f"tokencredit.commands.{cmd}")
+    module = importlib.import_module(f"tokencredit.commands.{cmd.replace('-', '_')}")
     parser = argparse.ArgumentParser(prog=f"tokencredit {cmd}", description=COMMANDS[cmd])
     module.add_arguments(parser)
     args = parser.parse_args(rest)

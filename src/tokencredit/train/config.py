@@ -221,13 +221,27 @@ def apply_set(cfg: TrainConfig, assignment: str) -> None:
     apply_dict(cfg, {parts[0]: {parts[1]: value}}, "--set")
 
 
+SHIPPED_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def shipped_configs() -> list[str]:
+    """Names of the configs shipped with the package (`--config NAME`)."""
+    return sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.toml"))
+
+
 def load_config(path: str | Path | None = None, sets: list[str] | None = None, recipe: str | None = None) -> TrainConfig:
-    """TrainConfig from defaults <- TOML file <- --recipe <- --set overrides (later wins)."""
+    """TrainConfig from defaults <- TOML file <- --recipe <- --set overrides (later wins).
+
+    `path` is a TOML file, or the name of a shipped config (`SHIPPED_CONFIGS`, e.g. "toy-hard").
+    """
     cfg = TrainConfig()
     if path is not None:
         p = Path(path)
+        if not p.is_file() and str(path) in shipped_configs():
+            p = SHIPPED_CONFIGS / f"{path}.toml"
         if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
+            known = ", ".join(shipped_configs())
+            raise ConfigError(f"config file not found: {p} (shipped configs: {known})")
         try:
             data = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as e:

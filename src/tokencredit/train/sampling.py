@@ -19,6 +19,7 @@ from tokencredit import rollout
 from tokencredit.data import benchmarks, load_problems
 from tokencredit.data.synthetic import ArithmeticTask
 from tokencredit.errors import ConfigError, TrainingError
+from tokencredit.models import TOY_VARIANTS, toy_task
 from tokencredit.rewards import Reward, format_reward, overlong_penalty
 from tokencredit.rewards.custom import RewardError
 from tokencredit.rollout import PromptResponseLayout
@@ -38,12 +39,14 @@ def seed_for(*parts: int) -> int:
 
 def load_problems_for(spec: str, data: Any, split: str) -> list[Any]:
     """Problems for `data.train` / `data.eval` (`data`: the run's DataConfig): "toy" (the synthetic
-    task's train or held-out split), comma-separated shipped benchmark names, or files / `datasets`
-    directories."""
+    task's train or held-out split, `data.difficulty` steps), "toy-hard" (the task of the hard toy
+    model's warm start), comma-separated shipped benchmark names, or files / `datasets` directories."""
     limit = data.eval_size if split == "heldout" and data.eval_size > 0 else None
+    size = data.eval_size if split == "heldout" else data.train_size
     if spec == "toy":
-        task = ArithmeticTask(difficulty=data.difficulty, digits=data.digits)
-        return task.sample(data.eval_size if split == "heldout" else data.train_size, split)
+        return ArithmeticTask(difficulty=data.difficulty, digits=data.digits).sample(size, split)
+    if spec in TOY_VARIANTS:
+        return toy_task(name=spec).sample(size, split)
     out: list[Any] = []
     for part in (x.strip() for x in spec.split(",") if x.strip()):
         if part in benchmarks.NAMES:

@@ -83,7 +83,7 @@ class Trainer:
         self.sampler = PromptSampler(self.train_problems, cfg.run.seed)
         # correctness only; the format reward and DAPO's overlong shaping are added to the score separately
         self.reward_fn = Reward(cfg.reward.function, timeout=cfg.reward.timeout)
-        if cfg.run.threads > 0 or cfg.model.name == "toy":
+        if cfg.run.threads > 0 or cfg.model.name in models.TOY_VARIANTS:
             torch.set_num_threads(cfg.run.threads or 1)
         self.device = models.resolve_device(cfg.run.device, "run.device")
         torch.manual_seed(cfg.run.seed)
@@ -119,6 +119,18 @@ class Trainer:
             raise ConfigError(
                 f"recipe {r.name!r}: overlong_buffer={r.overlong_buffer} must be below "
                 f"rollout.max_new_tokens={c.rollout.max_new_tokens} (set algo.overlong_buffer)"
+            )
+        for spec in {c.data.train, c.data.eval} & set(models.TOY_VARIANTS):
+            need = models.TOY_VARIANTS[spec].max_new_tokens
+            if spec != "toy" and c.rollout.max_new_tokens < need:
+                raise ConfigError(
+                    f"data {spec!r}: its solutions need rollout.max_new_tokens >= {need}, got "
+                    f"{c.rollout.max_new_tokens} (use --config {spec}, which sets it)"
+                )
+        if c.model.name in models.TOY_VARIANTS and c.model.name != "toy" and c.data.train == "toy":
+            raise ConfigError(
+                f"model {c.model.name!r} was warm-started on the {c.model.name!r} task, not data.train='toy' "
+                f"(use --config {c.model.name})"
             )
         if recipes.requires_lora(r) and c.model.lora_rank <= 0:
             raise ConfigError(

@@ -23,7 +23,7 @@ from tokencredit.report.explain import (
     load_run_rollouts,
     make_groups,
 )
-from tokencredit.report.html import DIAGNOSTIC_COLUMNS, build_report, colour
+from tokencredit.report.explain.render import DIAGNOSTIC_COLUMNS, build_report, colour
 from tokencredit.report.methods import resolve_methods
 
 

@@ -1,5 +1,62 @@
-"""`tokencredit explain`: arguments and output of `tokencredit.report.explain` (split by concern in progress)."""
+"""`tokencredit explain`: per-token credit of several methods as one HTML file (`tokencredit.report.explain`).
 
-from tokencredit.report.explain import add_arguments, run
+    tokencredit explain RUN_DIR [--step N] [--methods ktae,delta,strace,arca,uniform] [--groups K] [--out F.html]
+    tokencredit explain --jsonl FILE --model PATH [--methods ...] [--groups K] [--out F.html]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tokencredit.report.explain import DEFAULT_METHODS, ExplainOptions, write_report
 
 __all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run_dir", nargs="?", help="a training run directory (reads RUN_DIR/rollouts/step_NNNNNN.jsonl)"
+    )
+    parser.add_argument(
+        "--jsonl", help="JSONL of prompts, completions and rewards instead of a run directory"
+    )
+    parser.add_argument(
+        "--model", help="model directory (or 'toy'); required with --jsonl; default RUN_DIR/final"
+    )
+    parser.add_argument("--step", type=int, help="which saved step of the run (default: the latest saved)")
+    parser.add_argument(
+        "--methods",
+        default=DEFAULT_METHODS,
+        help=f"comma-separated credit methods and/or recipes (default: {DEFAULT_METHODS})",
+    )
+    parser.add_argument("--groups", type=int, default=4, help="how many groups to show (default 4)")
+    parser.add_argument(
+        "--out", help="output HTML file (default: RUN_DIR/explain_step_NNNNNN.html or FILE.explain.html)"
+    )
+    parser.add_argument(
+        "--advantage",
+        help="group estimator for plain credit methods (grpo, dr-grpo, rloo, grpo-batch; default: the run's, else grpo)",
+    )
+    parser.add_argument(
+        "--template", help="prompt template for 'problem' fields (default: the run's, else qwen-math)"
+    )
+    parser.add_argument(
+        "--temperature", type=float, help="temperature of the signals (default: the run's, else 1.0)"
+    )
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda (for recomputing signals)")
+    parser.add_argument(
+        "--batch-size", type=int, default=16, help="rows per forward when recomputing signals"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    result = write_report(
+        ExplainOptions(
+            run_dir=args.run_dir, jsonl=args.jsonl, model=args.model, step=args.step, methods=args.methods,
+            groups=args.groups, out=args.out, advantage=args.advantage, template=args.template,
+            temperature=args.temperature, device=args.device, batch_size=args.batch_size,
+        )
+    )  # fmt: skip
+    skipped = f" (skipped: {', '.join(result.skipped)}; reasons on the page)" if result.skipped else ""
+    print(f"wrote {result.path}{skipped}")
+    return 0

@@ -1,0 +1,63 @@
+"""`tokencredit explain`: per-token credit of several methods, side by side, as one self-contained HTML file.
+
+    tokencredit explain RUN_DIR [--step N] [--methods ktae,delta,strace,arca,uniform] [--groups K] [--out F.html]
+    tokencredit explain --jsonl FILE --model PATH [--methods ...] [--groups K] [--out F.html]
+
+Inputs (`inputs`). A run directory holds the rollout groups the trainer saved at its evaluation
+steps (rollouts/step_NNNNNN.jsonl, one group per line, read through `tokencredit.train.rundir.RunDir`),
+with the old policy's entropy and log-probabilities, plus the run's config.toml / recipe.json and
+the trained model in final/. A JSONL file holds one group per line: ``{"prompt" | "problem": str,
+"completions": [str, ...], "rewards": [float, ...], "answer": optional}``, or a line in the
+run-directory schema; its completions are tokenised with the model's tokenizer and every signal is
+recomputed with the model (`signals`).
+
+Methods are credit-method names (`tokencredit.credit.CREDIT_METHODS`, shown with the default
+group estimator) or recipe names (`tokencredit.recipes.RECIPES`, each with its own estimator,
+credit method and ratio kernel), read by `tokencredit.report.methods.resolve_methods`. What is
+shown for every method is its effective credit (`compute`): the per-token gradient weight at
+ratio 1. A method whose signals cannot be had (e.g. ARCA without a LoRA adapter) is skipped with a
+note on the page; the rest of the report is still written.
+
+Modules: `inputs` (the groups), `options` (settings and their defaults), `assemble` (groups ->
+RolloutBatch), `signals` (saved vs recomputed, which model), `compute` (`explain_batch`: batch ->
+`ReportData` without a model), `views` (`ReportData`), `render` (`build_report`, a pure function
+of `ReportData`), `pipeline` (`write_report`: all of it, one file). The command line is
+`tokencredit.commands.explain`.
+"""
+
+from tokencredit.report.explain.assemble import assemble_batch
+from tokencredit.report.explain.compute import display_tokens, explain_batch, make_groups
+from tokencredit.report.explain.inputs import (
+    CompletionInput,
+    GroupInput,
+    load_jsonl,
+    load_run_rollouts,
+    saved_steps,
+)
+from tokencredit.report.explain.options import DEFAULT_METHODS, ExplainOptions
+from tokencredit.report.explain.pipeline import ExplainResult, write_report
+from tokencredit.report.explain.render import build_report
+from tokencredit.report.explain.signals import recompute_signals
+from tokencredit.report.explain.views import GroupView, MethodView, ReportData, ResponseView
+
+__all__ = [
+    "DEFAULT_METHODS",
+    "CompletionInput",
+    "ExplainOptions",
+    "ExplainResult",
+    "GroupInput",
+    "GroupView",
+    "MethodView",
+    "ReportData",
+    "ResponseView",
+    "assemble_batch",
+    "build_report",
+    "display_tokens",
+    "explain_batch",
+    "load_jsonl",
+    "load_run_rollouts",
+    "make_groups",
+    "recompute_signals",
+    "saved_steps",
+    "write_report",
+]

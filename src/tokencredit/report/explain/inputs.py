@@ -1,0 +1,239 @@
+"""The groups `tokencredit explain` reads: a JSONL of prompts, completions and rewards, or a run's saved rollouts.
+
+A JSONL file holds one group per line: ``{"prompt" | "problem": str, "completions": [str, ...],
+"rewards": [float, ...], "answer": optional}``, or a line in the run-directory schema
+(completions as objects with "text" / "token_ids" and "score", optionally the old policy's
+"entropy" / "old_log_probs" and raw "tokens"; see `tokencredit.train.rundir.rollout_records`).
+Every error names the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokencredit.data.loaders import DataError
+from tokencredit.errors import ConfigError
+from tokencredit.train.rundir import RunDir
+
+__all__ = [
+    "DISPLAY_SIGNALS",
+    "CompletionInput",
+    "GroupInput",
+    "load_jsonl",
+    "load_run_rollouts",
+    "read_groups",
+    "saved_steps",
+]
+
+# the per-token signals a saved completion may carry (shown on the page, used when present)
+DISPLAY_SIGNALS = ("entropy", "old_log_probs")
+
+
+@dataclass
+class CompletionInput:
+    text: str
+    score: float
+    token_ids: list[int] | None = None
+    correct: bool | None = None
+    truncated: bool = False
+    entropy: list[float] | None = None
+    old_log_probs: list[float] | None = None
+    tokens: list[str] | None = None  # raw token strings as saved (display fallback without a tokenizer)
+
+
+@dataclass
+class GroupInput:
+    """One prompt and its completions; `where` names the source (file:line) for error messages."""
+
+    group_id: int
+    completions: list[CompletionInput]
+    where: str
+    problem: str | None = None  # the task text (a template makes the prompt from it)
+    prompt: str | None = None  # the literal prompt text, when given
+    answer: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _data_error(where: str, msg: str) -> Exception:
+    return DataError(f"{where}: {msg}")
+
+
+def _finite(value: Any, where: str, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        raise _data_error(where, f"{what} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _float_list(value: Any, n: int, where: str, what: str) -> list[float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != n:
+        got = f"{len(value)} values" if isinstance(value, list) else type(value).__name__
+        raise _data_error(where, f"{what} must be a list of {n} numbers (one per token), got {got}")
+    return [_finite(v, where, f"{what}[{i}]") for i, v in enumerate(value)]
+
+
+def _answer_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return " | ".join(str(v) for v in value)
+    return str(value)
+
+
+def _completion_object(c: Any, where: str, i: int) -> CompletionInput:
+    """A completion in the run-directory schema (see `tokencredit.train.rundir.rollout_records`)."""
+    if not isinstance(c, dict):
+        raise _data_error(where, f"completions[{i}] must be an object or a string, got {type(c).__name__}")
+    text = c.get("text", "")
+    if not isinstance(text, str):
+        raise _data_error(where, f"completions[{i}].text must be a string")
+    ids = c.get("token_ids")
+    if ids is not None and (not isinstance(ids, list) or not all(isinstance(x, int) and x >= 0 for x in ids)):
+        raise _data_error(where, f"completions[{i}].token_ids must be a list of non-negative integers")
+    if ids is None and "text" not in c:
+        raise _data_error(where, f"completions[{i}] has neither token_ids nor text")
+    score = c.get("score", c.get("reward"))
+    if score is None:
+        raise _data_error(where, f"completions[{i}] has no score")
+    n = len(ids) if ids is not None else -1
+    signals = {}
+    for name in DISPLAY_SIGNALS:
+        v = c.get(name)
+        if v is not None and ids is None:
+            raise _data_error(where, f"completions[{i}].{name} needs token_ids (values are per token)")
+        signals[name] = _float_list(v, n, where, f"completions[{i}].{name}")
+    tokens = c.get("tokens")
+    if tokens is not None and not (
+        isinstance(tokens, list) and len(tokens) == n and all(isinstance(t, str) for t in tokens)
+    ):
+        raise _data_error(where, f"completions[{i}].tokens must be a list of {n} strings")
+    correct = c.get("correct")
+    if correct is not None and not isinstance(correct, bool):
+        raise _data_error(where, f"completions[{i}].correct must be true/false")
+    return CompletionInput(
+        text=text,
+        score=_finite(score, where, f"completions[{i}].score"),
+        token_ids=ids,
+        correct=correct,
+        truncated=bool(c.get("truncated", False)),
+        tokens=tokens,
+        **signals,
+    )
+
+
+def _completions(obj: dict[str, Any], comps: list[Any], where: str) -> list[CompletionInput]:
+    """A group's completions: strings with a parallel 'rewards' list, or objects in the run schema."""
+    if all(isinstance(c, str) for c in comps):
+        rewards = obj.get("rewards")
+        if not isinstance(rewards, list) or len(rewards) != len(comps):
+            got = f"{len(rewards)} values" if isinstance(rewards, list) else repr(rewards)
+            raise _data_error(
+                where, f"'rewards' must be a list of {len(comps)} numbers (one per completion), got {got}"
+            )
+        return [
+            CompletionInput(text=c, score=_finite(r, where, f"rewards[{i}]"))
+            for i, (c, r) in enumerate(zip(comps, rewards))
+        ]
+    if all(isinstance(c, dict) for c in comps):
+        return [_completion_object(c, where, i) for i, c in enumerate(comps)]
+    raise _data_error(where, "'completions' must be all strings (with 'rewards') or all objects")
+
+
+def _parse_group(obj: Any, where: str, default_id: int) -> GroupInput:
+    if not isinstance(obj, dict):
+        raise _data_error(where, f"expected a JSON object, got {type(obj).__name__}")
+    comps = obj.get("completions")
+    if not isinstance(comps, list) or not comps:
+        raise _data_error(where, "'completions' must be a non-empty list")
+    prompt, problem = obj.get("prompt"), obj.get("problem")
+    if prompt is not None and not isinstance(prompt, str):
+        raise _data_error(where, "'prompt' must be a string")
+    if problem is not None and not isinstance(problem, str):
+        raise _data_error(where, "'problem' must be a string")
+    completions = _completions(obj, comps, where)
+    gid = obj.get("group", default_id)
+    if isinstance(gid, bool) or not isinstance(gid, int):
+        raise _data_error(where, f"'group' must be an integer, got {gid!r}")
+    return GroupInput(
+        group_id=gid,
+        completions=completions,
+        where=where,
+        problem=problem,
+        prompt=prompt,
+        answer=_answer_text(obj.get("answer")),
+        extra={k: obj[k] for k in ("step", "recipe", "credit", "id") if k in obj},
+    )
+
+
+def read_groups(path: Path) -> list[GroupInput]:
+    """Every group of a JSONL file, in order; group ids must be unique (errors name file:line)."""
+    groups: list[GroupInput] = []
+    ids: dict[int, str] = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise _data_error(where, f"invalid JSON ({e.msg} at column {e.colno})") from None
+            g = _parse_group(obj, where, len(groups))
+            if g.group_id in ids:
+                raise _data_error(where, f"group id {g.group_id} repeats the one at {ids[g.group_id]}")
+            ids[g.group_id] = where
+            groups.append(g)
+    if not groups:
+        raise _data_error(str(path), "no group in the file")
+    return groups
+
+
+def load_jsonl(path: str | Path) -> list[GroupInput]:
+    """Groups from a JSONL of prompts, completions and rewards (see the module docstring); errors name file:line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--jsonl: file not found: {p}")
+    groups = read_groups(p)
+    for g in groups:
+        if g.prompt is None and g.problem is None:
+            raise _data_error(
+                g.where, "needs a 'prompt' (the literal prompt text) or a 'problem' (templated)"
+            )
+    return groups
+
+
+def saved_steps(run_dir: str | Path) -> list[int]:
+    """The steps with saved rollouts in RUN_DIR/rollouts, ascending."""
+    return RunDir(run_dir).rollout_steps()
+
+
+def load_run_rollouts(run_dir: str | Path, step: int | None = None) -> tuple[int, list[GroupInput]]:
+    """(step, groups) from a run's saved rollouts (the latest saved step by default)."""
+    run = RunDir(run_dir)
+    if not run.path.is_dir():
+        raise ConfigError(f"run directory not found: {run.path}")
+    steps = run.rollout_steps()
+    if not steps:
+        raise ConfigError(
+            f"{run.path}: no saved rollouts (rollouts/step_NNNNNN.jsonl); the trainer writes them at evaluation steps "
+            "when eval.save_groups > 0"
+        )
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise ConfigError(
+            f"{run.path}: no rollouts saved at step {step}; saved steps: {', '.join(map(str, steps))}"
+        )
+    groups = read_groups(run.rollout_path(step))
+    for g in groups:
+        for i, c in enumerate(g.completions):
+            if c.token_ids is None:
+                raise _data_error(
+                    g.where, f"completions[{i}] has no token_ids (not a file written by the trainer?)"
+                )
+    return step, groups

@@ -1,0 +1,126 @@
+"""What an explain report is asked for (`ExplainOptions`, one field per command-line flag) and what it
+resolves to (`Source`: the groups, and the template, temperature, estimator and model that go with
+them: the run's own settings for a run directory, the defaults for a JSONL file)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokencredit import advantages
+from tokencredit.errors import ConfigError, closest
+from tokencredit.recipes import Recipe
+from tokencredit.report.explain.inputs import GroupInput, load_jsonl, load_run_rollouts
+from tokencredit.train.config import TrainConfig
+from tokencredit.train.rundir import RunDir
+
+__all__ = ["DEFAULT_METHODS", "ExplainOptions", "Source", "read_source"]
+
+DEFAULT_METHODS = "ktae,delta,strace,arca,uniform"
+
+
+@dataclass
+class ExplainOptions:
+    """An explain report's settings; None means "the run's, else the default" (see `read_source`)."""
+
+    run_dir: str | Path | None = None
+    jsonl: str | Path | None = None
+    model: str | Path | None = None  # required with jsonl; default RUN_DIR/final
+    step: int | None = None
+    methods: str = DEFAULT_METHODS  # comma-separated credit methods and/or recipes
+    groups: int = 4  # how many groups to show
+    out: str | Path | None = None
+    advantage: str | None = None
+    template: str | None = None
+    temperature: float | None = None
+    device: str = "auto"
+    batch_size: int = 16  # rows per forward when recomputing signals
+
+    def check(self) -> None:
+        """Raise ConfigError (naming the flag) for settings that contradict each other or are out of range."""
+        if (self.run_dir is None) == (self.jsonl is None):
+            raise ConfigError("give either a RUN_DIR or --jsonl FILE (with --model PATH)")
+        if self.jsonl is not None and self.step is not None:
+            raise ConfigError(
+                "--step selects a saved step of a run directory; it has no meaning with --jsonl"
+            )
+        if self.jsonl is not None and not self.model:
+            raise ConfigError(
+                "--jsonl needs --model PATH (its tokenizer and signals explain the completions)"
+            )
+        if self.groups < 1:
+            raise ConfigError(f"--groups must be >= 1, got {self.groups}")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+
+
+@dataclass
+class Source:
+    """The groups to explain and the settings that go with them."""
+
+    groups: list[GroupInput]
+    template: str
+    temperature: float
+    advantage: str
+    advantage_params: dict[str, Any]
+    model_path: str
+    model_given: bool  # the user named the model (else RUN_DIR/final)
+    out: Path
+    description: str  # the page's subtitle
+    run_dir: Path | None = None
+    cfg: TrainConfig | None = None  # the run's
+    recipe: Recipe | None = None  # the run's resolved recipe
+    notes: list[str] = field(default_factory=list)
+
+
+def _jsonl_source(opts: ExplainOptions) -> Source:
+    return Source(
+        groups=load_jsonl(str(opts.jsonl)),
+        template=opts.template or "qwen-math",
+        temperature=opts.temperature if opts.temperature is not None else 1.0,
+        advantage=opts.advantage or "grpo",
+        advantage_params={},
+        model_path=str(opts.model),
+        model_given=True,
+        out=Path(opts.out) if opts.out else Path(str(opts.jsonl)).with_suffix(".explain.html"),
+        description=f"{opts.jsonl} · model {opts.model}",
+    )
+
+
+def _run_source(opts: ExplainOptions) -> Source:
+    run = RunDir(str(opts.run_dir))
+    step, groups = load_run_rollouts(run.path, opts.step)
+    notes = []
+    if run.config_path.is_file():
+        cfg = run.read_config()
+    else:
+        cfg = TrainConfig()
+        notes.append(f"{run.config_path} not found: trainer defaults assumed (template, temperature, LoRA)")
+    recipe = run.read_recipe(cfg)
+    return Source(
+        groups=groups,
+        template=opts.template or cfg.data.template,
+        temperature=opts.temperature if opts.temperature is not None else cfg.rollout.temperature,
+        advantage=opts.advantage or recipe.advantage,
+        advantage_params=dict(recipe.advantage_params) if opts.advantage is None else {},
+        model_path=str(opts.model) if opts.model else str(run.final_dir),
+        model_given=opts.model is not None,
+        out=Path(opts.out) if opts.out else run.path / f"explain_step_{step:06d}.html",
+        description=f"run {run.path} · step {step} · trained with recipe {recipe.name!r} on model {cfg.model.name!r}",
+        run_dir=run.path,
+        cfg=cfg,
+        recipe=recipe,
+        notes=notes,
+    )
+
+
+def read_source(opts: ExplainOptions) -> Source:
+    """The groups of the JSONL file or the run directory `opts` names, with their settings resolved."""
+    src = _jsonl_source(opts) if opts.jsonl is not None else _run_source(opts)
+    if src.advantage not in advantages.ESTIMATORS:
+        raise ConfigError(
+            f"--advantage: unknown estimator {src.advantage!r}{closest(src.advantage, advantages.ESTIMATORS)}; "
+            f"one of {', '.join(advantages.ESTIMATORS)}"
+        )
+    return src

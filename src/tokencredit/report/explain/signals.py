@@ -1,0 +1,177 @@
+"""Which per-token signals an explain report uses as saved and which it recomputes, and with which model.
+
+From a run directory the saved entropy / old_log_probs (the policy that sampled the rollouts)
+are used, and a model is loaded only for the signals they lack (hidden states...): RUN_DIR/final,
+or, for the LoRA signals of a LoRA run, the base model with the adapter from the newest checkpoint
+(`tokencredit.train.checkpoint.load_run_policy`). From a JSONL every signal is recomputed with
+the given model. A signal that cannot be had is reported with the reason, never faked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tokencredit.batch import RolloutBatch
+from tokencredit.credit.gcpo import negative_prompt
+from tokencredit.data.templates import render
+from tokencredit.errors import ConfigError
+from tokencredit.models import TOY_ASSET_DIR, load_model
+from tokencredit.report.explain.assemble import assemble_batch, padded, with_signals
+from tokencredit.report.explain.inputs import DISPLAY_SIGNALS, GroupInput
+from tokencredit.report.explain.options import Source
+from tokencredit.signals import compute_signals, has_lora_adapter, negative_prompt_inputs
+from tokencredit.train.checkpoint import load_run_policy
+
+__all__ = ["batch_with_signals", "recompute_signals"]
+
+_LORA_SIGNALS = frozenset({"base_hidden", "base_log_probs"})
+
+
+def _load_tokenizer(path: str | Path) -> Any:
+    # transformers is imported where it is used, as in tokencredit.models (a run-directory report
+    # without a model never pays for it)
+    from transformers import AutoTokenizer
+
+    p = TOY_ASSET_DIR if str(path) == "toy" else Path(path)
+    tok = AutoTokenizer.from_pretrained(p, local_files_only=True)
+    if tok.pad_token is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _bos_aware_ids(tokenizer: Any, text: str) -> list[int]:
+    """Prompt ids as `tokencredit.rollout.generate` tokenises them (special tokens unless the text starts with BOS)."""
+    bos = getattr(tokenizer, "bos_token", None)
+    add = not (bos and text.startswith(bos))
+    return list(tokenizer(text, add_special_tokens=add)["input_ids"])
+
+
+def _prompt_texts(groups: Sequence[GroupInput], tokenizer: Any, template: str) -> list[str]:
+    return [g.prompt if g.prompt is not None else render(template, g.problem, tokenizer) for g in groups]  # type: ignore[arg-type]
+
+
+def recompute_signals(
+    model: Any,
+    tokenizer: Any,
+    groups: Sequence[GroupInput],
+    batch: RolloutBatch,
+    needs: set[str],
+    *,
+    template: str,
+    temperature: float,
+    batch_size: int,
+) -> dict[str, Tensor]:
+    """The signals `needs` for the batch's rows with `model` (prompts rebuilt from the groups), on the model's device."""
+    device = next(model.parameters()).device
+    pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    prompts = _prompt_texts(groups, tokenizer, template)
+    p_rows = [_bos_aware_ids(tokenizer, p) for g, p in zip(groups, prompts) for _ in g.completions]
+    p_ids, p_att = padded(p_rows, pad, torch.int64, left=True)
+    resp = torch.where(batch.mask, batch.token_ids, torch.full_like(batch.token_ids, pad))
+    seq = torch.cat([p_ids, resp.cpu()], 1).to(device)
+    att = torch.cat([p_att.long(), batch.mask.long().cpu()], 1).to(device)
+    neg: dict[str, Any] = {}
+    if "neg_log_probs" in needs:
+        texts = [render(template, negative_prompt(g.problem), tokenizer) for g in groups for _ in g.completions]  # type: ignore[arg-type]
+        neg = negative_prompt_inputs(tokenizer, texts, resp.to(device), batch.mask.to(device))
+    return compute_signals(
+        model,
+        seq,
+        att,
+        int(p_ids.shape[1]),
+        batch.mask.to(device),
+        needs,
+        temperature=temperature,
+        batch_size=batch_size,
+        **neg,
+    )
+
+
+def _display_tokenizer(src: Source, notes: list[str]) -> Any:
+    """The tokenizer of the run's model, to show the saved token ids as text (None when there is none)."""
+    try:
+        return _load_tokenizer(src.model_path)
+    except (OSError, ValueError) as e:
+        notes.append(f"no tokenizer in {src.model_path} ({type(e).__name__}); tokens shown as saved")
+        return None
+
+
+def _recompute_model(
+    src: Source, wanted: set[str], device: torch.device, notes: list[str], unavailable: dict[str, str]
+) -> tuple[Any, Any, str] | None:
+    """(model, tokenizer, description) to recompute a run's missing signals, or None (reasons noted).
+
+    A LoRA run's adapter is restored from its newest checkpoint when LoRA signals are wanted and
+    the user named no model; otherwise, or if that fails, the model at `src.model_path`.
+    """
+    lora_run = not src.model_given and src.cfg is not None and src.cfg.model.lora_rank > 0
+    if wanted & _LORA_SIGNALS and lora_run and src.run_dir is not None:
+        try:
+            return load_run_policy(src.run_dir, None, device, log=notes.append)
+        except (ConfigError, OSError, RuntimeError) as e:
+            notes.append(f"could not restore the run's LoRA adapter ({e}); using {src.model_path}")
+    try:
+        model, tokenizer = load_model(src.model_path, device=device)
+    except (ConfigError, OSError, ValueError) as e:
+        unavailable.update({s: f"no model to recompute it ({e})" for s in wanted})
+        notes.append(f"no model loaded: {e}")
+        return None
+    return model, tokenizer, f"model {src.model_path}"
+
+
+def _lora_unavailable(src: Source, model_desc: str) -> str:
+    """Why the LoRA signals cannot be had from a model without an adapter."""
+    if src.cfg is not None and not src.model_given and src.cfg.model.lora_rank <= 0:
+        return "the run trained without LoRA (model.lora_rank = 0)"
+    merged = " (RUN_DIR/final is the merged model)" if src.run_dir is not None and not src.model_given else ""
+    return f"{model_desc} has no LoRA adapter{merged}"
+
+
+def batch_with_signals(
+    src: Source, needs: set[str], notes: list[str], *, device: torch.device, batch_size: int
+) -> tuple[RolloutBatch, Any, dict[str, str]]:
+    """(batch with every obtainable signal, tokenizer or None, {signal: why unavailable}); what was
+    used, recomputed or missing is appended to `notes` (see the module docstring)."""
+    recompute_all = src.run_dir is None
+    model = tokenizer = None
+    model_desc = f"model {src.model_path}"
+    unavailable: dict[str, str] = {}
+    if recompute_all:
+        model, tokenizer = load_model(src.model_path, device=device)
+    else:
+        tokenizer = _display_tokenizer(src, notes)
+    batch = assemble_batch(src.groups, tokenizer, use_saved_signals=not recompute_all)
+    saved = batch.available_signals()
+    wanted = (needs | set(DISPLAY_SIGNALS)) - saved
+    if "neg_log_probs" in wanted and any(g.problem is None for g in src.groups):
+        wanted.discard("neg_log_probs")
+        unavailable["neg_log_probs"] = "GCPO's negative prompt needs each group's 'problem' text"
+    if model is None and needs - saved:
+        loaded = _recompute_model(src, wanted, device, notes, unavailable)
+        if loaded is not None:
+            model, tokenizer, model_desc = loaded
+    if model is None:
+        wanted = set()
+    elif wanted & _LORA_SIGNALS and not has_lora_adapter(model):
+        why = _lora_unavailable(src, model_desc)
+        for s in wanted & _LORA_SIGNALS:
+            unavailable[s] = f"{why}; ARCA / policy-divergence read the adapter's effect"
+        wanted -= _LORA_SIGNALS
+    if wanted:
+        sig = recompute_signals(
+            model, tokenizer, src.groups, batch, wanted, template=src.template, temperature=src.temperature,
+            batch_size=batch_size,
+        )  # fmt: skip
+        batch = with_signals(batch, {k: v.cpu() for k, v in sig.items()})
+        origin = "recomputed" if recompute_all else "recomputed (the saved rollouts lack them)"
+        notes.append(f"signals {origin} with {model_desc}: {', '.join(sorted(sig))}")
+    if saved:
+        notes.append(f"from the saved rollouts (the policy that sampled them): {', '.join(sorted(saved))}")
+    for s in sorted(set(unavailable) & needs):
+        notes.append(f"signal {s} unavailable: {unavailable[s]}")
+    return batch, tokenizer, unavailable

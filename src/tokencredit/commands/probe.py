@@ -1,5 +1,142 @@
-"""`tokencredit probe`: arguments and output of `tokencredit.report.probe` (split by concern in progress)."""
+"""`tokencredit probe`: does a credit method blame the token where a wrong solution went astray?
 
-from tokencredit.report.probe import add_arguments, run
+    tokencredit probe --model toy|PATH|RUN_DIR [--checkpoint step_N | --all-checkpoints]
+                      [--methods grpo,ktae,delta,strace,arca,...] [--groups N] [--group-size G] [--seed S]
+
+Parses the arguments, calls `tokencredit.report.probe` (points -> config -> methods -> probe ->
+report) and prints the Markdown; the JSON goes to --out and the Markdown beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from tokencredit.report.methods import resolve_methods
+from tokencredit.report.probe import (
+    DEFAULT_KS,
+    DEFAULT_METHODS,
+    default_output,
+    markdown_report,
+    probe_config,
+    probe_points,
+    probe_result,
+    resolve_points,
+    write_report,
+)
 
 __all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", required=True, help="'toy' (the shipped warm start), a model directory, or a RUN_DIR"
+    )
+    parser.add_argument(
+        "--checkpoint", help="with a RUN_DIR: probe checkpoint step_N (default: RUN_DIR/final)"
+    )
+    parser.add_argument(
+        "--all-checkpoints",
+        action="store_true",
+        help="with a RUN_DIR: probe the run's starting model and every saved checkpoint",
+    )
+    parser.add_argument(
+        "--methods",
+        default=DEFAULT_METHODS,
+        help=f"comma-separated credit methods and/or recipes (default: {DEFAULT_METHODS})",
+    )
+    parser.add_argument("--groups", type=int, default=64, help="held-out problems (groups), default 64")
+    parser.add_argument("--group-size", type=int, default=8, help="rollouts per problem (G), default 8")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="problem sample, sampling and random baseline seed"
+    )
+    parser.add_argument("--difficulty", type=int, help="arithmetic steps (default: the run's, else 3)")
+    parser.add_argument(
+        "--digits", type=int, help="digits of the running totals (default: the run's, else 2)"
+    )
+    parser.add_argument(
+        "--operand-digits",
+        type=int,
+        help="digits of the added operands (default: the run's, else the task's)",
+    )
+    parser.add_argument("--template", help="prompt template (default: the run's, else qwen-math)")
+    parser.add_argument(
+        "--temperature", type=float, help="sampling temperature (default: the run's, else 1.0)"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="generation limit (default 96)")
+    parser.add_argument(
+        "--advantage", help="group estimator for plain credit methods (default: the run's, else grpo)"
+    )
+    parser.add_argument(
+        "--ks", default=",".join(map(str, DEFAULT_KS)), help="k values of blame@k (default 1,3,10)"
+    )
+    parser.add_argument("--random-draws", type=int, default=20, help="draws averaged for the random baseline")
+    parser.add_argument("--batch-size", type=int, default=64, help="rows per forward / generate call")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    parser.add_argument(
+        "--out",
+        help="output JSON file; the Markdown goes next to it as .md (default: RUN_DIR/probe.json or ./probe.json)",
+    )
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line that reproduces the run (options left at their defaults are omitted)."""
+    parts = ["tokencredit probe", f"--model {args.model}"]
+    if args.checkpoint:
+        parts.append(f"--checkpoint {args.checkpoint}")
+    if args.all_checkpoints:
+        parts.append("--all-checkpoints")
+    parts.append(f"--methods {args.methods}")
+    parts += [f"--groups {args.groups}", f"--group-size {args.group_size}", f"--seed {args.seed}"]
+    for name in ("difficulty", "digits", "operand_digits", "template", "temperature", "advantage"):
+        value = getattr(args, name)
+        if value is not None:
+            parts.append(f"--{name.replace('_', '-')} {value}")
+    if args.max_new_tokens != 96:
+        parts.append(f"--max-new-tokens {args.max_new_tokens}")
+    if args.ks != ",".join(map(str, DEFAULT_KS)):
+        parts.append(f"--ks {args.ks}")
+    return " ".join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    points, run_cfg, recipe, run_dir = resolve_points(
+        args.model, checkpoint=args.checkpoint, all_checkpoints=args.all_checkpoints, device=args.device
+    )
+    cfg = probe_config(
+        run_cfg,
+        recipe,
+        groups=args.groups,
+        group_size=args.group_size,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        random_draws=args.random_draws,
+        batch_size=args.batch_size,
+        ks=args.ks,
+        difficulty=args.difficulty,
+        digits=args.digits,
+        operand_digits=args.operand_digits,
+        template=args.template,
+        temperature=args.temperature,
+        advantage=args.advantage,
+    )
+    specs = resolve_methods(
+        args.methods.split(","),
+        advantage=cfg.advantage,
+        advantage_params=cfg.advantage_params,
+        run_recipe=recipe,
+    )
+    out_json = Path(args.out) if args.out else default_output(run_dir)
+    results = probe_points(points, specs, cfg, log=lambda m: print(f"[probe] {m}", file=sys.stderr))
+    result = probe_result(_command(args), args.model, cfg, specs, results)
+    md = markdown_report(result)
+    out_md = write_report(result, md, out_json)
+    print(md)
+    print(f"wrote {out_json} and {out_md}", file=sys.stderr)
+    return 0

@@ -1,0 +1,114 @@
+"""`tokencredit probe`: does a credit method blame the token where a wrong solution went astray?
+
+Papers on token credit argue that their method finds the "key" tokens; none measures it against
+ground truth. On the embedded arithmetic task (`tokencredit.data.synthetic`) the truth is known,
+and the probe samples groups on held-out problems, computes every method's credit on the *same*
+rollouts, and scores it, without any training. One module per concern:
+
+    config    ProbeConfig: sampling and scoring settings, defaults from a probed run
+    sample    held-out problems, groups of rollouts and their signals (no truth, no scores)
+    truth     the first wrong token and each token's label, mapped from characters to tokens
+    metrics   blame@k, ranks and |Â| mass shares of a credit tensor (ties in expectation), baselines' credit
+    score     the numbers of one credit tensor, the chance baselines, every `--methods` column on a batch
+    pipeline  sample -> truth -> score for one model (`probe_model`) and each probed point
+    points    which models: a model directory, the toy warm start, a run's final model or checkpoints
+    render    the JSON payload and the Markdown tables
+
+Credit is the *effective* credit of each method (`tokencredit.objectives.effective`): the per-token
+gradient weight of the recipe's objective at ratio 1, which is Â itself for per-token kernels
+and the on-policy credit of the sequence / trace kernels (GSPO, P-trace, S-trace; the traces
+are our reconstruction of Mou et al. 2026, see `tokencredit.objectives.traces`). Methods that
+read a LoRA adapter (ARCA, policy-divergence) are "n/a" on a model without one: a freshly
+attached adapter (B = 0) would make them uniform, which says nothing about the method.
+The command line is `tokencredit.commands.probe`.
+"""
+
+from tokencredit.report.methods import NA_LORA
+from tokencredit.report.probe.config import DEFAULT_KS, DEFAULT_METHODS, ProbeConfig, parse_ks, probe_config
+from tokencredit.report.probe.metrics import (
+    DEFAULT_RTOL,
+    blame_hits,
+    expected_hits,
+    mass_shares,
+    mean_rank,
+    random_credit,
+    target_ranks,
+    tie_counts,
+    uniform_credit,
+)
+from tokencredit.report.probe.pipeline import probe_model, probe_points
+from tokencredit.report.probe.points import ProbePoint, default_output, parse_checkpoint, resolve_points
+from tokencredit.report.probe.render import (
+    evolution_table,
+    markdown_report,
+    point_table,
+    probe_result,
+    write_report,
+)
+from tokencredit.report.probe.sample import (
+    heldout_problems,
+    rollout_batch,
+    rollout_signals,
+    sample_rollouts,
+)
+from tokencredit.report.probe.score import (
+    probe_batch,
+    score_baselines,
+    score_credit,
+)
+from tokencredit.report.probe.truth import (
+    LABELS,
+    ProbeTruth,
+    RolloutTruth,
+    build_truth,
+    char_to_token,
+    rollout_summary,
+    rollout_truth,
+    token_char_spans,
+    token_labels,
+)
+
+__all__ = [
+    "DEFAULT_KS",
+    "DEFAULT_METHODS",
+    "DEFAULT_RTOL",
+    "LABELS",
+    "NA_LORA",
+    "ProbeConfig",
+    "ProbePoint",
+    "ProbeTruth",
+    "RolloutTruth",
+    "blame_hits",
+    "build_truth",
+    "char_to_token",
+    "default_output",
+    "evolution_table",
+    "expected_hits",
+    "heldout_problems",
+    "markdown_report",
+    "mass_shares",
+    "mean_rank",
+    "parse_checkpoint",
+    "parse_ks",
+    "point_table",
+    "probe_batch",
+    "probe_config",
+    "probe_model",
+    "probe_points",
+    "probe_result",
+    "random_credit",
+    "resolve_points",
+    "rollout_batch",
+    "rollout_signals",
+    "rollout_summary",
+    "rollout_truth",
+    "sample_rollouts",
+    "score_baselines",
+    "score_credit",
+    "target_ranks",
+    "tie_counts",
+    "token_char_spans",
+    "token_labels",
+    "uniform_credit",
+    "write_report",
+]

@@ -1,0 +1,102 @@
+"""Sampling for the probe: held-out problems, groups of rollouts and their per-token signals.
+
+Nothing here knows the ground truth or the metrics: a rollout batch is sampled and its signals
+(one no-grad pass, only those the methods need) are computed; `tokencredit.report.probe.pipeline`
+puts truth and scores on top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch import Tensor
+
+from tokencredit.batch import RolloutBatch
+from tokencredit.credit.gcpo import negative_prompt
+from tokencredit.data.synthetic import ArithmeticTask
+from tokencredit.data.templates import render
+from tokencredit.report.probe.config import ProbeConfig
+from tokencredit.rollout import Rollouts, generate
+from tokencredit.signals import compute_signals, negative_prompt_inputs
+
+__all__ = ["heldout_problems", "rollout_batch", "rollout_signals", "sample_rollouts"]
+
+
+def heldout_problems(cfg: ProbeConfig) -> list[Any]:
+    """`cfg.groups` held-out problems of the synthetic task (`cfg.seed` picks them)."""
+    task_kw = {} if cfg.operand_digits is None else {"operand_digits": cfg.operand_digits}
+    task = ArithmeticTask(difficulty=cfg.difficulty, digits=cfg.digits, seed=cfg.seed, **task_kw)
+    return task.sample(cfg.groups, "heldout")
+
+
+def sample_rollouts(model: Any, tokenizer: Any, problems: Sequence[Any], cfg: ProbeConfig) -> Rollouts:
+    """`cfg.group_size` completions of every problem (its `.problem` text rendered with `cfg.template`)."""
+    prompts = [render(cfg.template, p.problem, tokenizer) for p in problems]
+    return generate(
+        model,
+        tokenizer,
+        prompts,
+        cfg.group_size,
+        temperature=cfg.temperature,
+        top_p=1.0,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+    )
+
+
+def _negative_prompt_inputs(
+    tokenizer: Any, rows: Sequence[Any], ro: Rollouts, template: str, device: Any
+) -> dict[str, Any]:
+    """GCPO's negative-prompt sequences, built as the trainer builds them."""
+    texts = [render(template, negative_prompt(p.problem), tokenizer) for p in rows]
+    return negative_prompt_inputs(tokenizer, texts, ro.response_ids.to(device), ro.response_mask.to(device))
+
+
+def rollout_signals(
+    model: Any,
+    tokenizer: Any,
+    ro: Rollouts,
+    rows: Sequence[Any],
+    needs: set[str],
+    cfg: ProbeConfig,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Tensor]:
+    """The signals in `needs` ({} when none), from one no-grad pass of `model` on the rollouts.
+
+    rows[i]: the problem of rollout i (for GCPO's negative prompt). Tensors stay on the model's device.
+    """
+    if not needs:
+        return {}
+    if log is not None:
+        log(f"signals: {', '.join(sorted(needs))}")
+    device = next(model.parameters()).device
+    seq, att = ro.sequences.to(device), ro.attention_mask.to(device)
+    neg = (
+        _negative_prompt_inputs(tokenizer, rows, ro, cfg.template, device) if "neg_log_probs" in needs else {}
+    )
+    return compute_signals(
+        model,
+        seq,
+        att,
+        int(ro.prompt_ids.shape[1]),
+        ro.response_mask.to(device),
+        needs,
+        temperature=cfg.temperature,
+        batch_size=cfg.batch_size,
+        **neg,
+    )
+
+
+def rollout_batch(ro: Rollouts, scores: Tensor, signals: dict[str, Tensor]) -> RolloutBatch:
+    """The RolloutBatch of the sampled responses with `scores` [N] (the verifier's) and the signals on CPU."""
+    return RolloutBatch(
+        token_ids=ro.response_ids,
+        mask=ro.response_mask,
+        group_ids=ro.prompt_index.long(),
+        scores=scores,
+        truncated=ro.truncated,
+        **{k: v.cpu() for k, v in signals.items()},
+    )

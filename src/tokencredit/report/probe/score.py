@@ -1,0 +1,177 @@
+"""Scoring: the probe's numbers for a credit tensor against the ground truth, the chance baselines,
+and every `--methods` column on one batch.
+
+Metrics (per method; rollouts of "mixed" groups, i.e. groups with both correct and wrong
+rollouts, where the sequence advantage is not 0):
+
+- blame@k: share of wrong rollouts (verifier score 0) whose first wrong token is among the k
+  most negatively credited tokens of that rollout (the k smallest Â over its valid tokens,
+  EOS included), k = 1, 3, 10 by default;
+- mean rank of the first wrong token (1 = the most negative), and rank / length;
+- praise@k (JSON only): share of correct rollouts whose first answer token is among the k most
+  positively credited tokens;
+- |Â| format / computed / answer: per rollout, the share of its |Â| mass on each token label,
+  averaged over the rollouts that carry credit (uniform credit gives the token shares).
+
+Ties count in expectation (`tokencredit.report.probe.metrics`). Two baselines are scored on the
+same rollouts: "random" (i.i.d. N(0, 1) credit per token, averaged over ``draws`` draws) and
+"uniform" (one value per rollout).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tokencredit.batch import RolloutBatch
+from tokencredit.report.methods import MethodSpec, method_credit
+from tokencredit.report.probe.config import DEFAULT_KS
+from tokencredit.report.probe.metrics import (
+    blame_hits,
+    expected_hits,
+    mass_shares,
+    random_credit,
+    target_ranks,
+    uniform_credit,
+)
+from tokencredit.report.probe.truth import LABELS, ProbeTruth
+
+__all__ = ["probe_batch", "score_baselines", "score_credit"]
+
+
+def _mean(x: Tensor) -> float | None:
+    return float(x.double().mean()) if x.numel() else None
+
+
+def _stderr(x: Tensor) -> float | None:
+    """Standard error of the mean over rollouts (None below 2 rollouts)."""
+    return float(x.double().std() / math.sqrt(x.numel())) if x.numel() >= 2 else None
+
+
+def score_credit(credit: Tensor, truth: ProbeTruth, ks: Sequence[int] = DEFAULT_KS) -> dict[str, Any]:
+    """The probe's numbers for one credit tensor [N,T] (None where no rollout qualifies).
+
+    Keys: blame_rollouts, blame@k (and blame@k_se, its standard error over rollouts), mean_rank,
+    mean_rank_frac (rank / length), praise_rollouts,
+    praise@k, mass_rollouts, mass_format / mass_computed / mass_answer, blame_by_kind {kind: {n, blame@k}}.
+    """
+    c = credit.detach().cpu()
+    if tuple(c.shape) != tuple(truth.mask.shape):
+        raise ValueError(
+            f"score_credit: credit shape {tuple(c.shape)} differs from the truth's {tuple(truth.mask.shape)}"
+        )
+    return {**_blame_scores(c, truth, ks), **_praise_scores(c, truth, ks), **_mass_scores(c, truth)}
+
+
+def _blame_scores(c: Tensor, truth: ProbeTruth, ks: Sequence[int]) -> dict[str, Any]:
+    """blame_rollouts, blame@k, blame@k_se, mean_rank, mean_rank_frac, blame_by_kind."""
+    out: dict[str, Any] = {}
+    b = truth.blame_rows.nonzero().squeeze(1)
+    out["blame_rollouts"] = int(b.numel())
+    if not b.numel():
+        out.update({f"blame@{k}": None for k in ks})
+        out.update({f"blame@{k}_se": None for k in ks})
+        out.update(mean_rank=None, mean_rank_frac=None, blame_by_kind={})
+        return out
+    cb, mb, tb = c[b], truth.mask[b], truth.target[b]
+    for k in ks:
+        hits = blame_hits(cb, mb, tb, k)
+        out[f"blame@{k}"] = _mean(hits)
+        out[f"blame@{k}_se"] = _stderr(hits)
+    ranks = target_ranks(cb, mb, tb)
+    out["mean_rank"] = _mean(ranks)
+    out["mean_rank_frac"] = _mean(ranks / mb.sum(1).double())
+    kinds = [truth.kinds[i] for i in b.tolist()]
+    by_kind: dict[str, dict[str, Any]] = {}
+    for kind in sorted(set(kinds)):
+        sel = torch.tensor([x == kind for x in kinds])
+        entry: dict[str, Any] = {"n": int(sel.sum())}
+        for k in ks:
+            entry[f"blame@{k}"] = _mean(blame_hits(cb[sel], mb[sel], tb[sel], k))
+        by_kind[kind] = entry
+    out["blame_by_kind"] = by_kind
+    return out
+
+
+def _praise_scores(c: Tensor, truth: ProbeTruth, ks: Sequence[int]) -> dict[str, Any]:
+    """praise_rollouts and praise@k: the first answer token among the k most positive Â of a correct rollout."""
+    m = truth.mask
+    p = truth.praise_rows.nonzero().squeeze(1)
+    out: dict[str, Any] = {"praise_rollouts": int(p.numel())}
+    for k in ks:
+        out[f"praise@{k}"] = (
+            _mean(expected_hits(c[p], m[p], truth.target[p], k, descending=True)) if p.numel() else None
+        )
+    return out
+
+
+def _mass_scores(c: Tensor, truth: ProbeTruth) -> dict[str, Any]:
+    """mass_rollouts and mass_<label>: the mean share of |Â| on each token label over mixed-group rollouts."""
+    rows = truth.mixed.nonzero().squeeze(1)
+    shares, defined = mass_shares(c[rows], truth.mask[rows], truth.labels[rows].clamp(min=0))
+    out: dict[str, Any] = {"mass_rollouts": int(defined.sum())}
+    for j, name in enumerate(LABELS):
+        out[f"mass_{name}"] = _mean(shares[defined, j])
+    return out
+
+
+def _average(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Key-wise mean of numeric values (nested dicts recursively); None stays None."""
+    out: dict[str, Any] = {}
+    for key, first in results[0].items():
+        if isinstance(first, dict):
+            out[key] = _average([r[key] for r in results])
+        elif first is None or isinstance(first, str):
+            out[key] = first
+        elif key in ("blame_rollouts", "praise_rollouts", "mass_rollouts", "n"):
+            out[key] = first
+        else:
+            out[key] = sum(r[key] for r in results) / len(results)
+    return out
+
+
+def score_baselines(
+    truth: ProbeTruth, ks: Sequence[int] = DEFAULT_KS, *, draws: int = 20, seed: int = 0
+) -> dict[str, dict[str, Any]]:
+    """{"random": mean over `draws` i.i.d. N(0, 1) credits, "uniform": constant credit} on the same rollouts."""
+    if draws < 1:
+        raise ValueError(f"random draws must be >= 1, got {draws}")
+    g = torch.Generator().manual_seed(seed)
+    rand = _average([score_credit(random_credit(truth.mask, g), truth, ks) for _ in range(draws)])
+    return {"random": rand, "uniform": score_credit(uniform_credit(truth.mask), truth, ks)}
+
+
+def probe_batch(
+    batch: RolloutBatch,
+    truth: ProbeTruth,
+    specs: Sequence[MethodSpec],
+    *,
+    ks: Sequence[int] = DEFAULT_KS,
+    lora: bool = False,
+    unavailable: Mapping[str, str] | None = None,
+    special_ids: Sequence[int] | None = None,
+    credits: dict[str, Any] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """{method name: result} for `specs` (`tokencredit.report.methods.MethodSpec`) on one batch.
+
+    Credit comes from the one pipeline, `tokencredit.recipes.token_credit`, with the tokenizer's
+    `special_ids`. Each result has "status": "ok" with `score_credit`'s numbers on the method's
+    effective credit, or "n/a" with a "reason" (a LoRA method without an adapter, a missing
+    signal, or the error the method raised on this batch). `credits`, when given, receives each
+    computed method's `TokenCredit` by name.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        base = {"kind": spec.kind, "label": spec.label}
+        got = method_credit(spec, batch, special_ids=special_ids, lora=lora, unavailable=unavailable)
+        if got.credit is None:
+            out[spec.name] = {**base, "status": "n/a", "reason": got.reason}
+            continue
+        if credits is not None:
+            credits[spec.name] = got.credit
+        out[spec.name] = {**base, "status": "ok", **score_credit(got.credit.effective(), truth, ks)}
+    return out

@@ -41,7 +41,8 @@ from tokencredit.models.warm_start import build_toy, toy_accuracy, warm_start
 __all__ = [
     "CHAT_TEMPLATE", "EOS_TOKEN", "IM_START", "PAD_TOKEN", "REBUILD_COMMAND", "SPECIAL_TOKENS", "TOY_ASSET_DIR",
     "TOY_HARD_ASSET_DIR", "TOY_HARD_CONFIG", "TOY_MODEL_CONFIG", "TOY_VARIANTS", "ToyVariant", "WarmStartConfig",
-    "add_lora", "build_toy", "build_toy_model", "build_toy_tokenizer", "load_model", "resolve_device",
+    "add_lora", "build_toy", "build_toy_model", "build_toy_tokenizer", "load_model", "load_tokenizer",
+    "model_path", "resolve_device",
     "resolve_dtype", "restore_parameters", "special_token_ids", "toy_accuracy", "toy_task", "toy_variant",
     "toy_vocabulary", "warm_start",
 ]  # fmt: skip
@@ -74,6 +75,41 @@ def resolve_device(name: str, what: str = "device") -> torch.device:
     return dev
 
 
+def model_path(name_or_path: str) -> Path:
+    """The directory of "toy" / "toy-hard" (checked to be installed) or of a local model, checked to exist."""
+    if name_or_path in TOY_VARIANTS:
+        variant = TOY_VARIANTS[name_or_path]
+        path = variant.asset_dir
+        missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (path / f).is_file()]
+        if missing:
+            raise ConfigError(
+                f"the {variant.name} model is not installed ({', '.join(missing)} missing in {path}); "
+                f"rebuild it with `{variant.rebuild_command}`"
+            )
+        return path
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise ConfigError(
+            f"model path {name_or_path!r} does not exist (give 'toy', 'toy-hard' or a local directory with a "
+            "Hugging Face causal LM; models are never downloaded)"
+        )
+    if not path.is_dir():
+        raise ConfigError(f"model path {name_or_path!r} is not a directory")
+    return path
+
+
+def load_tokenizer(name_or_path: str | Path) -> Any:
+    """The tokenizer of a model (as `load_model` returns it): EOS required, pad = EOS when unset, left padding."""
+    path = model_path(str(name_or_path))
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tokenizer.eos_token is None or tokenizer.eos_token_id is None:
+        raise ConfigError(f"the tokenizer in {path} has no EOS token: generation could never stop")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
 def load_model(
     name_or_path: str, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu"
 ) -> tuple[Any, Any]:
@@ -84,35 +120,9 @@ def load_model(
     The tokenizer must define an EOS token; a missing pad token is set to EOS, and padding is on the
     left (decoder-only generation).
     """
-
-    torch_dtype = resolve_dtype(dtype)
-    if name_or_path in TOY_VARIANTS:
-        variant = TOY_VARIANTS[name_or_path]
-        path = variant.asset_dir
-        missing = [
-            f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (path / f).is_file()
-        ]
-        if missing:
-            raise ConfigError(
-                f"the {variant.name} model is not installed ({', '.join(missing)} missing in {path}); "
-                f"rebuild it with `{variant.rebuild_command}`"
-            )
-    else:
-        path = Path(name_or_path).expanduser()
-        if not path.exists():
-            raise ConfigError(
-                f"model path {name_or_path!r} does not exist (give 'toy', 'toy-hard' or a local directory with a "
-                "Hugging Face causal LM; models are never downloaded)"
-            )
-        if not path.is_dir():
-            raise ConfigError(f"model path {name_or_path!r} is not a directory")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    if tokenizer.eos_token is None or tokenizer.eos_token_id is None:
-        raise ConfigError(f"the tokenizer in {path} has no EOS token: generation could never stop")
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
+    tokenizer = load_tokenizer(name_or_path)
+    path = model_path(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=resolve_dtype(dtype))
     model.to(device)
     model.eval()
     return model, tokenizer

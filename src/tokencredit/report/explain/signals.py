@@ -10,7 +10,6 @@ the given model. A signal that cannot be had is reported with the reason, never 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,7 +19,7 @@ from tokencredit.batch import RolloutBatch
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.data.templates import render
 from tokencredit.errors import ConfigError
-from tokencredit.models import TOY_ASSET_DIR, load_model
+from tokencredit.models import load_model, load_tokenizer
 from tokencredit.report.explain.assemble import assemble_batch, padded, with_signals
 from tokencredit.report.explain.inputs import DISPLAY_SIGNALS, GroupInput
 from tokencredit.report.explain.options import Source
@@ -30,18 +29,6 @@ from tokencredit.train.checkpoint import load_run_policy
 __all__ = ["batch_with_signals", "recompute_signals"]
 
 _LORA_SIGNALS = frozenset({"base_hidden", "base_log_probs"})
-
-
-def _load_tokenizer(path: str | Path) -> Any:
-    # transformers is imported where it is used, as in tokencredit.models (a run-directory report
-    # without a model never pays for it)
-    from transformers import AutoTokenizer
-
-    p = TOY_ASSET_DIR if str(path) == "toy" else Path(path)
-    tok = AutoTokenizer.from_pretrained(p, local_files_only=True)
-    if tok.pad_token is None and tok.eos_token is not None:
-        tok.pad_token = tok.eos_token
-    return tok
 
 
 def _bos_aware_ids(tokenizer: Any, text: str) -> list[int]:
@@ -95,7 +82,7 @@ def recompute_signals(
 def _display_tokenizer(src: Source, notes: list[str]) -> Any:
     """The tokenizer of the run's model, to show the saved token ids as text (None when there is none)."""
     try:
-        return _load_tokenizer(src.model_path)
+        return load_tokenizer(src.model_path)
     except (OSError, ValueError) as e:
         notes.append(f"no tokenizer in {src.model_path} ({type(e).__name__}); tokens shown as saved")
         return None

@@ -9,6 +9,8 @@
     RUN_DIR/curves.png             training curves
     RUN_DIR/final/                 the trained model as a plain Hugging Face directory (LoRA merged)
     RUN_DIR/train.log              the output of a run that `tokencredit compare --jobs` started
+    RUN_DIR/explain_step_N.html    `tokencredit explain`'s page of saved step N (default output)
+    RUN_DIR/probe.json (+ .md)     `tokencredit probe`'s report on the run (default output)
 
 Every file is written atomically (temporary file, fsync, rename): a crash leaves the old file or
 the new one, never a torn one. `metrics.jsonl` is append-only; on resume, lines after the
@@ -172,6 +174,17 @@ class RunDir:
         return self._steps(self.checkpoints_dir, "pt")
 
     # ------------------------------------------------------------------ outputs
+    def has_final_model(self) -> bool:
+        """True once the trainer exported the final model (a Hugging Face directory) to final/."""
+        return (self.final_dir / "config.json").is_file()
+
+    def explain_path(self, step: int) -> Path:
+        return self.path / f"explain_step_{step:06d}.html"
+
+    @property
+    def probe_path(self) -> Path:
+        return self.path / "probe.json"
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.summary_path, json.dumps(summary, indent=2))
 

@@ -106,7 +106,7 @@ def _run_source(opts: ExplainOptions) -> Source:
         advantage_params=dict(recipe.advantage_params) if opts.advantage is None else {},
         model_path=str(opts.model) if opts.model else str(run.final_dir),
         model_given=opts.model is not None,
-        out=Path(opts.out) if opts.out else run.path / f"explain_step_{step:06d}.html",
+        out=Path(opts.out) if opts.out else run.explain_path(step),
         description=f"run {run.path} · step {step} · trained with recipe {recipe.name!r} on model {cfg.model.name!r}",
         run_dir=run.path,
         cfg=cfg,

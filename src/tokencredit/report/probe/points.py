@@ -69,7 +69,7 @@ def _all_checkpoint_points(run: RunDir, base: str, device: Any) -> list[ProbePoi
 def _final_point(run: RunDir, run_cfg: TrainConfig, device: Any) -> ProbePoint:
     """The run's exported model (LoRA merged), labelled with its last checkpoint's step."""
     final = run.final_dir
-    if not (final / "config.json").is_file():
+    if not run.has_final_model():
         have = ", ".join(f"step_{s}" for s in run.checkpoint_steps()) or "none"
         raise ConfigError(
             f"{run.path}: no exported model in {final} (the run did not finish?); probe a checkpoint with "
@@ -122,4 +122,4 @@ def resolve_points(
 
 def default_output(run_dir: Path | None) -> Path:
     """Where the JSON report goes without --out: RUN_DIR/probe.json for a run, else ./probe.json."""
-    return run_dir / "probe.json" if run_dir is not None else Path("probe.json")
+    return RunDir(run_dir).probe_path if run_dir is not None else Path("probe.json")

@@ -1,4 +1,4 @@
-"""`tokencredit build-toy` (also `python -m tokencredit.models build-toy`): rebuild a shipped toy warm start.
+"""`tokencredit build-toy`: rebuild a shipped toy warm start (toy, toy-hard).
 
 The build is deterministic on CPU for a fixed thread count and CPU kind; the shipped files were
 built with one thread, the default here.

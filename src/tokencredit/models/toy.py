@@ -14,14 +14,14 @@ its greedy answer is wrong whenever a carry is needed: RL with the verifiable re
 systematic mistake to fix, and the first wrong token of a failed rollout is typically the tens
 digit of a sum whose carry was dropped. Rebuild the shipped files with::
 
-    python -m tokencredit.models build-toy [--out DIR]
+    tokencredit build-toy [--out DIR]
 
 The build is deterministic on CPU for a fixed thread count and CPU kind (the shipped files were
 built with one thread, the command's default).
 
 A second, harder variant ships beside it (`TOY_VARIANTS`): "toy-hard", six-step chains (solutions
 of about 97 tokens) with its own warm start in ``tokencredit/assets/toy-hard``, rebuilt with
-``python -m tokencredit.models build-toy --task toy-hard``; `load_model("toy-hard")` loads it and
+``tokencredit build-toy --task toy-hard``; `load_model("toy-hard")` loads it and
 `toy_task(name="toy-hard")` gives its task.
 """
 
@@ -41,7 +41,7 @@ from tokencredit.errors import ConfigError, closest
 
 TOY_ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "toy"
 TOY_HARD_ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "toy-hard"
-REBUILD_COMMAND = "python -m tokencredit.models build-toy"
+REBUILD_COMMAND = "tokencredit build-toy"
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 EOS_TOKEN = "<|im_end|>"

@@ -156,6 +156,42 @@ def test_aggregate_known_numbers(fabricated):
     assert "tokencredit compare --collect x" in md and "accuracy.png" in md
 
 
+def test_intervals_holm_effect_size_and_curve_area(fabricated):
+    from scipy import stats as st
+
+    from tokencredit.report.compare.stats import curve_area, holm, mean_ci, paired_effect, t_quantile
+
+    for df in (1, 2, 5, 9, 30):
+        assert t_quantile(0.95, df) == pytest.approx(st.t.ppf(0.975, df), rel=1e-9)
+    ci = mean_ci([0.4, 0.5, 0.6])
+    half = st.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)
+    assert (ci["lo"], ci["hi"]) == pytest.approx((0.5 - half, 0.5 + half))
+    assert mean_ci([0.5])["lo"] is None
+    # Holm: sorted p (0.01, 0.03, 0.04) x (3, 2, 1), made monotone; None stays out of the family
+    assert holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": None}) == pytest.approx(
+        {"a": 0.03, "b": 0.06, "c": 0.06, "d": None}
+    )
+    assert holm({"a": 0.5, "b": 0.9}) == {"a": 1.0, "b": 1.0}
+    eff = paired_effect([0.5, 0.7, 0.6], [0.4, 0.5, 0.6])
+    assert eff["mean"] == pytest.approx(0.1) and eff["d_z"] == pytest.approx(0.1 / 0.1)
+    # trapezoids over steps 0..20, divided by 20
+    evals = [{"step": 0, "a": 0.3}, {"step": 10, "a": 0.5}, {"step": 20, "a": 0.5}]
+    assert curve_area(evals, "a", 20) == pytest.approx((10 * 0.4 + 10 * 0.5) / 20)
+    assert curve_area(evals[1:], "a", 20) is None  # no evaluation at step 0: no area
+
+    root, dirs = fabricated
+    res = aggregate([read_run(d) for d in dirs], baseline="grpo", target=0.5)
+    grpo, delta = res["recipes"]
+    t = delta["vs_baseline"]
+    assert t["p_holm"] == pytest.approx(t["p"])  # one recipe against the baseline: Holm changes nothing
+    assert t["difference"]["mean"] == pytest.approx(0.1) and t["difference"]["d_z"] == pytest.approx(1.0)
+    want = st.ttest_rel([r["accuracy_auc"] for r in delta["runs"]], [r["accuracy_auc"] for r in grpo["runs"]])
+    assert delta["auc_vs_baseline"]["p"] == pytest.approx(want.pvalue)
+    assert grpo["final_accuracy"]["lo"] == pytest.approx(0.5 - half)
+    md = markdown(res, "cmd")
+    assert "p (Holm)" in md and "acc. AUC" in md and "[0.252, 0.748]" in md
+
+
 def test_unmatched_seeds_lora_groups_and_differing_settings(tmp_path):
     root = tmp_path / "r"
     dirs = [
@@ -331,11 +367,15 @@ def test_end_to_end_and_resume(tiny_model_dir, tmp_path, monkeypatch):
         compare_cmd.run(parse(["--recipes", "grpoo", "--out", str(tmp_path / "o3")]))
 
 
-def test_parallel_jobs_in_subprocesses(tiny_model_dir, tmp_path):
+def test_parallel_jobs_in_subprocesses(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "par"
     argv = compare_argv(tiny_model_dir, out, "--jobs", "2", "--set", "eval.at_start=false", steps=1)
     argv[argv.index("grpo,arca")] = "grpo"
     assert compare_cmd.run(parse(argv)) == 0
+    printed = capsys.readouterr().out
+    # both runs start at once (2 jobs), and the progress line counts the planned steps with an ETA
+    assert printed.index("[2/2] started") < printed.index("finished grpo")
+    assert "progress: 2/2 steps, 0 running" in printed and "ETA" in printed
     for s in (0, 1):
         d = out / "runs" / f"grpo-s{s}"
         assert (d / "summary.json").is_file() and "curves:" in (d / "train.log").read_text()

@@ -70,9 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--band",
-        choices=("std", "minmax"),
+        choices=("std", "ci", "minmax"),
         default="std",
-        help="accuracy band: ±1 std (default) or min-max over seeds",
+        help="accuracy band: ±1 std (default), the 95%% CI of the mean, or min-max over seeds",
     )
     parser.add_argument(
         "--smooth", type=int, default=5, help="moving-average window of the concentration plot (default 5)"

@@ -10,7 +10,15 @@ from typing import Any
 
 from tokencredit.errors import ConfigError, closest
 from tokencredit.report.compare.runs import RUNTIME_KEYS, RunData, flat_config
-from tokencredit.report.compare.stats import mean_std, paired_t_test, steps_to_target
+from tokencredit.report.compare.stats import (
+    curve_area,
+    holm,
+    mean_ci,
+    mean_std,
+    paired_effect,
+    paired_t_test,
+    steps_to_target,
+)
 from tokencredit.train.config import TrainConfig
 
 __all__ = ["METRICS", "Group", "aggregate", "final_accuracy", "group_runs"]
@@ -25,7 +33,9 @@ _KEY_SETTINGS = (
 )  # fmt: skip
 # Per-run means over training steps, then mean ± std over seeds.
 _STEP_MEANS = ("response_length", "credit_gini", "credit_eff_ratio", "gen_rounds")
-_OVER_SEEDS = ("response_length", "tokens_per_s", "credit_gini", "credit_eff_ratio", "gen_rounds", "seconds")
+_OVER_SEEDS = (
+    "response_length", "tokens_per_s", "credit_gini", "credit_eff_ratio", "gen_rounds", "seconds", "generated_tokens",
+)  # fmt: skip
 
 
 @dataclass
@@ -100,16 +110,29 @@ def final_accuracy(run: RunData, key: str) -> float:
     return float(final[key])
 
 
+def generated_tokens(run: RunData) -> int | None:
+    """Tokens the run generated: every sampled round's responses (`generated_tokens` of each step,
+    Monte-Carlo continuations of the oracle / VinePPO included), or the trained tokens of runs
+    written before that field existed."""
+    key = "generated_tokens" if any("generated_tokens" in s for s in run.steps) else "tokens"
+    vals = [int(s[key]) for s in run.steps if key in s]
+    return sum(vals) if vals else None
+
+
 def _run_entry(r: RunData, final: float, key: str, target: float) -> dict[str, Any]:
-    """One run's row of the result: its final accuracy, steps to `target` and per-step means."""
+    """One run's row of the result: its final accuracy, steps to `target`, the area under its accuracy
+    curve, its cost (generated tokens, wall seconds) and per-step means."""
     summary = r.summary or {}
     means = {k: _step_mean(r, k) for k in _STEP_MEANS}
+    last = int(summary.get("steps", len(r.steps) + r.skipped_steps))
     return {
         "run_dir": str(r.run_dir),
         "seed": r.seed,
         "steps": int(summary.get("steps", len(r.steps) + r.skipped_steps)),
         "final_accuracy": final,
         "steps_to_target": steps_to_target(r.evals, key, target),
+        "accuracy_auc": curve_area(r.evals, key, last),
+        "generated_tokens": generated_tokens(r),
         "response_length": means["response_length"],
         "tokens_per_s": float(summary.get("tokens_per_s") or 0.0) or _step_mean(r, "tokens_per_s"),
         "credit_gini": means["credit_gini"],
@@ -122,29 +145,34 @@ def _run_entry(r: RunData, final: float, key: str, target: float) -> dict[str, A
 
 
 def _vs_baseline(finals: dict[int, float], base: dict[int, float]) -> dict[str, Any]:
-    """Paired t-test of the final accuracies against the baseline's over the seeds both have."""
+    """Paired t-test of a per-seed figure against the baseline's over the seeds both have, with the
+    95% interval of the paired difference and the effect size d_z."""
     matched = sorted(set(base) & set(finals))
-    test = paired_t_test([finals[s] for s in matched], [base[s] for s in matched]).to_dict()
+    x, y = [finals[s] for s in matched], [base[s] for s in matched]
+    test = paired_t_test(x, y).to_dict()
     test["seeds"] = matched
+    test["difference"] = paired_effect(x, y)
     return test
 
 
 def _group_entry(
-    g: Group, finals: dict[int, float], test: dict[str, Any] | None, key: str, target: float
+    g: Group, per_run: list[dict[str, Any]], tests: dict[str, dict[str, Any] | None], key: str
 ) -> dict[str, Any]:
-    """One recipe's entry of the result: statistics over seeds, per-run rows, curves."""
-    per_run = [_run_entry(r, finals[r.seed], key, target) for r in g.runs]
+    """One recipe's entry of the result: statistics over seeds (95% t-intervals), per-run rows, curves."""
     reached = [p["steps_to_target"] for p in per_run if p["steps_to_target"] is not None]
+    aucs = [p["accuracy_auc"] for p in per_run if p["accuracy_auc"] is not None]
     return {
         "label": g.label,
         "recipe": g.recipe,
         "lora_rank": g.lora_rank,
         "credit": g.runs[0].recipe_dict.get("credit"),
         "seeds": [r.seed for r in g.runs],
-        "final_accuracy": mean_std([p["final_accuracy"] for p in per_run]),
+        "final_accuracy": mean_ci([p["final_accuracy"] for p in per_run]),
         "steps_to_target": {**mean_std(reached), "reached": len(reached), "of": len(per_run)},
+        "accuracy_auc": mean_ci(aucs),
         **{k: mean_std([p[k] for p in per_run if p[k] is not None]) for k in _OVER_SEEDS},
-        "vs_baseline": test,
+        "vs_baseline": tests["final"],
+        "auc_vs_baseline": tests["auc"],
         "runs": per_run,
         "curves": {
             "accuracy": _curve(g.runs, "evals", key),
@@ -177,15 +205,26 @@ def aggregate(
         raise ConfigError("no finished runs to compare")
     baseline = _pick_baseline([g.label for g in groups], baseline)
     groups.sort(key=lambda g: g.label != baseline)  # baseline first, the others in the order given
-    finals = {g.label: {r.seed: final_accuracy(r, key) for r in g.runs} for g in groups}
-    entries = []
-    for g in groups:
-        test = None if g.label == baseline else _vs_baseline(finals[g.label], finals[baseline])
-        entries.append(_group_entry(g, finals[g.label], test, key, target))
+    per_run = {g.label: [_run_entry(r, final_accuracy(r, key), key, target) for r in g.runs] for g in groups}
+    by_seed = {
+        fig: {lbl: {p["seed"]: p[fig] for p in rows if p[fig] is not None} for lbl, rows in per_run.items()}
+        for fig in ("final_accuracy", "accuracy_auc")
+    }
+    tests: dict[str, dict[str, dict[str, Any] | None]] = {g.label: {} for g in groups}
+    for fig, name in (("final_accuracy", "final"), ("accuracy_auc", "auc")):
+        for g in groups:
+            vals = by_seed[fig]
+            tests[g.label][name] = None if g.label == baseline else _vs_baseline(vals[g.label], vals[baseline])
+        # Holm across the recipes compared with the baseline, one family per figure
+        adjusted = holm({lbl: t[name]["p"] for lbl, t in tests.items() if t[name] is not None})
+        for lbl, p_holm in adjusted.items():
+            tests[lbl][name]["p_holm"] = p_holm
+    entries = [_group_entry(g, per_run[g.label], tests[g.label], key) for g in groups]
     common, differing = _settings(runs)
     return {
         "metric": key,
         "target": target,
+        "interval": "95% t-interval over seeds; paired tests two-sided, Holm-corrected across recipes",
         "baseline": baseline,
         "settings": common,
         "differing_settings": differing,

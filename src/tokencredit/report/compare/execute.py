@@ -216,13 +216,51 @@ def _finish(child: _Child, console: Console) -> str | None:
     return error
 
 
+class _Eta:
+    """Steps done over all planned runs, read from their metrics, and the time the rest will take at the
+    rate measured since this compare started: `tokencredit compare --jobs N` prints it as it goes."""
+
+    def __init__(self, plans: list[PlannedRun]) -> None:
+        self.plans = plans
+        self.total = sum(p.cfg.run.steps for p in plans)
+        self.t0 = time.perf_counter()
+        self.done0 = self.done()
+        self.last_print = 0.0
+
+    def done(self) -> int:
+        steps = 0
+        for p in self.plans:
+            recs = RunDir(p.run_dir).metrics.read()
+            steps += min(p.cfg.run.steps, sum(1 for r in recs if r.get("type") != "eval"))
+        return steps
+
+    def line(self, running: int) -> str:
+        done, elapsed = self.done(), time.perf_counter() - self.t0
+        rate = (done - self.done0) / elapsed if elapsed > 0 else 0.0
+        left = self.total - done
+        eta = f"ETA {_clock(left / rate)}" if rate > 0 else "ETA: after the first steps"
+        return f"progress: {done}/{self.total} steps, {running} running, {_clock(elapsed)} elapsed, {eta}"
+
+    def maybe_print(self, console: Console, running: int, every: float = 60.0) -> None:
+        if time.perf_counter() - self.last_print >= every:
+            self.last_print = time.perf_counter()
+            console.print(self.line(running))
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
 def _run_parallel(todo: list[tuple[PlannedRun, bool]], jobs: int, console: Console) -> dict[str, str]:
-    """Run plans as `tokencredit train` subprocesses, `jobs` at a time; {run_dir: error} for the failures.
-    Each child reads the planned config from its run directory (written here first). On any exception
-    here (Ctrl-C included) the running children are stopped; their checkpoints let them resume."""
+    """Run plans as `tokencredit train` subprocesses, `jobs` at a time (a new one starts as soon as one
+    ends, so `jobs` cores stay busy); {run_dir: error} for the failures. Each child reads the planned
+    config from its run directory (written here first). On any exception here (Ctrl-C included) the
+    running children are stopped; their checkpoints let them resume."""
     env = _child_env()
     pending, running, failed = list(todo), [], {}
     total, started = len(todo), 0
+    eta = _Eta([p for p, _ in todo])
     try:
         while pending or running:
             while pending and len(running) < jobs:
@@ -238,6 +276,8 @@ def _run_parallel(todo: list[tuple[PlannedRun, bool]], jobs: int, console: Conso
                 error = _finish(child, console)
                 if error is not None:
                     failed[str(child.plan.run_dir)] = error
+                eta.last_print = 0.0  # a run ended: print the progress now
+            eta.maybe_print(console, len(running))
     finally:
         for child in running:
             if child.proc.poll() is None:

@@ -10,6 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from tokencredit.report.compare.aggregate import METRICS
+from tokencredit.report.compare.stats import t_quantile
 from tokencredit.train.rundir import atomic_write_text
 
 __all__ = ["markdown", "plot_accuracy", "plot_concentration", "rich_table", "table_rows", "write_report"]
@@ -54,6 +55,8 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     cols = [
         "recipe", "LoRA", "seeds", f"final held-out acc. ({metric})", f"Δ vs {base}", "p (paired t)",
         f"steps to {result['target']:g}", "resp. length", "tokens/s", "credit Gini", "gen. rounds/step",
+        "95% CI", "Δ 95% CI", "p (Holm)", "d_z", "acc. AUC", "Δ AUC", "p AUC (Holm)", "gen. tokens/run",
+        "wall s/run",
     ]  # fmt: skip
     rows = []
     for g in result["recipes"]:
@@ -62,16 +65,41 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             g["label"], f"r={g['lora_rank']}" if g["lora_rank"] else "-", str(len(g["seeds"])),
             _fmt(g["final_accuracy"]), delta, p, _fmt_target(g["steps_to_target"]),
             _fmt(g["response_length"], 1), _fmt(g["tokens_per_s"], 0), _fmt(g["credit_gini"]),
-            _fmt(g["gen_rounds"], 2),
+            _fmt(g["gen_rounds"], 2), _fmt_ci(g["final_accuracy"]), *_fmt_paired(g["vs_baseline"]),
+            _fmt(g.get("accuracy_auc", {})), *_fmt_paired(g.get("auc_vs_baseline"), effect=False),
+            _fmt(g.get("generated_tokens", {}), 0), _fmt(g.get("seconds", {}), 0),
         ])  # fmt: skip
     return cols, rows
+
+
+def _fmt_ci(stats: dict[str, Any]) -> str:
+    if stats.get("lo") is None:
+        return "n/a"
+    return f"[{stats['lo']:.3f}, {stats['hi']:.3f}]"
+
+
+def _fmt_paired(t: dict[str, Any] | None, effect: bool = True) -> list[str]:
+    """Cells of a paired comparison with the baseline: (Δ 95% CI, Holm p, d_z) or (Δ, Holm p)."""
+    if t is None:
+        return ["", "", ""] if effect else ["baseline", ""]
+    d = t.get("difference") or {}
+    holm_p = _fmt_p(t.get("p_holm"))
+    if effect:
+        d_z = "n/a" if d.get("d_z") is None else f"{d['d_z']:+.2f}"
+        return [_fmt_ci(d), holm_p, d_z]
+    return ["n/a" if d.get("mean") is None else f"{d['mean']:+.3f}", holm_p]
 
 
 def _notes(result: dict[str, Any]) -> list[str]:
     """compare.md below the table: how to read it, LoRA, the settings, failed and left-out runs."""
     lines = [
         f"Final held-out accuracy: `{result['metric']}` at each run's last evaluation, mean ± sample std over "
-        f"seeds. Δ and p: paired t-test (two-sided) against `{result['baseline']}` over the seeds both have. "
+        "seeds, and its 95% t-interval. Δ and p: paired t-test (two-sided) against "
+        f"`{result['baseline']}` over the seeds both have; Δ 95% CI: the interval of the paired difference; "
+        "p (Holm): Holm's correction across the recipes compared; d_z: mean paired difference / its sd. "
+        "acc. AUC: area under the held-out accuracy curve over the run divided by its steps (the mean "
+        "accuracy over training: sample efficiency), with the same paired test. gen. tokens/run: tokens "
+        "generated (every sampled round, Monte-Carlo continuations included); wall s/run: wall time. "
         f"Steps to {result['target']:g}: first evaluated step reaching it (resolution = eval.every), mean over "
         "the seeds that reached it. Response length, credit Gini (of |Â| per response) and generation rounds: "
         "means over training steps, then over seeds. tokens/s: response tokens per second of rollout + signals + "
@@ -131,7 +159,7 @@ def rich_table(result: dict[str, Any]) -> Table:
     """The comparison table for the terminal (short column names; the rows of `table_rows`)."""
     _, rows = table_rows(result)
     cols = ["recipe", "LoRA", "n", "final acc.", "Δ", "p", f"steps→{result['target']:g}", "length", "tok/s",
-            "Gini", "rounds"]  # fmt: skip
+            "Gini", "rounds", "95% CI", "Δ CI", "p Holm", "d_z", "AUC", "Δ AUC", "p AUC", "tokens", "s"]  # fmt: skip
     t = Table(title=f"tokencredit compare (vs {result['baseline']}; columns as in compare.md)")
     for i, c in enumerate(cols):
         t.add_column(c, justify="left" if i == 0 else "right", overflow="fold")
@@ -185,6 +213,10 @@ def plot_accuracy(result: dict[str, Any], path: Path, band: str = "std") -> Path
         )
         if band == "minmax":
             lo, hi = c["min"], c["max"]
+        elif band == "ci":
+            half = [t_quantile(0.95, n - 1) * sd / n**0.5 if n > 1 else 0.0 for sd, n in zip(c["std"], c["n"])]
+            lo = [m - h for m, h in zip(c["mean"], half)]
+            hi = [m + h for m, h in zip(c["mean"], half)]
         else:
             lo = [m - s for m, s in zip(c["mean"], c["std"])]
             hi = [m + s for m, s in zip(c["mean"], c["std"])]
@@ -193,7 +225,8 @@ def plot_accuracy(result: dict[str, Any], path: Path, band: str = "std") -> Path
         ax.axhline(result["target"], color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("step")
     ax.set_ylabel(result["metric"].removeprefix("eval_").replace("_", " "))
-    ax.set_title(f"held-out accuracy (mean over seeds, band = {'min-max' if band == 'minmax' else '±1 std'})")
+    shown = {"minmax": "min-max", "ci": "95% CI of the mean", "std": "±1 std"}[band]
+    ax.set_title(f"held-out accuracy (mean over seeds, band = {shown})")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

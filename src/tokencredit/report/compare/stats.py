@@ -1,5 +1,7 @@
-"""Statistics of a comparison over seeds: mean ± sample std, the paired t-test with its exact p-value,
-steps to a target accuracy. Plain floats in, plain floats out; nothing here reads or runs anything."""
+"""Statistics of a comparison over seeds: mean ± sample std with a t-interval, the paired t-test with
+its exact p-value, Holm's correction across the recipes compared, the paired effect size d_z, steps
+to a target accuracy and the area under the accuracy curve. Plain floats in, plain floats out;
+nothing here reads or runs anything (no scipy: the t distribution is in closed form)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PairedTest", "finite_or_str", "mean_std", "paired_t_test", "steps_to_target", "t_two_sided_p"]
+__all__ = [
+    "PairedTest", "curve_area", "finite_or_str", "holm", "mean_ci", "mean_std", "paired_effect", "paired_t_test",
+    "steps_to_target", "t_quantile", "t_two_sided_p",
+]  # fmt: skip
 
 
 def t_two_sided_p(t: float, df: int) -> float:
@@ -105,3 +110,69 @@ def steps_to_target(evals: list[dict[str, Any]], key: str, target: float) -> int
         if key in e and e[key] >= target:
             return int(e["step"])
     return None
+
+
+def t_quantile(level: float, df: int) -> float:
+    """The two-sided critical value t* with P(|T| >= t*) = 1 - level for Student's t with `df` >= 1
+    (t* = 2.262 for level 0.95, df 9), by bisection on the closed-form `t_two_sided_p`."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    lo, hi = 0.0, 1.0
+    while t_two_sided_p(hi, df) > 1.0 - level:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_two_sided_p(mid, df) > 1.0 - level:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return 0.5 * (lo + hi)
+
+
+def mean_ci(values: list[float], level: float = 0.95) -> dict[str, Any]:
+    """`mean_std` plus the t-interval of the mean: mean ± t*(level, n - 1) sd / sqrt(n) (None for n < 2)."""
+    out = mean_std(values)
+    n = out["n"]
+    if n < 2 or out["std"] is None:
+        return {**out, "level": level, "lo": None, "hi": None}
+    half = t_quantile(level, n - 1) * out["std"] / math.sqrt(n)
+    return {**out, "level": level, "lo": out["mean"] - half, "hi": out["mean"] + half}
+
+
+def holm(pvalues: dict[str, float | None]) -> dict[str, float | None]:
+    """Holm's step-down adjustment of a family of p-values (None entries are left out of the family).
+
+    With the m p-values sorted, p_(1) <= ... <= p_(m): adjusted p_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)).
+    Rejecting where the adjusted p < alpha controls the family-wise error rate at alpha.
+    """
+    tested = sorted((p, k) for k, p in pvalues.items() if p is not None)
+    m = len(tested)
+    out: dict[str, float | None] = {k: None for k in pvalues}
+    running = 0.0
+    for j, (p, k) in enumerate(tested):
+        running = max(running, min(1.0, (m - j) * p))
+        out[k] = running
+    return out
+
+
+def paired_effect(x: list[float], y: list[float], level: float = 0.95) -> dict[str, Any]:
+    """The paired difference d = x - y over matched seeds: its mean with a t-interval and Cohen's
+    d_z = mean(d) / sd(d) (None for fewer than 2 pairs or no spread)."""
+    d = [float(a) - float(b) for a, b in zip(x, y, strict=True)]
+    ci = mean_ci(d, level)
+    sd = ci["std"]
+    d_z = None if sd is None or sd <= 1e-12 else ci["mean"] / sd
+    return {"mean": ci["mean"], "lo": ci["lo"], "hi": ci["hi"], "level": level, "d_z": d_z, "n": ci["n"]}
+
+
+def curve_area(evals: list[dict[str, Any]], key: str, last_step: int) -> float | None:
+    """Sample efficiency: the area under the held-out accuracy curve over steps 0..last_step (trapezoids
+    between evaluated steps), divided by last_step, i.e. the mean accuracy over training. None without
+    an evaluation at step 0 and at last_step (the area would depend on extrapolation)."""
+    pts = sorted((int(e["step"]), float(e[key])) for e in evals if key in e)
+    if not pts or pts[0][0] != 0 or pts[-1][0] != last_step or last_step <= 0:
+        return None
+    area = math.fsum((s1 - s0) * (a0 + a1) / 2.0 for (s0, a0), (s1, a1) in zip(pts, pts[1:]))
+    return area / last_step

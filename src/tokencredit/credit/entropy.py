@@ -43,8 +43,12 @@ def _top_k_rows(values: Tensor, valid: Tensor, keep_ratio: float) -> Tensor:
     broken towards the lower column index. values float [R, L], valid bool [R, L]."""
     k = keep_count(valid.sum(-1), keep_ratio)
     # Invalid entries sort last; a stable descending sort keeps equal values in column order.
-    order = torch.sort(values.masked_fill(~valid, float("-inf")), dim=-1, descending=True, stable=True).indices
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
+    order = torch.sort(
+        values.masked_fill(~valid, float("-inf")), dim=-1, descending=True, stable=True
+    ).indices
+    rank = torch.empty_like(order).scatter_(
+        -1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order)
+    )
     return valid & (rank < k[:, None])
 
 
@@ -61,7 +65,9 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, keep_ratio: float = 0.2, sco
     if not 0.0 <= keep_ratio <= 1.0:
         raise ValueError(f"keep_ratio must be in [0, 1], got {keep_ratio}")
     if entropy.shape != mask.shape:
-        raise ValueError(f"entropy {tuple(entropy.shape)} and mask {tuple(mask.shape)} must have the same shape")
+        raise ValueError(
+            f"entropy {tuple(entropy.shape)} and mask {tuple(mask.shape)} must have the same shape"
+        )
     if scope not in ("batch", "sequence"):
         raise ValueError(f"scope must be 'batch' or 'sequence', got {scope!r}")
     valid = mask.bool()
@@ -104,7 +110,9 @@ def entropy_from_logits(logits: Tensor, chunk_size: int = 4096) -> Tensor:
 
 
 @register("entropy-80-20", needs=("entropy",), paper="Wang et al. 2025, arXiv 2506.01939")
-def entropy_80_20(batch: RolloutBatch, advantages: Tensor, keep_ratio: float = 0.2, scope: str = "batch") -> Tensor:
+def entropy_80_20(
+    batch: RolloutBatch, advantages: Tensor, keep_ratio: float = 0.2, scope: str = "batch"
+) -> Tensor:
     """Â = A on the top-`keep_ratio` high-entropy tokens (exactly ceil(keep_ratio * n)), 0 elsewhere."""
     keep = top_entropy_mask(batch.entropy, batch.mask, keep_ratio, scope)
     return advantages[:, None] * keep.to(advantages.dtype)

@@ -71,11 +71,18 @@ def _python() -> str:
     return sys.executable
 
 
-def _run(cmd: list[str], env: dict[str, str]) -> tuple[int, str, float]:
-    """Run in its own process group, so a timeout also ends the Ray cluster the run started."""
+def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, float]:
+    """Run in its own process group, so a timeout also ends the Ray cluster the run started; `cwd` gets
+    hydra's outputs/ folder."""
     start = time.monotonic()
     proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        cwd=cwd,
     )
     try:
         out, _ = proc.communicate(timeout=TIMEOUT_S)
@@ -116,7 +123,7 @@ def test_main_ppo_runs_tokencredit_estimators_end_to_end(tmp_path, case):
     )  # fmt: skip
     cmd = [python, "-m", "tokencredit.integrations.verl_local", "--toy", str(tmp_path / "data"), *overrides,
            f"trainer.default_local_dir={tmp_path / 'ckpt'}"]  # fmt: skip
-    rc, log, seconds = _run(cmd, env)
+    rc, log, seconds = _run(cmd, env, tmp_path)
     print(f"{case}: main_ppo exit {rc} after {seconds:.0f} s")
     assert rc == 0, log[-10000:]
     assert sorted(set(re.findall(r"\bstep:(\d+) - ", log))) == ["1", "2"], log[-4000:]

@@ -30,7 +30,9 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import verl
 from verl.trainer.ppo import core_algos
+from verl.utils import import_utils
 print(json.dumps({{
+    "trl_check": getattr(import_utils.is_trl_available, "tokencredit_hook", False),
     "estimators": sorted(k for k in core_algos.ADV_ESTIMATOR_REGISTRY if k.startswith("tc_")),
     "losses": sorted(k for k in core_algos.POLICY_LOSS_REGISTRY if k.startswith("tc_")),
     "plugin_loaded": "tokencredit.integrations.verl" in sys.modules,
@@ -57,7 +59,7 @@ def _child(tmp_path, prelude: str = "", **env: str) -> dict:
 @pytest.mark.parametrize("external", ["", "tokencredit.integrations.verl"])
 def test_a_fresh_process_that_imports_verl_has_every_estimator_and_loss(tmp_path, external):
     got = _child(tmp_path, **({"VERL_USE_EXTERNAL_MODULES": external} if external else {}))
-    assert got["plugin_loaded"] and not got["warnings"]
+    assert got["plugin_loaded"] and not got["warnings"] and got["trl_check"]
     assert got["estimators"] == sorted(
         tc_verl.ESTIMATORS
     )  # the documented variable and the entry point agree

@@ -14,16 +14,17 @@ provides both through verl's own extension points, without editing verl:
 - three fixes for verl 0.9.1 on this stack: gloo as the default backend of
   ``initialize_global_process_group_ray`` (its default ``cpu:gloo,<device>:<backend>`` names the CPU
   twice), ``is_trl_available`` answering whether TRL still has the value-head class verl imports
-  (TRL 1.x removed it), and ``VERL_ENGINE_DEVICE=cuda`` so that verl finds its FSDP engine, which it
+  (TRL 1.x removed it; `tokencredit.integrations._verl_compat`, which the entry-point plugin
+  applies too), and ``VERL_ENGINE_DEVICE=cuda`` so that verl finds its FSDP engine, which it
   registers for CUDA only.
 
-`python -m tokencredit.integrations.verl_local [overrides]` (`launch`) runs
-``verl.trainer.main_ppo`` with the keys a CPU run needs (`CPU_KEYS`) and, with ``--toy DIR``, the
-embedded toy model on toy arithmetic data (`toy`). What it is for: checking that a launch
-configuration, a reward function or a tokencredit estimator runs through verl's whole trainer (Ray,
-FSDP2, agent loop, reward loop, TransferQueue) for a step or two. What it is not for: speed or
-results. Generation is one request at a time in float32, training is FSDP2 over gloo, and a 0.5B
-model takes minutes per step. See docs/integrations.md ("Dry run on a CPU").
+``python -m tokencredit.integrations.verl_local [overrides]`` (``__main__``) runs
+``verl.trainer.main_ppo`` with the keys a CPU run needs (``__main__.CPU_KEYS``) and, with
+``--toy DIR``, the embedded toy model on toy arithmetic data (`toy`). What it is for: checking
+that a launch configuration, a reward function or a tokencredit estimator runs through verl's whole
+trainer (Ray, FSDP2, agent loop, reward loop, TransferQueue) for a step or two. What it is not for:
+speed or results: rollouts are served one request at a time and training is FSDP2 over gloo. See
+docs/integrations.md ("Dry run on a CPU").
 """
 
 from __future__ import annotations
@@ -85,29 +86,6 @@ def _default_gloo(fn: Callable[..., Any]) -> Callable[..., Any]:
     return initialize_global_process_group_ray
 
 
-def _value_head_check(original: Callable[[], bool]) -> Callable[[], bool]:
-    if getattr(original, "tokencredit_hook", False):
-        return original
-
-    @functools.wraps(original)
-    def is_trl_available() -> bool:
-        """verl asks this before importing TRL's AutoModelForCausalLMWithValueHead, which TRL 1.x removed."""
-        if not original():
-            return False
-        import importlib
-
-        for module in ("trl.experimental.ppo", "trl"):
-            try:
-                if hasattr(importlib.import_module(module), "AutoModelForCausalLMWithValueHead"):
-                    return True
-            except ImportError:
-                continue
-        return False
-
-    is_trl_available.tokencredit_hook = True  # type: ignore[attr-defined]
-    return is_trl_available
-
-
 def _register_rollout(module: Any) -> None:
     if module.__name__ == "verl.workers.rollout.replica":
         module.RolloutReplicaRegistry.register("hf", _load_replica)
@@ -162,8 +140,9 @@ def _when_imported(name: str, callback: Callable[[Any], None]) -> None:
 def install() -> None:
     """Select the CPU platform and register the hf rollout backend and the fixes (module docstring); idempotent."""
     from verl.plugin.platform import platform_manager
-    from verl.utils import distributed, import_utils
+    from verl.utils import distributed
 
+    from tokencredit.integrations._verl_compat import install_trl_value_head_check
     from tokencredit.integrations.verl_local.platform import PlatformCPU
 
     os.environ["VERL_ENGINE_DEVICE"] = ENGINE_DEVICE
@@ -172,16 +151,12 @@ def install() -> None:
     distributed.initialize_global_process_group_ray = _default_gloo(
         distributed.initialize_global_process_group_ray
     )
-    import_utils.is_trl_available = _value_head_check(import_utils.is_trl_available)
-    # Modules that imported the two names before this ran hold the originals.
-    for name, attr, wrap in (
-        ("verl.workers.engine_workers", "initialize_global_process_group_ray", _default_gloo),
-        ("verl.utils.model", "is_trl_available", _value_head_check),
-        ("verl.models.transformers.monkey_patch", "is_trl_available", _value_head_check),
-    ):
-        module = sys.modules.get(name)
-        if module is not None:
-            setattr(module, attr, wrap(getattr(module, attr)))
+    workers = sys.modules.get("verl.workers.engine_workers")  # imported the name before this ran
+    if workers is not None:
+        workers.initialize_global_process_group_ray = _default_gloo(
+            workers.initialize_global_process_group_ray
+        )
+    install_trl_value_head_check()
     _when_imported("verl.workers.rollout.replica", _register_rollout)
     _when_imported("verl.workers.rollout.base", _register_rollout)
 

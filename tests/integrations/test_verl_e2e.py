@@ -44,13 +44,14 @@ from tokencredit.models import TOY_ASSET_DIR  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT_S = 900
-# case -> (main_ppo overrides, extra environment, tokencredit credit method)
+# case -> (main_ppo overrides, extra environment, tokencredit credit method, verl's trainer actor)
 CASES = {
-    "v1-ktae": (["algorithm.adv_estimator=tc_ktae"], {}, "ktae"),
+    "v1-ktae": (["algorithm.adv_estimator=tc_ktae"], {}, "ktae", "TaskRunnerV1"),
     "legacy-delta": (
         ["algorithm.adv_estimator=tc_delta", "trainer.use_v1=False"],
         {verl_actor.SWITCH: "1"},
         "delta",
+        "TaskRunner",
     ),
 }
 SIGNAL_KEYS = {"old_log_probs": "old_log_probs", "hidden": "tc_hidden", "entropy": "tc_entropy"}
@@ -113,7 +114,7 @@ def test_main_ppo_runs_tokencredit_estimators_end_to_end(tmp_path, case):
     from transformers import AutoTokenizer
 
     python = _python()
-    overrides, extra_env, method = CASES[case]
+    overrides, extra_env, method, runner = CASES[case]
     probe = tmp_path / "probe"
     env = child_env(
         pythonpath=[entry_point_dir(tmp_path / "ep"), HERE],
@@ -127,6 +128,7 @@ def test_main_ppo_runs_tokencredit_estimators_end_to_end(tmp_path, case):
     print(f"{case}: main_ppo exit {rc} after {seconds:.0f} s")
     assert rc == 0, log[-10000:]
     assert sorted(set(re.findall(r"\bstep:(\d+) - ", log))) == ["1", "2"], log[-4000:]
+    assert set(re.findall(r"\((TaskRunner\w*) pid=", log)) == {runner}  # the v1 or the legacy trainer
 
     estimator = overrides[0].split("=", 1)[1]
     assert tc_verl.estimator_spec(estimator).credit == method

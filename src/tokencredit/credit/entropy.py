@@ -1,10 +1,21 @@
-"""The 80/20 high-entropy rule (Wang et al. 2025, arXiv 2506.01939).
+"""The 80/20 high-entropy rule (Wang et al. 2025, arXiv 2506.01939) and the kept set it defines.
 
-Only tokens whose old-policy entropy is at or above the (1 - keep_ratio) quantile get a
-gradient; the loss normaliser stays the count of all valid tokens (as TRL's
-`top_entropy_quantile`). As a credit method this is Â = A * keep: a zero advantage gives a zero
-loss term and zero gradient under every ratio kernel, while the token still counts in the
-token-mean denominator.
+Only the top `keep_ratio` fraction of the valid tokens by old-policy entropy get a gradient; the
+loss normaliser stays the count of all valid tokens (as TRL's `top_entropy_quantile`). As a credit
+method this is Â = A * keep: a zero advantage gives a zero loss term and zero gradient under every
+ratio kernel, while the token still counts in the token-mean denominator. S-trace's kept set is the
+same mask (`tokencredit.objectives.traces`).
+
+The kept set has an exact size. The papers state the rule as "entropy >= the (1 - rho) quantile",
+which keeps rho of the tokens only while entropies are distinct. A confident policy (late in
+training, or any policy whose entropy is rounded by bf16 arithmetic) gives many *equal* entropies,
+typically exact zeros; then the quantile is 0 and ``>=`` keeps every token, so the 80/20 rule and
+S-trace silently become plain token-level training. `top_entropy_mask` therefore keeps exactly
+k = ceil(keep_ratio * n) of the n valid tokens of each scope, ranked by entropy; among equal
+entropies at the boundary the token that comes first in row-major (response, position) order is
+kept. With distinct entropies and the default keep ratios (0.2, 0.5, 1) this is the same set the
+linearly interpolated quantile threshold selects. `entropy_from_logits` gives the entropy in float32
+without the cancellation that zeroes small entropies in verl's and most trainers' formula.
 """
 
 from __future__ import annotations
@@ -15,51 +26,93 @@ from torch import Tensor
 from tokencredit.batch import RolloutBatch
 from tokencredit.credit import register
 
+__all__ = ["entropy_80_20", "entropy_from_logits", "keep_count", "top_entropy_mask"]
 
-def _quantile_threshold(values: Tensor, valid: Tensor, keep_ratio: float) -> Tensor:
-    """Per-row (1 - keep_ratio) quantile of `values` over `valid` entries, [R]; linear interpolation.
 
-    values, valid: [R, L]. Rows without a valid entry get +inf (nothing kept).
+def keep_count(n: Tensor, keep_ratio: float) -> Tensor:
+    """k = ceil(keep_ratio * n) per scope, int64 like `n`.
+
+    The product is rounded to 9 decimals first so that, e.g., 0.1 * 30 = 3.0000000000000004
+    keeps 3 tokens, not 4.
     """
-    v = values.double().masked_fill(~valid, float("inf"))
-    srt, _ = torch.sort(v, dim=-1)
-    n = valid.sum(-1)
-    pos = (1.0 - keep_ratio) * (n - 1).clamp(min=0).double()
-    lo = pos.floor().long()
-    hi = pos.ceil().long().clamp(max=(n - 1).clamp(min=0))
-    frac = pos - lo.double()
-    lo_v = srt.gather(-1, lo[:, None]).squeeze(-1)
-    hi_v = srt.gather(-1, hi[:, None]).squeeze(-1)
-    thr = torch.where(frac > 0, lo_v + (hi_v - lo_v) * frac, lo_v)
-    return torch.where(n > 0, thr, torch.full_like(thr, float("inf")))
+    return torch.ceil((n.double() * keep_ratio).round(decimals=9)).long()
+
+
+def _top_k_rows(values: Tensor, valid: Tensor, keep_ratio: float) -> Tensor:
+    """bool [R, L]: per row, the ceil(keep_ratio * n) largest valid `values` (n = valid count), ties
+    broken towards the lower column index. values float [R, L], valid bool [R, L]."""
+    k = keep_count(valid.sum(-1), keep_ratio)
+    # Invalid entries sort last; a stable descending sort keeps equal values in column order.
+    order = torch.sort(
+        values.masked_fill(~valid, float("-inf")), dim=-1, descending=True, stable=True
+    ).indices
+    rank = torch.empty_like(order).scatter_(
+        -1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order)
+    )
+    return valid & (rank < k[:, None])
 
 
 def top_entropy_mask(entropy: Tensor, mask: Tensor, keep_ratio: float = 0.2, scope: str = "batch") -> Tensor:
-    """bool[N,T]: valid tokens whose entropy >= the (1 - keep_ratio) quantile.
+    """bool[N,T]: the top `keep_ratio` fraction of the valid tokens by entropy, exactly k of them.
 
-    entropy [N,T] float, mask [N,T] bool/0-1. scope="batch": one threshold over all valid tokens
-    of the batch (the paper's rule); scope="sequence": one threshold per response.
-    The quantile interpolates linearly between order statistics (torch.quantile's default),
-    so keep_ratio = 1 keeps every valid token and keep_ratio = 0 keeps the maximum (and ties).
+    entropy [N,T] float (any dtype; compared in float32), mask [N,T] bool/0-1. scope="batch": one
+    ranking over all valid tokens of the batch (the paper's rule), k = ceil(keep_ratio * n_valid);
+    scope="sequence": one ranking per response. Ties at the boundary go to the token earlier in
+    row-major order (lower response index, then lower position), so the set is deterministic and
+    has exactly k tokens however many entropies are equal. keep_ratio = 1 keeps every valid token,
+    keep_ratio = 0 none. Raises ValueError on a NaN or infinite entropy at a valid token.
     """
     if not 0.0 <= keep_ratio <= 1.0:
         raise ValueError(f"keep_ratio must be in [0, 1], got {keep_ratio}")
     if entropy.shape != mask.shape:
-        raise ValueError(f"entropy {tuple(entropy.shape)} and mask {tuple(mask.shape)} must have the same shape")
-    valid = mask.bool()
-    ent = entropy.detach()
-    if scope == "batch":
-        thr = _quantile_threshold(ent.reshape(1, -1), valid.reshape(1, -1), keep_ratio)
-        thr = thr.expand(ent.shape[0])
-    elif scope == "sequence":
-        thr = _quantile_threshold(ent, valid, keep_ratio)
-    else:
+        raise ValueError(
+            f"entropy {tuple(entropy.shape)} and mask {tuple(mask.shape)} must have the same shape"
+        )
+    if scope not in ("batch", "sequence"):
         raise ValueError(f"scope must be 'batch' or 'sequence', got {scope!r}")
-    return valid & (ent.double() >= thr[:, None])
+    valid = mask.bool()
+    ent = entropy.detach().float()
+    bad = valid & ~torch.isfinite(ent)
+    if bad.any():
+        row, pos = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"entropy is {float(ent[row, pos])} at valid token (response {row}, position {pos}); "
+            f"{int(bad.sum())} valid tokens have a non-finite entropy"
+        )
+    if scope == "batch":
+        return _top_k_rows(ent.reshape(1, -1), valid.reshape(1, -1), keep_ratio).reshape(valid.shape)
+    return _top_k_rows(ent, valid, keep_ratio)
+
+
+def entropy_from_logits(logits: Tensor, chunk_size: int = 4096) -> Tensor:
+    """H = -sum_v p_v log p_v over the last dim, float32 [...] (logits [..., V], any float dtype).
+
+    Computed as log s - sum_v e_v z_v / s with z = logits - max (float32), e = exp(z), s = sum e and
+    log s = log c + log1p(r / c) (c: entries at the max, r: the sum of the others). The max term
+    contributes exactly 0 and r is never added to 1 before the log, so a confident row
+    (p_max = 1 - 1e-8) keeps its small positive entropy to float32 relative accuracy, where
+    logsumexp(z) - sum(softmax(z) z) (verl's formula) cancels to 0 in float32 or bf16. Rows are processed `chunk_size` at a time: at most a few [chunk_size, V]
+    float32 buffers exist at once. No gradient (the kept set is a detached statistic).
+    """
+    flat = logits.detach().reshape(-1, logits.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+    with torch.no_grad(), torch.autocast(logits.device.type, enabled=False):
+        for start in range(0, flat.shape[0], chunk_size):
+            z = flat[start : start + chunk_size].float()
+            z = z - z.amax(-1, keepdim=True)
+            top = z == 0  # the maximum (and any tie with it): e = 1 there
+            count = top.sum(-1).float()
+            e = z.exp()
+            rest = e.masked_fill(top, 0.0).sum(-1)  # s = count + rest without rounding 1 + 1e-9 to 1
+            log_s = count.log() + torch.log1p(rest / count)
+            out[start : start + chunk_size] = log_s - e.mul_(z).sum(-1) / (count + rest)
+    return out.reshape(logits.shape[:-1])
 
 
 @register("entropy-80-20", needs=("entropy",), paper="Wang et al. 2025, arXiv 2506.01939")
-def entropy_80_20(batch: RolloutBatch, advantages: Tensor, keep_ratio: float = 0.2, scope: str = "batch") -> Tensor:
-    """Â = A on the top-`keep_ratio` high-entropy tokens, 0 elsewhere (normaliser unchanged)."""
+def entropy_80_20(
+    batch: RolloutBatch, advantages: Tensor, keep_ratio: float = 0.2, scope: str = "batch"
+) -> Tensor:
+    """Â = A on the top-`keep_ratio` high-entropy tokens (exactly ceil(keep_ratio * n)), 0 elsewhere."""
     keep = top_entropy_mask(batch.entropy, batch.mask, keep_ratio, scope)
     return advantages[:, None] * keep.to(advantages.dtype)

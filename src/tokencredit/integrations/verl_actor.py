@@ -12,7 +12,11 @@ log-probs and entropy, so with the switch on this module adds, per micro-batch o
   ``engine.disable_adapter()`` (LoRA only);
 - ``neg_log_probs``: one more forward of [negative prompt + the same response tokens]; the driver
   builds the negative prompts (`negative_prompts`) from the chat messages verl keeps in
-  ``non_tensor_batch["raw_prompt"]``.
+  ``non_tensor_batch["raw_prompt"]``;
+- ``entropy`` (verl's own signal, which sets the kept set of the 80/20 rule and S-trace): in every
+  forward-only step that computes it, float32 from the same logits without cancellation
+  (`float32_entropy`); verl's formula returns exactly 0 for confident tokens, which ties most of a
+  late-training batch at 0. This part needs no request, so it also covers the v1 trainer.
 
 A signal is computed only when the selected ``tc_`` estimator needs it. Each is returned as a jagged
 tensor with one row per response token ([r_i] or [r_i, H], r_i = response length of sequence i), the
@@ -52,6 +56,7 @@ __all__ = [
     "check_target",
     "collect",
     "enabled",
+    "float32_entropy",
     "negative_prompts",
     "requested",
     "requesting",
@@ -225,55 +230,100 @@ def _check_supported(engine: Any, micro_batch: TensorDict, wanted: Sequence[str]
 
 
 def wrap_forward_step(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``FSDPEngineWithLMHead.forward_step``: a forward-only micro-batch that carries a signal request
-    also returns those signals in ``model_output`` (jagged, response rows only); anything else is untouched."""
+    """Wrap ``FSDPEngineWithLMHead.forward_step``: in a forward-only (old-policy) step the entropy is float32
+    (`float32_entropy`), and a micro-batch that carries a signal request also returns those signals in
+    ``model_output`` (jagged, response rows only); training steps are untouched."""
     if getattr(original, "tokencredit_hook", False):
         return original
     check_target(original, "forward_step")
 
     @functools.wraps(original)
     def forward_step(self: Any, micro_batch: TensorDict, loss_function: Any, forward_only: bool) -> Any:
-        from verl.utils import tensordict_utils as tu
-
-        request = tu.get_non_tensor_data(data=micro_batch, key=_REQUEST, default="")
-        if not request or not forward_only:
+        if not forward_only:
             return original(self, micro_batch, loss_function, forward_only)
-        wanted = tuple(request.split(","))
-        _check_supported(self, micro_batch, wanted)
-        resp_lens = _response_lengths(micro_batch)
-        extra: dict[str, Tensor] = {}
-
-        with _head_inputs(self.module) if "hidden" in wanted else nullcontext([]) as seen:
-            loss, output = original(self, micro_batch, loss_function, forward_only)
-        if "hidden" in wanted:
-            extra[BATCH_KEYS["hidden"]] = _hidden_rows(_only(seen, "policy"), micro_batch, resp_lens)
-
-        if set(wanted) & set(_BASE):
-            capture = _head_inputs(self.module) if "base_hidden" in wanted else nullcontext([])
-            with self.disable_adapter(), capture as seen:
-                _, base = original(self, _derived(micro_batch), None, True)
-            if "base_hidden" in wanted:
-                extra[BATCH_KEYS["base_hidden"]] = _hidden_rows(
-                    _only(seen, "adapter-free"), micro_batch, resp_lens
-                )
-            if "base_log_probs" in wanted:
-                extra[BATCH_KEYS["base_log_probs"]] = _log_prob_rows(
-                    base["model_output"]["log_probs"], resp_lens
-                )
-
-        if "neg_log_probs" in wanted:
-            if micro_batch.get("routed_experts", None) is not None:
-                raise ConfigError(
-                    f"{SWITCH}: GCPO's negative-prompt pass cannot replay MoE routing (router_replay)"
-                )
-            _, neg = original(self, _negative_batch(micro_batch, resp_lens), None, True)
-            extra[BATCH_KEYS["neg_log_probs"]] = _log_prob_rows(neg["model_output"]["log_probs"], resp_lens)
-
-        output["model_output"].update(extra)
-        return loss, output
+        with float32_entropy(self, micro_batch):
+            return _forward_only_step(original, self, micro_batch, loss_function)
 
     forward_step.tokencredit_hook = True  # type: ignore[attr-defined]
     return forward_step
+
+
+@contextmanager
+def float32_entropy(engine: Any, micro_batch: TensorDict) -> Iterator[None]:
+    """Within the block, verl's entropy of a micro-batch that asks for it (``calculate_entropy``) is
+    `tokencredit.credit.entropy.entropy_from_logits`: float32 from the same logits, without the
+    cancellation of verl's ``logsumexp(z) - sum(softmax(z) z)`` that returns exactly 0 for the confident
+    tokens (under bf16 autocast for most of them), which would tie the kept set of the 80/20 rule and
+    S-trace. Used only for forward-only (old-policy) passes: the entropy bonus of the update is verl's.
+    Both of verl's call sites are covered: the engine's ``compute_entropy_from_logits`` (remove-padding
+    layout) and ``verl.utils.torch_functional.entropy_from_logits`` (padded layout)."""
+    from verl.utils import tensordict_utils as tu
+    from verl.utils import torch_functional as verl_f
+
+    from tokencredit.credit.entropy import entropy_from_logits
+
+    if not tu.get_non_tensor_data(data=micro_batch, key="calculate_entropy", default=False):
+        yield
+        return
+
+    def entropy(logits: Tensor, chunk_size: int = 4096) -> Tensor:  # both of verl's signatures
+        return entropy_from_logits(logits, chunk_size)
+
+    saved_module = verl_f.entropy_from_logits
+    had_own = "compute_entropy_from_logits" in vars(engine)
+    saved_engine = getattr(engine, "compute_entropy_from_logits", None)
+    verl_f.entropy_from_logits = entropy
+    engine.compute_entropy_from_logits = entropy
+    try:
+        yield
+    finally:
+        verl_f.entropy_from_logits = saved_module
+        if had_own:
+            engine.compute_entropy_from_logits = saved_engine
+        else:
+            del engine.compute_entropy_from_logits
+
+
+def _forward_only_step(original: Callable[..., Any], self: Any, micro_batch: TensorDict, loss_function: Any) -> Any:
+    """verl's forward-only step, plus the signals the micro-batch requests (`_REQUEST`), if any."""
+    from verl.utils import tensordict_utils as tu
+
+    request = tu.get_non_tensor_data(data=micro_batch, key=_REQUEST, default="")
+    if not request:
+        return original(self, micro_batch, loss_function, True)
+    wanted = tuple(request.split(","))
+    _check_supported(self, micro_batch, wanted)
+    resp_lens = _response_lengths(micro_batch)
+    extra: dict[str, Tensor] = {}
+
+    with _head_inputs(self.module) if "hidden" in wanted else nullcontext([]) as seen:
+        loss, output = original(self, micro_batch, loss_function, True)
+    if "hidden" in wanted:
+        extra[BATCH_KEYS["hidden"]] = _hidden_rows(_only(seen, "policy"), micro_batch, resp_lens)
+
+    if set(wanted) & set(_BASE):
+        capture = _head_inputs(self.module) if "base_hidden" in wanted else nullcontext([])
+        with self.disable_adapter(), capture as seen:
+            _, base = original(self, _derived(micro_batch), None, True)
+        if "base_hidden" in wanted:
+            extra[BATCH_KEYS["base_hidden"]] = _hidden_rows(
+                _only(seen, "adapter-free"), micro_batch, resp_lens
+            )
+        if "base_log_probs" in wanted:
+            extra[BATCH_KEYS["base_log_probs"]] = _log_prob_rows(
+                base["model_output"]["log_probs"], resp_lens
+            )
+
+    if "neg_log_probs" in wanted:
+        if micro_batch.get("routed_experts", None) is not None:
+            raise ConfigError(
+                f"{SWITCH}: GCPO's negative-prompt pass cannot replay MoE routing (router_replay)"
+            )
+        _, neg = original(self, _negative_batch(micro_batch, resp_lens), None, True)
+        extra[BATCH_KEYS["neg_log_probs"]] = _log_prob_rows(neg["model_output"]["log_probs"], resp_lens)
+
+    output["model_output"].update(extra)
+    return loss, output
 
 
 # ---------------------------------------------------------------------------------------------- driver side

@@ -15,9 +15,9 @@ DATA=${DATA:-$HOME/data/tokencredit}
 MODEL=${MODEL:-Qwen/Qwen2.5-Math-1.5B}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 
-# verl imports the plugin in every process (driver and Ray workers) at `import verl`.
-export VERL_USE_EXTERNAL_MODULES=tokencredit.integrations.verl
-EXTRA=(+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=tokencredit.integrations.verl)
+# Nothing to load by hand: installing tokencredit registers its estimators and losses in verl's
+# `verl.plugins` entry-point group, which every process (driver and Ray workers) loads at `import verl`.
+EXTRA=()
 LR=1e-6
 case "$ESTIMATOR" in
   tc_delta | tc_arca | tc_policy_divergence | tc_gcpo)

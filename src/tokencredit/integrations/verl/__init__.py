@@ -1,8 +1,8 @@
 """verl plugin: tokencredit's token credit as verl advantage estimators and policy losses.
 
-Load it without forking verl: ``VERL_USE_EXTERNAL_MODULES=tokencredit.integrations.verl`` (verl
-imports the module at ``import verl``; in a Ray cluster pass the variable through
-``ray_kwargs.ray_init.runtime_env.env_vars``), then select
+No set-up: installing tokencredit registers it in verl's ``verl.plugins`` entry-point group
+(`tokencredit.integrations.verl_plugin`), which verl loads at ``import verl`` in the driver and in
+every Ray worker. ``VERL_USE_EXTERNAL_MODULES=tokencredit.integrations.verl`` keeps working. Then select
 ``algorithm.adv_estimator=tc_<name>`` and, for the trace kernels,
 ``actor_rollout_ref.actor.policy_loss.loss_mode=tc_ptrace`` / ``tc_strace``. See docs/integrations.md.
 

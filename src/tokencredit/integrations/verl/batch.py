@@ -83,7 +83,7 @@ def _missing_signal_message(who: str, name: str) -> str:
     if name == "entropy":
         how = (
             "verl computes it with the old log-probs; it is in the batch when tokencredit.integrations.verl is "
-            "imported through VERL_USE_EXTERNAL_MODULES in the trainer process (its hooks keep it)"
+            "loaded in the trainer process (verl's plugin entry point, or VERL_USE_EXTERNAL_MODULES; its hooks keep it)"
         )
     elif verl_actor.enabled():
         how = (

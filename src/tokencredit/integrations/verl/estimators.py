@@ -73,7 +73,7 @@ def _make_estimator(verl_name: str, spec: Recipe) -> Callable[..., tuple[Tensor,
                 f"verl estimator {verl_name!r} needs the whole DataProto (response token ids"
                 f"{', ' + ', '.join(sorted(needs)) if needs else ''}); tokencredit's compute_advantage "
                 "hook passes it. The hook is installed when tokencredit.integrations.verl is imported "
-                "(VERL_USE_EXTERNAL_MODULES=tokencredit.integrations.verl) and covers verl's PPO trainers "
+                "(automatically through verl's plugin entry point, or VERL_USE_EXTERNAL_MODULES) and covers verl's PPO trainers "
                 "(v1 and legacy); this call came from another code path"
             )
         ctx = _CONTEXT.get()

@@ -112,3 +112,92 @@ def test_grpo_matches_plain_per_group_loop(gs):
     torch.testing.assert_close(
         advantages.grpo(scores, gids), torch.tensor(want, dtype=torch.float32), atol=1e-4, rtol=1e-4
     )
+
+
+# ---------------------------------------------------------------------------------------------- batch estimators
+def _batch(scores, groups, lengths, t=6, **fields):
+    from tokencredit.batch import RolloutBatch
+
+    mask = torch.arange(t)[None] < torch.tensor(lengths)[:, None]
+    n = len(scores)
+    lp = -torch.rand(n, t, generator=torch.Generator().manual_seed(0)) * mask
+    sq = (lp.exp() ** 2) * mask
+    return RolloutBatch(torch.zeros(n, t, dtype=torch.long), mask, torch.tensor(groups), _t(scores),
+                        old_log_probs=lp, sum_sq_probs=sq, **fields)  # fmt: skip
+
+
+def test_estimate_shapes_and_score_only_estimators_agree_with_compute():
+    b = _batch([1, 0, 0, 1], [0, 0, 0, 0], [6, 3, 0, 1])
+    for name in ("grpo", "dr-grpo", "rloo", "grpo-batch"):
+        assert torch.equal(advantages.estimate(name, b), advantages.compute(name, b.scores, b.group_ids))
+    for name in ("reinforce++", "otb"):
+        a = advantages.estimate(name, b)
+        assert a.shape == b.mask.shape and bool((a[~b.mask] == 0).all()) and a.dtype == torch.float32
+    for name in ("reinforce++-baseline", "opo", "gpg", "grpo-passk"):
+        assert advantages.estimate(name, b).shape == (4,)
+
+
+def test_compute_refuses_estimators_that_read_the_batch():
+    with pytest.raises(ConfigError, match="estimate"):
+        advantages.compute("otb", _t([1, 0]), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ConfigError, match="closest: otb"):
+        advantages.estimate("obt", _batch([1, 0], [0, 0], [2, 2]))
+
+
+def test_remax_needs_the_greedy_baseline_and_subtracts_it():
+    b = _batch([1, 0, 1], [0, 0, 1], [3, 2, 1])
+    with pytest.raises(ConfigError, match="baseline_scores.*greedy"):
+        advantages.estimate("remax", b)
+    b = _batch([1, 0, 1], [0, 0, 1], [3, 2, 1], baseline_scores=_t([1, 1, 0]))
+    torch.testing.assert_close(advantages.estimate("remax", b), _t([0, -1, 1]))
+    with pytest.raises(BatchValidationError, match="baseline_scores.*rollout 1"):
+        _batch([1, 0], [0, 0], [1, 1], baseline_scores=_t([0, float("nan")]))
+
+
+def test_opo_uses_the_length_weighted_mean():
+    b = _batch([1, 0, 0, 1], [0, 0, 1, 1], [3, 1, 0, 0])
+    # group 0: b = (3 * 1 + 1 * 0) / 4 = 0.75; group 1: both empty -> plain mean 0.5
+    torch.testing.assert_close(advantages.estimate("opo", b), _t([0.25, -0.75, -0.5, 0.5]))
+
+
+def test_gpg_rescales_by_the_share_of_nonzero_rewards():
+    b = _batch([1, 0, 0, 0], [0, 0, 1, 1], [1, 1, 1, 1])
+    torch.testing.assert_close(advantages.estimate("gpg", b), _t([2.0, -2.0, 0, 0]))  # N / M = 4 / 1
+    torch.testing.assert_close(advantages.estimate("gpg", b, f_norm=4.0), _t([0.5, -0.5, 0, 0]))
+
+
+def test_grpo_passk_rewards_only_the_best_and_needs_pairs():
+    b = _batch([0, 1, 0.5, 1, 1], [0, 0, 0, 1, 1], [1, 1, 1, 1, 1])
+    a = advantages.estimate("grpo-passk", b, norm_adv_by_std_in_grpo=False)
+    torch.testing.assert_close(a, _t([0, 0.5, 0, 0, 0]))  # a tie (group 1) gives 0
+    with pytest.raises(BatchValidationError, match="at least 2"):
+        advantages.estimate("grpo-passk", _batch([1, 0, 1], [0, 0, 1], [1, 1, 1]))
+
+
+def test_reinforce_pp_discounts_by_valid_tokens_after_t():
+    b = _batch([1, 1], [0, 1], [3, 0])
+    got = advantages.estimate("reinforce++", b, gamma=0.5)
+    raw = torch.tensor([0.25, 0.5, 1.0])
+    want = (raw - raw.mean()) / torch.sqrt(raw.var() + 1e-8)
+    torch.testing.assert_close(got[0, :3], want.float(), atol=1e-6, rtol=0)
+    assert torch.equal(advantages.estimate("reinforce++", _batch([1], [0], [1])), torch.zeros(1, 6))  # 1 token
+
+
+def test_otb_needs_its_signals_and_singletons_get_zero():
+    from tokencredit.batch import RolloutBatch
+
+    bare = RolloutBatch(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3), torch.tensor([0, 0]), _t([1, 0]))
+    with pytest.raises(BatchValidationError, match="sum_sq_probs"):
+        advantages.estimate("otb", bare)
+    b = _batch([1, 0, 1], [0, 0, 1], [3, 2, 2])
+    assert torch.equal(advantages.estimate("otb", b)[2], torch.zeros(6))
+
+
+def test_bad_estimator_parameters():
+    b = _batch([1, 0], [0, 0], [2, 2])
+    with pytest.raises(ConfigError, match="gamma"):
+        advantages.estimate("reinforce++", b, gamma=1.5)
+    with pytest.raises(ConfigError, match="f_norm"):
+        advantages.estimate("gpg", b, f_norm=0.0)
+    with pytest.raises(ConfigError, match="closest: handle_zero_tail"):
+        advantages.estimate("otb", b, handle_zero_tails=False)

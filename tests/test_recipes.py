@@ -2,11 +2,22 @@ import pytest
 
 from tokencredit import advantages, credit, objectives
 from tokencredit.errors import ConfigError
-from tokencredit.recipes import RECIPES, get_recipe, recipe_needs, requires_lora
+from tokencredit.recipes import (
+    RECIPES,
+    batch_fields,
+    credit_needs,
+    get_recipe,
+    recipe_needs,
+    requires_lora,
+    resolve,
+)
 
 REQUIRED = [
     "grpo", "dr-grpo", "rloo", "dapo", "gspo", "entropy-80-20", "grpo+ktae", "dapo+ktae", "delta",
     "ptrace", "strace", "arca", "surprisal", "entropy-reduction", "policy-divergence", "gcpo",
+    # issue 20: verl's and TRL's losses and estimators, GRPO(lambda), two token shapings
+    "cispo", "sapo", "clip-cov", "kl-cov", "gmpo", "gpg", "dppo-kl", "dppo-tv", "reinforce++", "remax", "opo",
+    "grpo-passk", "otb", "grpo-lambda", "entropy-advantage", "advantage-reweighting",
 ]  # fmt: skip
 
 
@@ -37,3 +48,31 @@ def test_unknown_recipe_and_override():
     assert r.eps_high == 0.3 and get_recipe("dapo").eps_high == 0.28
     with pytest.raises(ConfigError, match="eps_high"):
         get_recipe("dapo").with_overrides(eps_hgh=0.3)
+
+
+def test_new_pieces_declare_what_they_read():
+    assert credit_needs(get_recipe("otb")) == {"old_log_probs", "sum_sq_probs"}  # before the update: no fusing
+    assert batch_fields(get_recipe("remax")) == {"baseline_scores"} and not batch_fields(get_recipe("grpo"))
+    assert "entropy" in credit_needs(get_recipe("entropy-advantage"))
+    assert "old_log_probs" in credit_needs(get_recipe("advantage-reweighting"))
+    assert recipe_needs(get_recipe("gpg")) == frozenset()  # REINFORCE loss: no old log-probs
+
+
+def test_objective_labels_show_a_clip_only_for_losses_that_clip():
+    assert "clip" not in get_recipe("sapo").objective_label() and "clip" not in get_recipe("vespo").objective_label()
+    assert "clip 0.4/0.4" in get_recipe("gmpo").objective_label()
+    assert get_recipe("grpo-lambda").objective_label().startswith("ppo-clip (grpo-lambda ratio")
+
+
+def test_new_recipes_validate_their_parameters():
+    with pytest.raises(ConfigError, match="closest: trace"):
+        resolve("grpo-lambda", {"kernel_params": {"traces": "both"}})
+    with pytest.raises(ConfigError, match="closest: tau_pos"):
+        resolve("sapo", {"loss_params": {"tau_po": 1.0}})
+    with pytest.raises(ConfigError, match="no clip range"):
+        resolve("sapo", {"eps_high": 0.3})
+    with pytest.raises(ConfigError, match="token-level A"):
+        resolve("reinforce++", {"credit": "delta"})
+    assert resolve("reinforce++", {"credit": "entropy-advantage"}).credit == "entropy-advantage"
+    # a verl loss composes with a token credit method
+    assert resolve("cispo", {"credit": "ktae"}).loss == "cispo"

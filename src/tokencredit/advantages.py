@@ -1,4 +1,17 @@
-"""Sequence-level group advantages A[N] (baselines.md), vectorised over the batch.
+"""Advantage estimators (baselines.md): A [N] per rollout, or a token-level A [N,T], vectorised over the batch.
+
+An estimator is a registered function of the `RolloutBatch` and its hyperparameters (keyword
+defaults). Most read only `batch.scores` and `batch.group_ids` (GRPO, Dr.GRPO, RLOO, ...); the
+others declare what else they read: per-token signals (`needs`, names from
+`tokencredit.batch.SIGNALS`; OTB reads old_log_probs and sum_sq_probs), optional batch fields an
+engine must fill (`fields`; ReMax reads `baseline_scores`, the reward of a greedy rollout per
+prompt), and whether they return a token-level A [N,T] (`token_level`; REINFORCE++, OTB).
+
+`estimate(name, batch, **params)` is the entry point the pipeline uses
+(`tokencredit.recipes.token_credit`); `compute(name, scores, group_ids, **params)` remains for
+the estimators that read only scores and group ids. The score-only functions (`grpo`, `rloo`,
+...) are public too. The batch-reading estimators live in `tokencredit.estimators` (the
+estimators of verl 0.9.1's registry, re-implemented; differences from verl are listed there).
 
 All statistics in float64; groups are found with `unique(return_inverse=True)` and reduced with
 `index_add_`, so there is no Python loop over groups. A group of size 1 gets A = 0 (with one
@@ -7,23 +20,38 @@ warning per process); a zero-variance group gets A = 0.
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from tokencredit.batch import BatchValidationError, check_finite_scores
+from tokencredit.batch import SIGNALS, BatchValidationError, RolloutBatch, check_finite_scores
 from tokencredit.errors import ConfigError
 from tokencredit.registry import Registry, keyword_defaults
+
+__all__ = [
+    "ESTIMATORS",
+    "Estimator",
+    "compute",
+    "consecutive_group_ids",
+    "dr_grpo",
+    "estimate",
+    "get_estimator",
+    "grpo",
+    "grpo_batch",
+    "register_estimator",
+    "rloo",
+]
 
 _warned_singleton = False
 
 
 def _group_stats(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(index [N] into groups, count [N], sum [N]) per rollout's group, float64."""
+    """(index [N] into groups, count [G], sum [G]) per rollout's group, float64."""
     if scores.dim() != 1 or group_ids.shape != scores.shape:
         raise BatchValidationError(
             f"scores and group_ids must both have shape [N]; got scores {tuple(scores.shape)}, "
@@ -100,16 +128,72 @@ def grpo_batch(scores: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
     return grpo(scores, group_ids, eps=eps, scale="batch")
 
 
+# ---------------------------------------------------------------------------------------------- registry
+EstimatorFn = Callable[..., Tensor]
+
+
 @dataclass(frozen=True)
 class Estimator:
     name: str
-    fn: Callable[..., Tensor]  # fn(scores [N], group_ids [N], **params) -> A [N]
+    fn: EstimatorFn  # fn(batch: RolloutBatch, **params) -> A [N] (or [N,T] when token_level)
     defaults: Mapping[str, Any]
+    needs: frozenset[str] = frozenset()  # per-token signals it reads (tokencredit.batch.SIGNALS)
+    fields: frozenset[str] = frozenset()  # optional RolloutBatch fields an engine must fill (baseline_scores)
+    token_level: bool = False  # A [N,T]: only credit methods that take token advantages accept it
+    paper: str = ""
+    scores_fn: Callable[..., Tensor] | None = field(default=None, repr=False)  # fn(scores, group_ids, **params)
 
 
 ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
-for _name, _fn in (("grpo", grpo), ("dr-grpo", dr_grpo), ("rloo", rloo), ("grpo-batch", grpo_batch)):
-    ESTIMATORS.add(Estimator(_name, _fn, keyword_defaults(_fn, skip=2)))
+
+# Batch fields an estimator may read besides the per-token signals, and how an engine fills them.
+FIELDS: dict[str, str] = {
+    "baseline_scores": "the reward of one greedy (temperature 0) rollout of each row's prompt",
+}
+
+
+def register_estimator(
+    name: str,
+    *,
+    needs: tuple[str, ...] = (),
+    fields: tuple[str, ...] = (),
+    token_level: bool = False,
+    paper: str = "",
+) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Register `fn(batch, **params) -> A`; its keyword defaults are its hyperparameters."""
+    unknown = [n for n in needs if n not in SIGNALS] + [f for f in fields if f not in FIELDS]
+    if unknown:
+        raise ValueError(f"advantage estimator {name!r}: unknown signal or field(s) {unknown}")
+
+    def deco(fn: EstimatorFn) -> EstimatorFn:
+        ESTIMATORS.add(
+            Estimator(name, fn, keyword_defaults(fn, skip=1), frozenset(needs), frozenset(fields), token_level, paper)
+        )
+        return fn
+
+    return deco
+
+
+def _register_scores(name: str, fn: Callable[..., Tensor], paper: str) -> None:
+    """Register a score-only estimator fn(scores, group_ids, **params) -> A [N]."""
+
+    def from_batch(batch: RolloutBatch, **params: Any) -> Tensor:
+        return fn(batch.scores, batch.group_ids, **params)
+
+    ESTIMATORS.add(Estimator(name, from_batch, keyword_defaults(fn, skip=2), paper=paper, scores_fn=fn))
+
+
+for _name, _fn, _paper in (
+    ("grpo", grpo, "Shao et al. 2024, DeepSeekMath (arXiv 2402.03300)"),
+    ("dr-grpo", dr_grpo, "Liu et al. 2025, Dr.GRPO (arXiv 2503.20783)"),
+    ("rloo", rloo, "Ahmadian et al. 2024, RLOO (arXiv 2402.14740)"),
+    ("grpo-batch", grpo_batch, "TRL's scale_rewards='batch'"),
+):
+    _register_scores(_name, _fn, _paper)
+
+
+def get_estimator(name: str) -> Estimator:
+    return ESTIMATORS.get(name)
 
 
 def consecutive_group_ids(n: int, group_size: int, device: torch.device | str | None = None) -> Tensor:
@@ -126,9 +210,48 @@ def consecutive_group_ids(n: int, group_size: int, device: torch.device | str | 
     return torch.arange(n, device=device) // group_size
 
 
-def compute(name: str, scores: Tensor, group_ids: Tensor, **params: float) -> Tensor:
-    """A[N] from the estimator `name` in ESTIMATORS (grpo, dr-grpo, rloo, grpo-batch); unknown
-    names and parameters are a ConfigError naming the closest valid one."""
+def compute(name: str, scores: Tensor, group_ids: Tensor, **params: Any) -> Tensor:
+    """A[N] from a score-only estimator `name` in ESTIMATORS (grpo, dr-grpo, rloo, grpo-batch); unknown
+    names and parameters are a ConfigError naming the closest valid one. An estimator that reads more
+    of the batch (OTB, REINFORCE++, ReMax, ...) is a ConfigError pointing to `estimate`."""
     est = ESTIMATORS.get(name)
     ESTIMATORS.check_params(name, params)
-    return est.fn(scores, group_ids, **params)
+    if est.scores_fn is None:
+        raise ConfigError(
+            f"advantage estimator {name!r} reads more of the batch than scores and group ids (response "
+            "lengths, per-token signals or baseline rewards): use tokencredit.advantages.estimate(name, batch)"
+        )
+    return est.scores_fn(scores, group_ids, **params)
+
+
+def estimate(name: str, batch: RolloutBatch, **params: Any) -> Tensor:
+    """The estimator `name` on `batch`: A [N] float32, or A [N,T] float32 (0 off `batch.mask`) for a
+    token-level estimator; detached. A missing signal is a BatchValidationError, a missing batch field
+    (ReMax's baseline_scores) a ConfigError saying what the engine must supply; non-finite output is
+    a FloatingPointError naming the rollout."""
+    est = ESTIMATORS.get(name)
+    ESTIMATORS.check_params(name, params)
+    batch.require(est.needs, f"advantage estimator {name!r}")
+    missing = [f for f in sorted(est.fields) if getattr(batch, f, None) is None]
+    if missing:
+        raise ConfigError(
+            f"advantage estimator {name!r} needs RolloutBatch.{missing[0]} ({FIELDS[missing[0]]}), which this "
+            "engine did not supply"
+        )
+    with torch.no_grad():
+        out = est.fn(batch, **params).float()
+    want = tuple(batch.mask.shape) if est.token_level else (batch.num_rollouts,)
+    if tuple(out.shape) != want:
+        raise ValueError(f"advantage estimator {name!r} returned shape {tuple(out.shape)}, expected {want}")
+    if est.token_level:
+        out = torch.where(batch.mask, out, torch.zeros((), dtype=out.dtype, device=out.device))
+    bad = ~torch.isfinite(out)
+    if bool(bad.any()):
+        where = bad.nonzero()[0].tolist()
+        at = f"rollout {where[0]}" + (f", token {where[1]}" if len(where) > 1 else "")
+        raise FloatingPointError(f"advantage estimator {name!r} produced a non-finite advantage at {at}")
+    return out.detach()
+
+
+# Estimators that read more than scores and group ids register themselves on import.
+importlib.import_module("tokencredit.estimators")

@@ -20,6 +20,7 @@ SIGNALS: dict[str, str] = {
     "old_log_probs": "T",  # log pi_old(y_t), logits / temperature
     "ref_log_probs": "T",  # log pi_ref(y_t) for the KL term
     "entropy": "T",  # full-vocabulary entropy of pi_old at t
+    "sum_sq_probs": "T",  # sum_v pi_old(v)^2 at t, full vocabulary (the optimal token baseline's variance proxy)
     "hidden": "TH",  # final hidden state that feeds the LM head (after the final norm), old policy
     "base_hidden": "TH",  # same with the LoRA adapter disabled (ARCA)
     "base_log_probs": "T",  # log pi_base(y_t), adapter disabled (policy divergence)
@@ -46,6 +47,8 @@ class RolloutBatch:
       scores [N] float: verifier reward per rollout; must be finite.
     Optional per-token signals: see `SIGNALS` ([N,T] or [N,T,H], floating point).
       truncated [N] bool: the completion hit the length limit without EOS.
+      baseline_scores [N] float: the reward of one greedy (temperature 0) rollout of each row's
+        prompt (ReMax's baseline; every row of a group carries its prompt's value); must be finite.
     """
 
     token_ids: Tensor
@@ -55,11 +58,13 @@ class RolloutBatch:
     old_log_probs: Tensor | None = None
     ref_log_probs: Tensor | None = None
     entropy: Tensor | None = None
+    sum_sq_probs: Tensor | None = None
     hidden: Tensor | None = None
     base_hidden: Tensor | None = None
     base_log_probs: Tensor | None = None
     neg_log_probs: Tensor | None = None
     truncated: Tensor | None = None
+    baseline_scores: Tensor | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -130,6 +135,14 @@ class RolloutBatch:
             if tuple(tr.shape) != (n,):
                 raise BatchValidationError(f"RolloutBatch.truncated: expected shape ({n},), got {_describe(tr)}")
             self.truncated = tr.bool()
+        if self.baseline_scores is not None:
+            b = self.baseline_scores
+            if not isinstance(b, Tensor) or tuple(b.shape) != (n,):
+                got = _describe(b) if isinstance(b, Tensor) else type(b).__name__
+                raise BatchValidationError(f"RolloutBatch.baseline_scores: expected shape ({n},), got {got}")
+            if not b.dtype.is_floating_point:
+                self.baseline_scores = b = b.float()
+            check_finite_scores(b, "RolloutBatch.baseline_scores")
 
     # ------------------------------------------------------------------ helpers
     @property

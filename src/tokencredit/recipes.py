@@ -97,14 +97,16 @@ class Recipe:
 
     def objective_label(self) -> str:
         """One line for tables: the loss, the kernel and clip when it uses a ratio, the aggregation, KL."""
+        takes_clip = "eps_low" in objectives.get_loss(self.loss).defaults
         clip = f"clip {self.eps_low:g}/{self.eps_high:g}"
         if self.loss == "ppo-clip":
             text = f"{self.kernel}, {clip}, {self.loss_agg_mode}"
         elif self.loss == "reinforce":
             text = f"REINFORCE, {self.loss_agg_mode}"
+        elif self.uses_ratio:
+            text = f"{self.loss} ({self.kernel} ratio{', ' + clip if takes_clip else ''}), {self.loss_agg_mode}"
         else:
-            ratio = f" ({self.kernel} ratio)" if self.uses_ratio else ""
-            text = f"{self.loss}{ratio}, {self.loss_agg_mode}"
+            text = f"{self.loss}, {self.loss_agg_mode}"
         return text + (f", KL {self.kl_coef:g}" if self.kl_coef else "")
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,6 +162,51 @@ _TABLE: list[Recipe] = [
            notes="LoRA only: weights |log pi - log pi_base|; REINFORCE"),
     Recipe("gcpo", "Li et al. 2026, GCPO (arXiv 2605.29198)", credit="gcpo", eps_low=0.2, eps_high=0.28,
            notes="rank-power token weights from a negative-prompt forward; Â = A * w"),
+    # -- the policy losses of verl 0.9.1's registry (tokencredit.objectives.losses_verl) and TRL's VESPO;
+    #    each takes Â from any credit method (e.g. recipe cispo with credit_params / credit overrides)
+    Recipe("cispo", "MiniMax 2025, MiniMax-M1 CISPO (arXiv 2506.13585)", loss="cispo", eps_low=1.0, eps_high=0.2,
+           notes="-sg(clip(w, 0, 1.2)) Â log pi: no lower bound, eps_high 0.2 (verl's example: clip_ratio_low 10)"),
+    Recipe("sapo", "Gao et al. 2025, SAPO (arXiv 2511.20347)", loss="sapo", loss_agg_mode="seq-mean-token-mean",
+           notes="smooth gate (4/tau) sigmoid(tau (w - 1)) in place of the clip, tau 1.0 / 1.05; verl's seq-mean-token-mean"),
+    Recipe("clip-cov", "Cui et al. 2025, Clip-Cov (arXiv 2505.22617)", loss="clip-cov",
+           notes="PPO-clip 0.2 minus a random 2e-4 share of tokens with Â-log pi covariance in (1, 5) (verl's defaults)"),
+    Recipe("kl-cov", "Cui et al. 2025, KL-Cov (arXiv 2505.22617)", loss="kl-cov",
+           notes="-Â w, plus 0.1 |log ratio| on the top 2e-4 tokens by Â-log pi covariance (verl's defaults)"),
+    Recipe("gmpo", "Zhao et al. 2025, GMPO (arXiv 2507.20673)", loss="gmpo", eps_low=0.4, eps_high=0.4,
+           loss_agg_mode="seq-mean-token-mean",
+           notes="geometric mean of the token ratios, clipped to e^(-0.4)..e^0.4 in log space (verl's example)"),
+    Recipe("gpg", "Chu et al. 2025, GPG (arXiv 2504.02546)", advantage="gpg", loss="gpg",
+           notes="REINFORCE loss -Â log pi with A = (N / M)(r - mean_g); no ratio, no KL (verl's example)"),
+    Recipe("dppo-kl", "DPPO-Binary-KL, Rethinking the Trust Region in LLM RL (arXiv 2602.04879)", advantage="dr-grpo",
+           loss="dppo-kl", eps_low=0.05, eps_high=0.05, loss_agg_mode="seq-mean-token-sum-norm",
+           notes="binary-KL trust region 0.05 per token, truncated IS at 20; Dr.GRPO baseline and norm (verl's example)"),
+    Recipe("dppo-tv", "DPPO-Binary-TV, Rethinking the Trust Region in LLM RL (arXiv 2602.04879)", advantage="dr-grpo",
+           loss="dppo-tv", eps_low=0.15, eps_high=0.15, loss_agg_mode="seq-mean-token-sum-norm",
+           notes="|pi - pi_old| trust region 0.15 per token, truncated IS at 20; Dr.GRPO baseline and norm (verl's example)"),
+    Recipe("vespo", "VESPO (arXiv 2602.10693); TRL's loss_type='vespo'", loss="vespo",
+           notes="-phi(w_seq) Â log pi with TRL's Gamma weights (k, lambda) = (2, 3) / (3, 2); token-mean as TRL"),
+    # -- the advantage estimators of verl 0.9.1's registry (tokencredit.estimators)
+    Recipe("reinforce++", "Hu et al. 2025, REINFORCE++ (arXiv 2501.03262)", advantage="reinforce++",
+           notes="token-level discounted return (gamma 1) whitened over the batch's tokens; PPO-clip 0.2, token-mean"),
+    Recipe("remax", "Li et al. 2024, ReMax (arXiv 2310.10505)", advantage="remax",
+           notes="A = r - reward of a greedy rollout of the prompt (the engine supplies baseline_scores)"),
+    Recipe("opo", "Hao et al. 2025, OPO (arXiv 2505.23585)", advantage="opo",
+           notes="length-weighted group mean baseline; PPO-clip 0.2, token-mean"),
+    Recipe("grpo-passk", "Pass@k training (arXiv 2503.19595), verl's grpo_passk", advantage="grpo-passk",
+           notes="only each group's best response learns: (r_max - r_second) / (std + eps)"),
+    Recipe("otb", "Li et al. 2026, The Optimal Token Baseline (PMLR 306); verl's optimal_token_baseline",
+           advantage="otb",
+           notes="per-token group baseline weighted by the cumulative path variance (1 - 2 pi + sum pi^2)"),
+    # -- GRPO(lambda), the baseline S-trace compares against, and two per-token advantage shapings
+    Recipe("grpo-lambda", "Parthasarathi et al. 2025, GRPO(λ) (arXiv 2510.00194)", kernel="grpo-lambda",
+           kernel_params={"gamma": 1.0, "lam": 0.95, "trace": "recent"},
+           notes="trace tr(t, j) = (gamma lam)^(t - j) ('recent') or max with (gamma lam)^j ('both') inside the ratio"),
+    Recipe("entropy-advantage", "Cheng et al. 2025, Reasoning with Exploration (arXiv 2506.14758)",
+           credit="entropy-advantage", credit_params={"alpha": 0.4, "kappa": 2.0}, eps_low=0.2, eps_high=0.28,
+           notes="Â = A + min(alpha H, |A| / kappa), H detached; clip-higher (alpha, kappa our choice: see credit/shaping.py)"),
+    Recipe("advantage-reweighting", "Yang et al. 2025, Advantage Reweighting, NeurIPS (arXiv 2505.12929)",
+           credit="advantage-reweighting", credit_params={"alpha": 0.3}, eps_low=0.2, eps_high=0.24, kl_coef=0.001,
+           notes="Â = (alpha pi_old + 1 - alpha) A, alpha 0.3; clip 0.2/0.24 and KL 0.001 as the authors' script"),
 ]
 
 
@@ -226,6 +273,12 @@ def validate(recipe: Recipe, overridden: Iterable[str] = ()) -> None:
         raise ConfigError(f"{where}: kind must be 'recipe' or 'method', got {recipe.kind!r}")
     advantages.ESTIMATORS.check_params(recipe.advantage, recipe.advantage_params)
     credit.CREDIT_METHODS.check_params(recipe.credit, recipe.credit_params)
+    if advantages.get_estimator(recipe.advantage).token_level and not credit.get(recipe.credit).token_advantages:
+        takes = [m for m, c in credit.CREDIT_METHODS.items() if c.token_advantages]
+        raise ConfigError(
+            f"{where}: advantage estimator {recipe.advantage!r} gives a token-level A [N,T], which credit method "
+            f"{recipe.credit!r} (defined on a sequence advantage A [N]) does not take; use one of: {', '.join(takes)}"
+        )
     loss = objectives.get_loss(recipe.loss)
     objectives.LOSSES.check_params(recipe.loss, recipe.loss_params)
     clip_in_params = sorted(set(recipe.loss_params) & set(CLIP_FIELDS))
@@ -260,8 +313,9 @@ def validate(recipe: Recipe, overridden: Iterable[str] = ()) -> None:
 
 
 def credit_needs(recipe: Recipe) -> frozenset[str]:
-    """Signals needed for Â and the kept set: the credit method's plus the ratio kernel's preparation."""
-    needs = set(credit.get(recipe.credit).needs)
+    """Signals needed for A, Â and the kept set (all before the update): the estimator's (OTB), the credit
+    method's and the ratio kernel's preparation's."""
+    needs = set(credit.get(recipe.credit).needs) | advantages.get_estimator(recipe.advantage).needs
     if recipe.uses_ratio:
         needs |= objectives.get_kernel(recipe.kernel).needs
     return frozenset(needs)
@@ -281,12 +335,19 @@ def requires_lora(recipe: Recipe) -> bool:
     return credit.get(recipe.credit).requires_lora
 
 
+def batch_fields(recipe: Recipe) -> frozenset[str]:
+    """RolloutBatch fields besides the signals that the engine must fill for this recipe (ReMax:
+    {"baseline_scores"}, the reward of one greedy rollout per prompt; see tokencredit.advantages.FIELDS)."""
+    return advantages.get_estimator(recipe.advantage).fields
+
+
 # ---------------------------------------------------------------------------------------------- the pipeline
 @dataclass(frozen=True)
 class TokenCredit:
     """What the objective needs for one batch under one recipe (all tensors detached).
 
-    seq_advantages A [N] float32; token_advantages Â [N,T] float32, 0 off `batch.mask`;
+    seq_advantages A [N] float32 (for a token-level estimator, each row's mean of A over its valid tokens);
+    token_advantages Â [N,T] float32, 0 off `batch.mask`;
     mask bool [N,T]: valid tokens of the rows that train (DAPO's mask_truncated drops whole rows);
     loss_mask bool [N,T]: the tokens that carry a loss term (within S-trace's kept set);
     keep bool [N,T] or None: the kept set of a kept-set kernel; policy_args: the keyword
@@ -352,7 +413,8 @@ def token_credit(
 ) -> TokenCredit:
     """The one credit pipeline: recipe + batch (+ the tokenizer's special ids) -> `TokenCredit`.
 
-    1. A = the recipe's group estimator on batch.scores / batch.group_ids   (advantages.compute)
+    1. A = the recipe's estimator on the batch: A [N], or A [N,T] for a token-level one
+       (REINFORCE++, OTB; only credit methods that take token advantages accept it) (advantages.estimate)
     2. Â = its credit method on the batch and A                               (credit.compute)
     3. the ratio kernel's arguments, prepared from the batch (S-trace: the kept set from the
        old policy's entropy)                                                   (objectives.prepare_kernel)
@@ -364,8 +426,13 @@ def token_credit(
     """
     if isinstance(recipe, str) or overrides:
         recipe = resolve(recipe, overrides)
-    seq_adv = advantages.compute(recipe.advantage, batch.scores, batch.group_ids, **recipe.advantage_params)
-    tok_adv = credit.compute(recipe.credit, batch, seq_adv, **credit_arguments(recipe, special_ids))
+    adv = advantages.estimate(recipe.advantage, batch, **recipe.advantage_params)
+    tok_adv = credit.compute(recipe.credit, batch, adv, **credit_arguments(recipe, special_ids))
+    if adv.dim() == 2:
+        m = batch.mask.to(adv.dtype)
+        seq_adv = (adv * m).sum(-1) / m.sum(-1).clamp(min=1)
+    else:
+        seq_adv = adv
     mask = batch.mask
     if recipe.mask_truncated and batch.truncated is not None:
         mask = mask & ~batch.truncated[:, None]

@@ -6,7 +6,7 @@ Two entry points:
   differentiable when called under grad. The trainer uses it for the training forward.
 - `compute_signals(model, ..., needs)`: the detached per-token signals a credit method declares
   (names from `tokencredit.batch.SIGNALS`), in the fewest forwards: ONE old-policy forward per
-  micro-batch for old_log_probs + entropy + hidden together, ONE adapter-disabled forward for
+  micro-batch for old_log_probs + entropy + hidden (+ sum_sq_probs) together, ONE adapter-disabled forward for
   base_hidden + base_log_probs (+ ref_log_probs when the LoRA base is the reference), ONE forward
   of `ref_model` for ref_log_probs, ONE negative-prompt forward for neg_log_probs (GCPO). A signal
   that is not asked for costs nothing.
@@ -63,7 +63,7 @@ __all__ = [
 DEFAULT_CHUNK_SIZE = 512
 """Tokens per LM-head chunk: 512 x 151,936 (Qwen vocabulary) x 4 B = 311 MB per float32 buffer."""
 
-_POLICY_SIGNALS = ("old_log_probs", "entropy", "hidden")
+_POLICY_SIGNALS = ("old_log_probs", "entropy", "hidden", "sum_sq_probs")
 _BASE_SIGNALS = ("base_hidden", "base_log_probs")
 _LORA_ERROR = "ARCA / policy-divergence need a LoRA adapter (set lora.rank > 0)"
 
@@ -157,10 +157,17 @@ def _eval_mode(*models: nn.Module | None) -> Iterator[None]:
 
 # --------------------------------------------------------------------------- chunked LM head
 def _chunk_stats_inplace(
-    head: nn.Module, h: Tensor, y: Tensor, temperature: float, softcap: float | None, with_entropy: bool
-) -> tuple[Tensor, Tensor | None]:
+    head: nn.Module,
+    h: Tensor,
+    y: Tensor,
+    temperature: float,
+    softcap: float | None,
+    with_entropy: bool,
+    with_sum_sq: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """No-grad path: at most two [c, V] float32 buffers. Shift by the row max in place, then
-    log p_y = z_y - log s and H = log s - (sum_v e_v z_v) / s with e = exp(z), s = sum e, z shifted."""
+    log p_y = z_y - log s, H = log s - (sum_v e_v z_v) / s and sum_v p_v^2 = ||e||^2 / s^2 with
+    e = exp(z), s = sum e, z shifted (the norm is a reduction: no extra [c, V] buffer)."""
     z = head(h).float()
     if softcap is not None:
         z.div_(softcap).tanh_().mul_(softcap)
@@ -169,19 +176,29 @@ def _chunk_stats_inplace(
     z.sub_(z.amax(-1, keepdim=True))
     z_y = z.gather(-1, y[:, None]).squeeze(-1)
     if not with_entropy:
-        log_s = z.exp_().sum(-1).log_()
-        return z_y - log_s, None
+        e = z.exp_()
+        s = e.sum(-1)
+        sum_sq = torch.linalg.vector_norm(e, dim=-1).square_().div_(s * s) if with_sum_sq else None
+        return z_y - s.log_(), None, sum_sq
     e = z.exp()
     s = e.sum(-1)
+    sum_sq = torch.linalg.vector_norm(e, dim=-1).square_().div_(s * s) if with_sum_sq else None
     ez = e.mul_(z).sum(-1)  # in place: no third [c, V] buffer; torch.sum's cascade keeps fp32 error ~1e-6
     log_s = s.log()
-    return z_y - log_s, log_s - ez / s
+    return z_y - log_s, log_s - ez / s, sum_sq
 
 
 def _chunk_stats_autograd(
-    head: nn.Module, h: Tensor, y: Tensor, temperature: float, softcap: float | None, with_entropy: bool
-) -> tuple[Tensor, Tensor | None]:
-    """Differentiable path (run under checkpoint): log p_y = z_y - logsumexp z, H = logsumexp z - sum softmax(z) z."""
+    head: nn.Module,
+    h: Tensor,
+    y: Tensor,
+    temperature: float,
+    softcap: float | None,
+    with_entropy: bool,
+    with_sum_sq: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Differentiable path (run under checkpoint): log p_y = z_y - logsumexp z, H = logsumexp z - sum softmax(z) z,
+    sum_v softmax(z)_v^2."""
     z = head(h).float()
     if softcap is not None:
         z = torch.tanh(z / softcap) * softcap
@@ -189,9 +206,10 @@ def _chunk_stats_autograd(
         z = z / temperature
     lse = torch.logsumexp(z, -1)
     log_p = z.gather(-1, y[:, None]).squeeze(-1) - lse
-    if not with_entropy:
-        return log_p, None
-    return log_p, lse - (torch.softmax(z, -1) * z).sum(-1)
+    probs = torch.softmax(z, -1) if with_entropy or with_sum_sq else None
+    ent = lse - (probs * z).sum(-1) if with_entropy else None
+    sum_sq = probs.square().sum(-1) if with_sum_sq else None
+    return log_p, ent, sum_sq
 
 
 def chunked_log_probs(
@@ -210,6 +228,25 @@ def chunked_log_probs(
     The LM head runs on `chunk_size` rows at a time, so at most O(chunk_size x V) logits exist at
     once; with grad each chunk is checkpointed (logits recomputed in the backward).
     """
+    log_p, entropy, _ = _chunked_stats(
+        hidden, lm_head, targets, temperature=temperature, with_entropy=with_entropy, with_sum_sq=False,
+        chunk_size=chunk_size, logit_softcap=logit_softcap,
+    )  # fmt: skip
+    return log_p, entropy
+
+
+def _chunked_stats(
+    hidden: Tensor,
+    lm_head: nn.Module,
+    targets: Tensor,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    with_sum_sq: bool,
+    chunk_size: int,
+    logit_softcap: float | None,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """`chunked_log_probs` plus, when `with_sum_sq`, sum_v p_v^2 [M] of the same distribution."""
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(
             f"chunked_log_probs: expected hidden [M, H] and targets [M], got {tuple(hidden.shape)} and {tuple(targets.shape)}"
@@ -227,28 +264,30 @@ def chunked_log_probs(
     needs_graph = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters())
     )
-    log_ps, ents = [], []
+    parts: list[tuple[Tensor, Tensor | None, Tensor | None]] = []
     for start in range(0, hidden.shape[0], chunk_size):
         h, y = hidden[start : start + chunk_size], targets[start : start + chunk_size]
         if needs_graph:
-            lp, ent = checkpoint(
-                _chunk_stats_autograd,
-                lm_head,
-                h,
-                y,
-                temperature,
-                logit_softcap,
-                with_entropy,
-                use_reentrant=False,
+            parts.append(
+                checkpoint(
+                    _chunk_stats_autograd,
+                    lm_head,
+                    h,
+                    y,
+                    temperature,
+                    logit_softcap,
+                    with_entropy,
+                    with_sum_sq,
+                    use_reentrant=False,
+                )
             )
         else:
-            lp, ent = _chunk_stats_inplace(lm_head, h, y, temperature, logit_softcap, with_entropy)
-        log_ps.append(lp)
-        ents.append(ent)
-    if not log_ps:
+            parts.append(_chunk_stats_inplace(lm_head, h, y, temperature, logit_softcap, with_entropy, with_sum_sq))
+    wanted = (True, with_entropy, with_sum_sq)
+    if not parts:
         empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, (empty.clone() if with_entropy else None)
-    return torch.cat(log_ps), (torch.cat(ents) if with_entropy else None)
+        return tuple(empty.clone() if w else None for w in wanted)  # type: ignore[return-value]
+    return tuple(torch.cat([p[k] for p in parts]) if w else None for k, w in enumerate(wanted))  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- one forward
@@ -313,10 +352,12 @@ def _forward_stats(
     want_log_p: bool,
     want_entropy: bool,
     want_hidden: bool,
+    want_sum_sq: bool = False,
     temperature: float,
     chunk_size: int,
-) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """One decoder forward on rows [n, P+T] -> (log_p [n,T], entropy [n,T], hidden [n,T,H] float32), 0 where masked.
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """One decoder forward on rows [n, P+T] -> (log_p [n,T], entropy [n,T], hidden [n,T,H], sum_v p_v^2 [n,T]),
+    float32, 0 where masked.
 
     Columns that cannot matter are dropped first: leading columns padded in every row (masked keys
     with mask-derived position ids contribute nothing), and the columns after the last valid
@@ -340,15 +381,16 @@ def _forward_stats(
 
     mask = response_mask[:, :t_keep].bool()
     rows, cols = mask.nonzero(as_tuple=True)
-    log_p = entropy = hidden = None
-    if want_log_p or want_entropy:
+    log_p = entropy = hidden = sum_sq = None
+    if want_log_p or want_entropy or want_sum_sq:
         targets = sequences[:, prompt_len : prompt_len + t_keep][rows, cols]
-        lp, ent = chunked_log_probs(
+        lp, ent, sq = _chunked_stats(
             h[rows, cols],
             head,
             targets,
             temperature=temperature,
             with_entropy=want_entropy,
+            with_sum_sq=want_sum_sq,
             chunk_size=chunk_size,
             logit_softcap=softcap,
         )
@@ -357,10 +399,12 @@ def _forward_stats(
             log_p = zeros.index_put((rows, cols), lp)
         if want_entropy:
             entropy = zeros.index_put((rows, cols), ent)
+        if want_sum_sq:
+            sum_sq = zeros.index_put((rows, cols), sq)
     if want_hidden:
         hidden = torch.zeros(n, t, h.shape[-1], dtype=torch.float32, device=h.device)
         hidden[:, :t_keep] = torch.where(mask[..., None], h.float(), 0.0)
-    return log_p, entropy, hidden
+    return log_p, entropy, hidden, sum_sq
 
 
 def token_log_probs(
@@ -386,7 +430,7 @@ def token_log_probs(
         response_mask = torch.ones(sequences.shape[0], t, dtype=torch.bool, device=sequences.device)
     decoder, head, softcap = _model_parts(model)
     _check_ids(model, sequences, "sequences")
-    log_p, entropy, _ = _forward_stats(
+    log_p, entropy, _, _ = _forward_stats(
         decoder,
         head,
         softcap,
@@ -415,15 +459,16 @@ def _pass(
     want_log_p: bool,
     want_entropy: bool,
     want_hidden: bool,
+    want_sum_sq: bool = False,
     temperature: float,
     chunk_size: int,
     batch_size: int,
-) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """One forward per micro-batch of `batch_size` rows; results concatenated over rows."""
     decoder, head, softcap = _model_parts(model)
     _check_ids(model, sequences, "sequences")
     position_ids = position_ids_from_mask(attention_mask)
-    parts: list[tuple[Tensor | None, Tensor | None, Tensor | None]] = []
+    parts: list[tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]] = []
     for start in range(0, sequences.shape[0], batch_size):
         rows = slice(start, start + batch_size)
         parts.append(
@@ -439,11 +484,12 @@ def _pass(
                 want_log_p=want_log_p,
                 want_entropy=want_entropy,
                 want_hidden=want_hidden,
+                want_sum_sq=want_sum_sq,
                 temperature=temperature,
                 chunk_size=chunk_size,
             )
         )
-    return tuple(torch.cat([p[k] for p in parts]) if parts[0][k] is not None else None for k in range(3))  # type: ignore[return-value]
+    return tuple(torch.cat([p[k] for p in parts]) if parts[0][k] is not None else None for k in range(4))  # type: ignore[return-value]
 
 
 def _check_needs(needs: Iterable[str]) -> set[str]:
@@ -475,7 +521,7 @@ def compute_signals(
     Returns {name: [N,T]} (hidden / base_hidden: [N,T,H], the post-final-norm LM-head input, hidden[:, t]
     predicting token t) for exactly the names asked. Passes (each one forward per micro-batch of
     `batch_size` rows, None = all rows at once; no pass for a signal not asked):
-      - old policy: old_log_probs, entropy, hidden;
+      - old policy: old_log_probs, entropy, hidden, sum_sq_probs (sum_v pi_old(v)^2, same chunked LM-head pass);
       - LoRA adapter disabled (peft `disable_adapter()`): base_hidden, base_log_probs, and
         ref_log_probs when `ref_model` is None (the adapter-free base is the reference under LoRA);
       - `ref_model`: ref_log_probs when a separate reference model is given;
@@ -527,18 +573,19 @@ def compute_signals(
     out: dict[str, Tensor] = {}
     with torch.no_grad(), _eval_mode(model, ref_model):
         if needs & set(_POLICY_SIGNALS):
-            lp, ent, hid = _pass(
+            lp, ent, hid, sq = _pass(
                 model,
                 *args,
                 want_log_p="old_log_probs" in needs,
                 want_entropy="entropy" in needs,
                 want_hidden="hidden" in needs,
+                want_sum_sq="sum_sq_probs" in needs,
                 **kw,
             )
-            out.update(old_log_probs=lp, entropy=ent, hidden=hid)
+            out.update(old_log_probs=lp, entropy=ent, hidden=hid, sum_sq_probs=sq)
         if base_needed:
             with _adapter_disabled(model):
-                lp, _, hid = _pass(
+                lp, _, hid, _ = _pass(
                     model,
                     *args,
                     want_log_p="base_log_probs" in needs or ref_from_base,

@@ -36,6 +36,7 @@ def batches(draw):
         "base_log_probs": lp + 0.3 * torch.randn(n, t, generator=gen),
         "neg_log_probs": lp - torch.rand(n, t, generator=gen),
         "entropy": torch.rand(n, t, generator=gen) * 3,
+        "sum_sq_probs": lp.exp() ** 2 + torch.rand(n, t, generator=gen) * (1 - lp.exp() ** 2),
         "hidden": torch.randn(n, t, h, generator=gen) * draw(st.sampled_from([0.0, 1.0, 1e3])),
     }
     sig["base_hidden"] = sig["hidden"] + draw(st.sampled_from([0.0, 0.1])) * torch.randn(

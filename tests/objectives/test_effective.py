@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokencredit import credit
+from tokencredit import advantages, credit
 from tokencredit.batch import RolloutBatch
 from tokencredit.credit.entropy import top_entropy_mask
 from tokencredit.errors import ConfigError
@@ -38,7 +38,9 @@ def ragged_batch(seed: int = 0, n_groups: int = 3, g: int = 4, t: int = 9, h: in
         base_hidden=torch.randn(n, t, h, generator=gen),
         base_log_probs=(logp - 0.2) * mask,
         neg_log_probs=(logp - 0.3) * mask,
+        sum_sq_probs=(logp.exp() ** 2 + torch.rand(n, t, generator=gen) * (1 - logp.exp() ** 2)) * mask,
         truncated=torch.zeros(n, dtype=torch.bool),
+        baseline_scores=torch.randint(0, 2, (n,), generator=gen).float(),
     )
 
 
@@ -93,7 +95,8 @@ def test_recipes_with_per_token_kernels_show_their_credit_methods_advantages(nam
     recipe = RECIPES[name]
     b = ragged_batch(2)
     rc = token_credit(recipe, b)
-    want = credit.compute(recipe.credit, b, rc.seq_advantages, **recipe.credit_params)
+    a = advantages.estimate(recipe.advantage, b, **recipe.advantage_params)  # A [N], or A [N,T] (REINFORCE++, OTB)
+    want = credit.compute(recipe.credit, b, a, **recipe.credit_params)
     torch.testing.assert_close(rc.effective(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(rc.token_advantages, want)
     # the shortcut TokenCredit.effective takes for per-token objectives equals the autograd path

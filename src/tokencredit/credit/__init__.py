@@ -12,6 +12,14 @@ old-policy pass, and nothing else.
 `compute(name, batch, advantages, **params)` is the one entry point callers use: it checks
 the signals, merges the method's defaults with `params` (unknown keys are an error), zeroes
 masked positions, detaches, and refuses non-finite output.
+
+Token-level advantages. A token-level estimator (REINFORCE++, OTB; `tokencredit.advantages`)
+gives A [N,T] instead of A [N]. Only the methods registered with ``token_advantages=True`` take
+it: `uniform` (Â = A) and the per-token shapings that are functions of each token's own A
+(entropy-advantage, advantage-reweighting). The others are defined on a sequence advantage
+(KTAE adds a per-id value to A_i, DelTA and ARCA redistribute A_i over the response, ...), so
+`compute` refuses A [N,T] for them with a ConfigError, and `tokencredit.recipes.validate`
+refuses such a recipe before any model loads.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from tokencredit.batch import SIGNALS, RolloutBatch
 from tokencredit.errors import ConfigError
 from tokencredit.registry import Registry, keyword_defaults
 
-__all__ = ["CREDIT_METHODS", "ConfigError", "CreditMethod", "compute", "get", "register", "uniform"]
+__all__ = ["CREDIT_METHODS", "ConfigError", "CreditMethod", "compute", "get", "register", "token_view", "uniform"]
 
 CreditFn = Callable[..., Tensor]
 
@@ -42,6 +50,7 @@ class CreditMethod:
     paper: str = ""
     description: str = ""
     requires_lora: bool = False
+    token_advantages: bool = False  # also accepts a token-level A [N,T] (see the module docstring)
 
 
 CREDIT_METHODS: Registry[CreditMethod] = Registry("credit method")
@@ -54,8 +63,11 @@ def register(
     paper: str = "",
     description: str = "",
     requires_lora: bool = False,
+    token_advantages: bool = False,
 ) -> Callable[[CreditFn], CreditFn]:
-    """Register `fn(batch, advantages, **params) -> Â[N,T]`; its keyword defaults are its hyperparameters."""
+    """Register `fn(batch, advantages, **params) -> Â[N,T]`; its keyword defaults are its hyperparameters.
+
+    `advantages` is A [N] float32, or A [N,T] when `token_advantages` (the method takes a token-level A)."""
     unknown = [n for n in needs if n not in SIGNALS]
     if unknown:
         raise ValueError(f"credit method {name!r}: unknown signal(s) {unknown}; known: {sorted(SIGNALS)}")
@@ -63,7 +75,9 @@ def register(
     def deco(fn: CreditFn) -> CreditFn:
         doc = description or (fn.__doc__ or "").strip().split("\n")[0]
         defaults = keyword_defaults(fn, skip=2)
-        CREDIT_METHODS.add(CreditMethod(name, fn, frozenset(needs), defaults, paper, doc, requires_lora))
+        CREDIT_METHODS.add(
+            CreditMethod(name, fn, frozenset(needs), defaults, paper, doc, requires_lora, token_advantages)
+        )
         return fn
 
     return deco
@@ -74,12 +88,23 @@ def get(name: str) -> CreditMethod:
 
 
 def compute(name: str, batch: RolloutBatch, advantages: Tensor, **params: Any) -> Tensor:
-    """Â[N,T] for method `name`: float32, detached, exactly 0 where `batch.mask` is False."""
+    """Â[N,T] for method `name`: float32, detached, exactly 0 where `batch.mask` is False.
+
+    advantages: A [N], or a token-level A [N,T] for a method registered with token_advantages=True."""
     method = get(name)
     CREDIT_METHODS.check_params(name, params)
-    if tuple(advantages.shape) != (batch.num_rollouts,):
+    shape = tuple(advantages.shape)
+    if shape == tuple(batch.mask.shape) and advantages.dim() == 2:
+        if not method.token_advantages:
+            raise ConfigError(
+                f"credit method {name!r} assigns a sequence advantage A [N] to tokens; it cannot take a token-level "
+                f"A [N,T] (from REINFORCE++ or OTB). Use credit 'uniform' or a per-token shaping "
+                f"({', '.join(m for m, c in CREDIT_METHODS.items() if c.token_advantages)})"
+            )
+    elif shape != (batch.num_rollouts,):
         raise ValueError(
-            f"credit method {name!r}: advantages must have shape ({batch.num_rollouts},), got {tuple(advantages.shape)}"
+            f"credit method {name!r}: advantages must have shape ({batch.num_rollouts},)"
+            f"{' or ' + str(tuple(batch.mask.shape)) if method.token_advantages else ''}, got {shape}"
         )
     batch.require(method.needs, f"credit method {name!r}")
     with torch.no_grad():
@@ -92,12 +117,17 @@ def compute(name: str, batch: RolloutBatch, advantages: Tensor, **params: Any) -
     return out.detach()
 
 
-@register("uniform", paper="GRPO, Shao et al. 2024 (arXiv 2402.03300)")
+def token_view(batch: RolloutBatch, advantages: Tensor) -> Tensor:
+    """A as [N,T]: a token-level A unchanged, a sequence A [N] broadcast over the response."""
+    return advantages if advantages.dim() == 2 else advantages[:, None].expand(batch.mask.shape)
+
+
+@register("uniform", paper="GRPO, Shao et al. 2024 (arXiv 2402.03300)", token_advantages=True)
 def uniform(batch: RolloutBatch, advantages: Tensor) -> Tensor:
-    """Every valid token gets its rollout's sequence advantage: Â[i,t] = A_i."""
-    return advantages[:, None].expand(batch.mask.shape).clone()
+    """Every valid token gets its rollout's sequence advantage: Â[i,t] = A_i (a token-level A passes unchanged)."""
+    return token_view(batch, advantages).clone()
 
 
 # Built-in methods register themselves on import.
-for _mod in ("entropy", "ktae", "delta", "arca", "gcpo"):
+for _mod in ("entropy", "ktae", "delta", "arca", "gcpo", "shaping"):
     importlib.import_module(f"tokencredit.credit.{_mod}")

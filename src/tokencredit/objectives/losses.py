@@ -1,5 +1,11 @@
 """Policy losses: per-token loss terms from log-probs, importance weights and token advantages Â.
 
+The registry lives here with PPO-clip and REINFORCE (GPG's loss is REINFORCE's); the losses of
+verl 0.9.1's registry are in `losses_verl.py` (CISPO, SAPO, Clip-Cov, KL-Cov, GMPO, DPPO-TV/KL)
+and TRL's own in `losses_trl.py` (VESPO). Every loss takes Â [N,T] from any credit method and its
+per-token terms are aggregated by the recipe's loss_agg_mode (`policy.aggregate`); a loss whose
+verl or TRL original fixes its own aggregation says how to reproduce it.
+
 A loss is a registered function of `LossInputs` and its hyperparameters (keyword defaults)
 returning the per-token loss [N,T] (0 where masked) and boolean indicators for the metrics
 (e.g. which tokens were clipped). Two flags say what the rest of the objective must supply:
@@ -16,7 +22,7 @@ Aggregation over tokens and responses and the KL term are the same for every los
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -38,6 +44,7 @@ class LossInputs:
     mask: Tensor  # bool: tokens that carry a loss term
     log_ratio: Tensor | None = None  # clamp(log pi - log pi_old, -20, 20), 0 where masked
     log_w: Tensor | None = None  # the ratio kernel's log importance weights
+    old_log_prob: Tensor | None = None  # log pi_old(y_t), detached (DPPO's probability differences)
 
 
 LossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
@@ -110,6 +117,10 @@ def ppo_clip(
 def reinforce(inputs: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     """On-policy REINFORCE: loss_t = -Â_t log pi(y_t); no ratio, no clip."""
     return _masked(-inputs.advantages * inputs.log_prob, inputs.mask), {}
+
+
+# GPG's loss (verl loss_mode "gpg") is REINFORCE's -Â log pi, under GPG's name so a recipe reads as the paper.
+LOSSES.add(replace(get_loss("reinforce"), name="gpg", paper="Chu et al. 2025, GPG (arXiv 2504.02546)"))
 
 
 def clipped_token_loss(

@@ -148,7 +148,7 @@ def policy_loss(
         lmask = loss_token_mask(mask, keep if k.uses_keep and isinstance(keep, Tensor) else None)
         log_ratio = _masked((log_prob - old_log_prob.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), mask)
         log_w = k.fn(log_ratio, mask, **kernel_args)
-        inputs = LossInputs(log_prob, adv, lmask, log_ratio, log_w)
+        inputs = LossInputs(log_prob, adv, lmask, log_ratio, log_w, old_log_prob.detach())
     else:
         if kernel != "token" or kernel_args:
             raise ConfigError(

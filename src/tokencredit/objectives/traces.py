@@ -1,4 +1,4 @@
-"""Eligibility-trace ratio kernels: P-trace, accumulating trace, S-trace (strace.md).
+"""Eligibility-trace ratio kernels: P-trace, accumulating trace, S-trace (strace.md), and GRPO(lambda).
 
 Paper: Mou, Zhuang, Chen, Zhang, "Beyond Uniform Credit Assignment: Selective Eligibility
 Traces for RLVR", arXiv 2605.05965 (2026). No code was released and only the abstract was
@@ -20,6 +20,14 @@ The one property the paper states precisely holds exactly: lambda = 1 with the n
 read at the last token and given to every token, is GSPO's sequence ratio; lambda = 0 is the
 per-token ratio.
 
+GRPO(lambda) (Parthasarathi et al. 2025, arXiv 2510.00194; the baseline S-trace compares
+against) puts an unnormalised trace inside the ratio, log w_t = sum_{j<=t} tr(t, j) l_j with
+d = gamma * lambda and the kernels "recent" tr = d^(t-j) (the accumulating trace with lam = d)
+and "both" tr = max(d^(t-j), d^j), then the PPO clip. This is the form independent
+re-implementations report for its Sec. 3.2, Eq. (2) (strace.md); the paper's full text and its
+gamma / lambda values were not reachable, so the defaults (gamma 1, lambda 0.95, "recent") are
+ours. Positions j, t count valid tokens.
+
 Numerics: the closed form lambda^t * cumsum(lambda^(-k) l_k) overflows for long responses. We
 evaluate the causal filter y_t = sum_{k<=t} lambda^(t-k) x_k as a chunked scan in which every
 power of lambda has a non-negative exponent: inside a chunk of C positions a [C,C] Toeplitz
@@ -39,9 +47,11 @@ from tokencredit.credit.entropy import top_entropy_mask
 from tokencredit.errors import ConfigError
 from tokencredit.objectives.kernels import Preparation, needs_keep, register_kernel
 
-__all__ = ["DECAYS", "KEPT_SET", "causal_decay_filter", "kept_set", "trace_log_weights"]
+__all__ = ["DECAYS", "GRPO_LAMBDA_TRACES", "KEPT_SET", "causal_decay_filter", "grpo_lambda_log_weights", "kept_set",
+           "trace_log_weights"]
 
 DECAYS = ("kept", "position")
+GRPO_LAMBDA_TRACES = ("recent", "both")
 _CHUNK = 128
 
 
@@ -185,3 +195,55 @@ def _strace_kernel(
 ) -> Tensor:
     """S-trace (our reconstruction of Mou et al. 2026): the P-trace over the kept (high-entropy) tokens."""
     return trace_log_weights(log_ratio, mask, lam, normalized=True, keep=needs_keep("strace", keep), decay=decay)
+
+
+def grpo_lambda_log_weights(log_ratio: Tensor, mask: Tensor, decay: float, trace: str = "recent") -> Tensor:
+    """GRPO(lambda)'s log importance weights [N,T]: log w_t = sum_{j<=t} tr(t, j) l_j over valid tokens, 0 elsewhere.
+
+    trace="recent": tr = decay^(t-j), the accumulating trace. trace="both": tr = max(decay^(t-j), decay^j),
+    evaluated without a [T, T] matrix: for j >= ceil(t/2) the first term is the larger, so
+    log w_t = (y_t - decay^(t-c+1) y_{c-1}) + S_{c-1} with c = ceil(t/2), y the recent trace and
+    S_k = sum_{j<=k} decay^j l_j (every power has a non-negative exponent). decay = gamma * lambda in [0, 1].
+    """
+    decay = float(decay)
+    if not 0.0 <= decay <= 1.0:
+        raise ConfigError(f"GRPO(lambda): gamma * lam must be in [0, 1], got {decay}")
+    if trace not in GRPO_LAMBDA_TRACES:
+        raise ConfigError(f"GRPO(lambda) trace must be one of {GRPO_LAMBDA_TRACES}, got {trace!r}")
+    if trace == "recent":
+        return trace_log_weights(log_ratio, mask, decay, normalized=False, keep=None, decay="kept")
+    if log_ratio.dim() != 2 or tuple(mask.shape) != tuple(log_ratio.shape):
+        raise ValueError(
+            f"grpo_lambda_log_weights: expected log_ratio and mask [N, T], got {tuple(log_ratio.shape)} and "
+            f"{tuple(mask.shape)}"
+        )
+    active = mask.bool()
+    dtype = torch.float64 if log_ratio.dtype == torch.float64 else torch.float32
+    zero = torch.zeros((), dtype=dtype, device=log_ratio.device)
+    x = torch.where(active, log_ratio.to(dtype), zero)
+    n, length = x.shape
+    prefix = bool((active[:, 1:] <= active[:, :-1]).all()) if length > 1 else True
+    if not prefix:  # move each row's valid tokens, in order, to the front (positions count valid tokens)
+        n_act = active.sum(-1, keepdim=True)
+        dest = torch.where(active, active.cumsum(-1) - 1, n_act + (~active).cumsum(-1) - 1)
+        x = torch.zeros_like(x).scatter(1, dest, x)
+    t = torch.arange(length, device=x.device)
+    c = (t + 1) // 2  # first position of the "recent" half
+    prev = (c - 1).clamp(min=0)
+    powers = torch.pow(torch.tensor(decay, dtype=torch.float64, device=x.device), t.double())
+    y = causal_decay_filter(x, decay)
+    lead = torch.where(c >= 1, powers[(t - c + 1).clamp(max=length - 1)], torch.zeros_like(powers)).to(dtype)
+    recent = y - lead * y[:, prev]
+    head = torch.cumsum(powers.to(dtype) * x, -1)[:, prev]
+    out = recent + torch.where(c >= 1, head, torch.zeros_like(head))
+    if not prefix:
+        out = out.gather(1, dest)
+    return torch.where(active, out, zero)
+
+
+@register_kernel("grpo-lambda")
+def _grpo_lambda_kernel(
+    log_ratio: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95, trace: str = "recent"
+) -> Tensor:
+    """GRPO(lambda) (Parthasarathi et al. 2025): the trace tr(t, j) of decay gamma * lam inside the ratio."""
+    return grpo_lambda_log_weights(log_ratio, mask, gamma * lam, trace)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tokencredit import models
+from tokencredit import models, objectives
 from tokencredit.batch import RolloutBatch
 from tokencredit.data.synthetic import ArithmeticTask
 from tokencredit.errors import ConfigError
@@ -32,12 +32,9 @@ LORA_ONLY = {"arca", "policy-divergence"}
 # ReMax's baseline is the reward of one greedy rollout per prompt (RolloutBatch.baseline_scores), which no
 # engine supplies yet: each must refuse it with a ConfigError naming the field, never train without it.
 NEEDS_GREEDY_BASELINE = {"remax"}
-# TRL's GRPO loss has only PPO-clip (trained on-policy, which REINFORCE's gradient equals); recipes with
-# another loss are refused by the plugin (pending wiring: map cispo / sapo / vespo to TRL's loss_type).
+# TRL's GRPO loss is PPO-clip (trained on-policy, which REINFORCE's gradient equals) or one of its own loss types
+# (cispo, sapo, vespo: the plugin checks GRPOConfig's loss_type and parameters); other losses are refused.
 TRL_LOSSES = ("ppo-clip", "reinforce")
-# verl plugin wiring pending: batch_from_dataproto has no SIGNAL_KEYS entry for sum_sq_probs (verl's actor
-# computes it as "sum_pi_squared" with actor.calculate_sum_pi_squared=True).
-VERL_PENDING = {"otb": "otb needs sum_sq_probs: SIGNAL_KEYS['sum_sq_probs'] = ('sum_pi_squared',) pending in the verl plugin"}
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +192,7 @@ def trl_module():
     return pytest.importorskip("tokencredit.integrations.trl", reason="TRL is not installed (extra tokencredit[trl])")
 
 
-def _trl_trainer(trl_module, model_dir, tmp_path, name):
+def _trl_trainer(trl_module, model_dir, tmp_path, name, **config):
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig
@@ -206,7 +203,7 @@ def _trl_trainer(trl_module, model_dir, tmp_path, name):
     args = GRPOConfig(
         output_dir=str(tmp_path / "trl"), per_device_train_batch_size=N, num_generations=G, max_completion_length=T,
         max_steps=1, report_to="none", use_cpu=True, save_strategy="no", seed=0, beta=0.0,
-        importance_sampling_level="sequence" if sequence else "token",
+        importance_sampling_level="sequence" if sequence else "token", **config,
     )  # fmt: skip
     return trl_module.CreditGRPOTrainer(
         model=str(model_dir), reward_funcs=lambda completions, **_: [0.0] * len(completions), args=args,
@@ -223,11 +220,19 @@ def test_trl_path(name, trl_module, fixed, tiny_model_dir, tmp_path, monkeypatch
         with pytest.raises(ConfigError, match=recipe.kernel):
             _trl_trainer(trl_module, tiny_model_dir, tmp_path, name)
         return  # TRL's loss has no trace kernel: refused, never trained with another Â
-    if recipe.loss not in TRL_LOSSES:
+    config = {}
+    if recipe.loss in trl_module._TRL_LOSS_TYPES:
+        # a loss TRL has (cispo, sapo, vespo): its loss_type and parameters must be set, or the recipe is refused
+        params = {**objectives.get_loss(recipe.loss).defaults, **recipe.loss_arguments()}
+        loss_type, settings = trl_module._TRL_LOSS_TYPES[recipe.loss](params)
+        with pytest.raises(ConfigError, match=f"loss_type={loss_type!r}"):
+            _trl_trainer(trl_module, tiny_model_dir, tmp_path, name)
+        config = {"loss_type": loss_type, **settings}
+    elif recipe.loss not in TRL_LOSSES:
         with pytest.raises(ConfigError, match=f"'{recipe.loss}' policy loss"):
             _trl_trainer(trl_module, tiny_model_dir, tmp_path, name)
         return  # refused, never trained with TRL's PPO-clip in its place
-    trainer = _trl_trainer(trl_module, tiny_model_dir, tmp_path, name)
+    trainer = _trl_trainer(trl_module, tiny_model_dir, tmp_path, name, **config)
     trainer.model.train()
     signals = {k: getattr(batch, k) for k in ("old_log_probs", "ref_log_probs", "entropy", "hidden", "base_hidden",
                                               "base_log_probs", "neg_log_probs", "sum_sq_probs")}  # fmt: skip
@@ -262,8 +267,6 @@ def test_verl_path(name, verl_plugin, fixed, tokenizer):
 
     from tokencredit.integrations._common import slug
 
-    if name in VERL_PENDING:
-        pytest.skip(VERL_PENDING[name])
     batch, special, _ = fixed
     lengths = batch.mask.sum(-1)
     rewards = torch.zeros(N, T).scatter(1, (lengths - 1)[:, None], batch.scores[:, None])

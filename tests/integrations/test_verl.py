@@ -45,6 +45,7 @@ def _fixture():
         "neg_log_probs": -torch.rand(N, T, generator=g) * 4 - 0.01,
         "hidden": torch.randn(N, T, H, generator=g),
         "base_hidden": torch.randn(N, T, H, generator=g),
+        "sum_sq_probs": torch.rand(N, T, generator=g) * 0.9 + 0.1,  # sum_v pi(v)^2 in (0, 1]
     }
     signals = {k: v * (mask[..., None] if v.dim() == 3 else mask) for k, v in signals.items()}
     # Outcome reward at the last valid token (verl's layout).
@@ -54,11 +55,10 @@ def _fixture():
 
 def _dataproto(*, with_signals=True):
     token_ids, mask, _, uid, signals, rewards = _fixture()
-    keys = {"old_log_probs": "old_log_probs", "ref_log_probs": "ref_log_prob"}
     tensors = {"responses": token_ids, "response_mask": mask.long(), "token_level_rewards": rewards}
     if with_signals:
         for name, value in signals.items():
-            tensors[keys.get(name, f"tc_{name}")] = value
+            tensors[tc_verl.SIGNAL_KEYS[name][0]] = value
     return DataProto.from_dict(tensors=tensors, non_tensors={"uid": uid})
 
 
@@ -85,6 +85,21 @@ def _core(verl_name):
     return tok
 
 
+def test_remax_needs_verl_reward_baselines():
+    """verl fills "reward_baselines" (the greedy rollout's reward) only for its own remax estimator: tc_remax
+    names the field and the way out without it, and equals the core with it."""
+    data = _dataproto()
+    with pytest.raises(ConfigError, match="reward_baselines"):
+        ray_trainer.compute_advantage(data, adv_estimator="tc_remax", config=AlgoConfig(adv_estimator="tc_remax"))
+    token_ids, mask, scores, uid, signals, _ = _fixture()
+    base = torch.linspace(0.0, 1.0, N)
+    data.batch["reward_baselines"] = base
+    out = ray_trainer.compute_advantage(data, adv_estimator="tc_remax", config=AlgoConfig(adv_estimator="tc_remax"))
+    batch = RolloutBatch(token_ids, mask, _gids(uid), scores, baseline_scores=base, **signals)
+    want = credit.compute("uniform", batch, advantages.estimate("remax", batch))
+    torch.testing.assert_close(out.batch["advantages"], want, rtol=0, atol=0)
+
+
 def test_every_recipe_and_method_is_registered_in_verl():
     names = set(core_algos.ADV_ESTIMATOR_REGISTRY)
     for required in (
@@ -105,8 +120,8 @@ def test_every_recipe_and_method_is_registered_in_verl():
 
 # Plugin wiring pending for the issue-20 recipes that read more than the fixture's DataProto holds.
 PENDING = {
-    "tc_otb": "otb reads sum_sq_probs: SIGNAL_KEYS['sum_sq_probs'] = ('sum_pi_squared',) pending in the plugin",
-    "tc_remax": "remax reads baseline_scores: verl's 'reward_baselines' -> RolloutBatch.baseline_scores pending",
+    "tc_remax": "remax reads reward_baselines, which verl generates only for its own remax: see "
+    "test_remax_needs_verl_reward_baselines",
 }
 
 

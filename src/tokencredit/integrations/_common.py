@@ -20,8 +20,9 @@ ENGINE_KERNELS = ("token", "gspo", "gspo-token")
 
 
 def slug(name: str) -> str:
-    """An identifier-style name: 'dapo+ktae' -> 'dapo_ktae', 'entropy-80-20' -> 'entropy_80_20'."""
-    return re.sub(r"[^0-9A-Za-z]+", "_", name).strip("_").lower()
+    """An identifier-style name: 'dapo+ktae' -> 'dapo_ktae', 'entropy-80-20' -> 'entropy_80_20',
+    'reinforce++' -> 'reinforce_pp' (so it does not read as plain REINFORCE)."""
+    return re.sub(r"[^0-9A-Za-z]+", "_", name.replace("++", "_pp")).strip("_").lower()
 
 
 def group_ids_from_labels(labels: Any) -> Tensor:

@@ -33,6 +33,7 @@ from packaging.version import Version
 from torch import Tensor
 
 from tokencredit import advantages as adv_mod
+from tokencredit import objectives
 from tokencredit.batch import RolloutBatch
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.errors import ConfigError
@@ -74,6 +75,27 @@ check_version()
 
 NegativePromptFn = Callable[[Mapping[str, Any]], Any]
 
+# Recipe losses TRL has as a `loss_type`, and the GRPOConfig settings that make TRL's loss the recipe's
+# (tokencredit.objectives.losses_trl documents the correspondence; tests/objectives/test_vs_verl.py checks it).
+def _trl_cispo(p: dict[str, Any]) -> tuple[str, dict[str, float]]:
+    """TRL's cispo clips the weight at epsilon_high (tokencredit's at 1 + eps_high) and has no lower bound."""
+    if p["eps_low"] < 1.0:
+        raise ConfigError(
+            f"TRL's cispo has no lower clip bound; the recipe's eps_low={p['eps_low']} (< 1) sets one: use eps_low=1"
+        )
+    return "cispo", {"epsilon_high": 1.0 + p["eps_high"]}
+
+
+_TRL_LOSS_TYPES: dict[str, Callable[[dict[str, Any]], tuple[str, dict[str, float]]]] = {
+    "cispo": _trl_cispo,
+    "sapo": lambda p: ("sapo", {"sapo_temperature_pos": p["tau_pos"], "sapo_temperature_neg": p["tau_neg"]}),
+    "vespo": lambda p: ("vespo", {f"vespo_{k}": p[k] for k in ("k_pos", "lambda_pos", "k_neg", "lambda_neg")}),
+}
+
+
+def _same(a: Any, b: float) -> bool:
+    return a is not None and abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(b)))
+
 
 class CreditGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose loss sees per-token advantages Â (B, T) from a tokencredit method or recipe.
@@ -108,10 +130,12 @@ class CreditGRPOTrainer(GRPOTrainer):
         spec, args = self.recipe, self.args
         # TRL's loss is PPO-clip; with one update per generation (TRL's default) it is on-policy, where
         # its gradient equals REINFORCE's, so REINFORCE recipes (ARCA's family) train correctly too.
-        if spec.loss not in ("ppo-clip", "reinforce"):
+        if spec.loss in _TRL_LOSS_TYPES:
+            self._check_loss_type()
+        elif spec.loss not in ("ppo-clip", "reinforce"):
             raise ConfigError(
                 f"recipe {spec.name!r} uses the {spec.loss!r} policy loss, which TRL's GRPO loss does not have; "
-                "use tokencredit's own trainer"
+                "use tokencredit's own trainer or the verl plugin"
             )
         if spec.uses_ratio and spec.kernel not in ENGINE_KERNELS:
             raise ConfigError(
@@ -138,6 +162,20 @@ class CreditGRPOTrainer(GRPOTrainer):
         if spec.kind == "method" and getattr(args, "scale_rewards", "group") not in _TRL_BASELINES:
             raise ConfigError(
                 f"unknown scale_rewards {args.scale_rewards!r}; expected one of {list(_TRL_BASELINES)}"
+            )
+
+    def _check_loss_type(self) -> None:
+        """A recipe whose loss TRL has (cispo, sapo, vespo) trains with that `loss_type`, set by the user with
+        the recipe's parameters in TRL's names: a mismatch is a ConfigError spelling out the settings."""
+        spec, args = self.recipe, self.args
+        params = {**objectives.get_loss(spec.loss).defaults, **spec.loss_arguments()}
+        loss_type, settings = _TRL_LOSS_TYPES[spec.loss](params)
+        wrong = [k for k, v in settings.items() if not _same(getattr(args, k, None), v)]
+        if args.loss_type != loss_type or wrong:
+            shown = ", ".join(f"{k}={v!r}" for k, v in {"loss_type": loss_type, **settings}.items())
+            raise ConfigError(
+                f"recipe {spec.name!r} uses TRL's {loss_type!r} loss: set GRPOConfig({shown}) "
+                f"(got loss_type={args.loss_type!r}{''.join(f', {k}={getattr(args, k, None)!r}' for k in wrong)})"
             )
 
     @property

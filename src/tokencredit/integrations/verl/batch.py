@@ -12,7 +12,7 @@ from tokencredit.errors import ConfigError
 from tokencredit.integrations import verl_actor
 from tokencredit.integrations._common import group_ids_from_labels
 
-__all__ = ["SIGNAL_KEYS", "batch_from_dataproto", "first_key"]
+__all__ = ["FIELD_KEYS", "SIGNAL_KEYS", "batch_from_dataproto", "first_key"]
 
 # Where each per-token signal is read from in a DataProto's batch, first match wins. verl's own
 # keys: old_log_probs, ref_log_prob, entropy (v1 TransferQueue field), entropys (legacy
@@ -22,8 +22,11 @@ SIGNAL_KEYS: dict[str, tuple[str, ...]] = {
     "old_log_probs": ("old_log_probs",),
     "ref_log_probs": ("ref_log_prob",),
     "entropy": ("tc_entropy", "entropy", "entropys"),
+    "sum_sq_probs": ("sum_pi_squared",),  # verl's own, with actor.calculate_sum_pi_squared=True
     **{name: (key,) for name, key in verl_actor.BATCH_KEYS.items()},
 }
+# RolloutBatch fields beyond the signals (tokencredit.advantages.FIELDS) and verl's batch key for each.
+FIELD_KEYS: dict[str, str] = {"baseline_scores": "reward_baselines"}
 
 
 
@@ -38,6 +41,7 @@ def batch_from_dataproto(
     *,
     token_level_rewards: Tensor | None = None,
     response_mask: Tensor | None = None,
+    fields: Iterable[str] = (),
     who: str = "tokencredit",
 ) -> RolloutBatch:
     """A RolloutBatch [bs, T] from a verl DataProto.
@@ -45,7 +49,8 @@ def batch_from_dataproto(
     token ids = ``responses``; mask = ``response_mask``; score = sum of ``token_level_rewards`` over
     the response (verl puts the outcome reward at the last valid token; an in-reward KL penalty is
     summed in, as verl's GRPO does); group ids = ``non_tensor_batch["uid"]``; the per-token
-    signals `needs` from the keys in SIGNAL_KEYS. Raises ConfigError naming a missing field.
+    signals `needs` from the keys in SIGNAL_KEYS and the batch `fields` (remax's baseline_scores) from
+    FIELD_KEYS. Raises ConfigError naming a missing field.
     """
     batch = data.batch
     rewards = batch["token_level_rewards"] if token_level_rewards is None else token_level_rewards
@@ -69,6 +74,14 @@ def batch_from_dataproto(
         if key is None:
             raise ConfigError(_missing_signal_message(who, name))
         signals[name] = batch[key].float()
+    for name in sorted(set(fields)):
+        key = FIELD_KEYS[name]
+        if key not in batch.keys():
+            raise ConfigError(
+                f"{who} needs {name} (verl batch key {key!r}), which this DataProto lacks: verl generates the greedy "
+                "baseline rollout only for its own algorithm.adv_estimator=remax, so use verl's remax (uniform credit)"
+            )
+        signals[name] = batch[key].float().reshape(-1)
     return RolloutBatch(
         token_ids=token_ids,
         mask=mask.bool(),
@@ -80,7 +93,9 @@ def batch_from_dataproto(
 
 def _missing_signal_message(who: str, name: str) -> str:
     keys = " / ".join(SIGNAL_KEYS[name])
-    if name == "entropy":
+    if name == "sum_sq_probs":
+        how = "set actor_rollout_ref.actor.calculate_sum_pi_squared=True (verl then computes it with the old log-probs)"
+    elif name == "entropy":
         how = (
             "verl computes it with the old log-probs; it is in the batch when tokencredit.integrations.verl is "
             "loaded in the trainer process (verl's plugin entry point, or VERL_USE_EXTERNAL_MODULES; its hooks keep it)"

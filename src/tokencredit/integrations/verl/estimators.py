@@ -18,7 +18,7 @@ from tokencredit.errors import ConfigError, closest
 from tokencredit.integrations._common import slug
 from tokencredit.integrations.verl.batch import SIGNAL_KEYS, batch_from_dataproto, first_key
 from tokencredit.models import special_token_ids
-from tokencredit.recipes import Recipe, credit_needs, resolve, token_credit, zero_outside
+from tokencredit.recipes import Recipe, batch_fields, credit_needs, resolve, token_credit, zero_outside
 
 __all__ = ["ESTIMATORS", "cfg_value", "estimator_spec", "register_estimator", "uses_keep"]
 
@@ -57,7 +57,7 @@ def uses_keep(recipe: Recipe) -> bool:
 
 
 def _make_estimator(verl_name: str, spec: Recipe) -> Callable[..., tuple[Tensor, Tensor]]:
-    needs = credit_needs(spec)
+    needs, fields = credit_needs(spec), batch_fields(spec)
 
     def estimator(
         token_level_rewards: Tensor,
@@ -80,7 +80,7 @@ def _make_estimator(verl_name: str, spec: Recipe) -> Callable[..., tuple[Tensor,
         _fetch_missing(data, needs, ctx)
         batch = batch_from_dataproto(
             data, needs, token_level_rewards=token_level_rewards, response_mask=response_mask,
-            who=f"verl estimator {verl_name!r}",
+            fields=fields, who=f"verl estimator {verl_name!r}",
         )  # fmt: skip
         special = ctx.special_ids if ctx is not None and ctx.special_ids else _LEGACY_SPECIAL_IDS[0]
         # A credit method on its own uses verl's own GRPO settings (eps 1e-6, norm_adv_by_std_in_grpo).

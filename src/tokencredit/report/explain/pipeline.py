@@ -7,8 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch import Tensor
+
 from tokencredit import advantages
-from tokencredit.batch import RolloutBatch
+from tokencredit.batch import BatchValidationError, RolloutBatch
+from tokencredit.errors import ConfigError
 from tokencredit.models import resolve_device, special_token_ids
 from tokencredit.report.explain.compute import display_tokens, explain_batch, make_groups
 from tokencredit.report.explain.options import ExplainOptions, Source, read_source
@@ -28,9 +31,26 @@ class ExplainResult:
     skipped: list[str]  # methods skipped (the reasons are on the page)
 
 
-def _shown_groups(batch: RolloutBatch, src: Source, tokenizer: Any, n_groups: int) -> list[GroupView]:
+def _shown_advantages(batch: RolloutBatch, src: Source, notes: list[str]) -> Tensor:
+    """A [N] shown per response: `src.advantage` on the batch (a token-level A: its mean over the response's
+    tokens); GRPO's, with a note, when the saved rollouts lack what that estimator reads (remax's greedy
+    baseline, OTB's Σπ²)."""
+    try:
+        a = advantages.estimate(src.advantage, batch, **src.advantage_params)
+    except (ConfigError, BatchValidationError) as e:
+        notes.append(f"sequence advantage shown with grpo: {src.advantage} cannot be recomputed here ({e})")
+        return advantages.grpo(batch.scores, batch.group_ids)
+    if a.dim() == 2:
+        m = batch.mask.to(a.dtype)
+        return (a * m).sum(-1) / m.sum(-1).clamp(min=1)
+    return a
+
+
+def _shown_groups(
+    batch: RolloutBatch, src: Source, tokenizer: Any, n_groups: int, notes: list[str]
+) -> list[GroupView]:
     """The first `n_groups` groups as displayed, with the sequence advantage A of `src.advantage`."""
-    seq_adv = advantages.compute(src.advantage, batch.scores, batch.group_ids, **src.advantage_params)
+    seq_adv = _shown_advantages(batch, src, notes)
     texts, special = display_tokens(src.groups, tokenizer)
     return make_groups(
         batch,
@@ -78,7 +98,7 @@ def write_report(opts: ExplainOptions) -> ExplainResult:
     batch, tokenizer, unavailable = batch_with_signals(
         src, needs, notes, device=device, batch_size=opts.batch_size
     )
-    shown = _shown_groups(batch, src, tokenizer, opts.groups)
+    shown = _shown_groups(batch, src, tokenizer, opts.groups, notes)
     data = explain_batch(
         batch,
         specs,

@@ -361,3 +361,22 @@ def test_loaded_through_verl_use_external_modules():
     }
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("loss_name", ["tc_vespo", "tc_grpo_lambda"])
+def test_losses_verl_lacks_match_the_core(loss_name, agg):
+    """tc_vespo (TRL's VESPO, no verl counterpart) and tc_grpo_lambda (GRPO(lambda)'s kernel under PPO-clip)."""
+    old, new, mask = _loss_inputs()
+    adv = ray_trainer.compute_advantage(_dataproto(), adv_estimator="tc_grpo", config=AlgoConfig()).batch["advantages"]
+    cfg = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.28)
+    loss, _ = core_algos.get_policy_loss_fn(loss_name)(old, new, adv, mask.long(), agg, cfg, None)
+    if loss_name == "tc_vespo":
+        want, _ = objectives.policy_loss(new, old, adv, mask, loss="vespo", loss_agg_mode=agg)
+    else:
+        kw = dict(RECIPES["grpo-lambda"].kernel_params)
+        want, _ = objectives.policy_loss(
+            new, old, adv, mask, kernel="grpo-lambda", eps_low=0.2, eps_high=0.28, dual_clip=3.0, loss_agg_mode=agg, **kw
+        )
+    torch.testing.assert_close(loss, want, rtol=0, atol=0)
+    assert "tc_cispo" not in core_algos.POLICY_LOSS_REGISTRY  # verl has cispo: its own loss_mode is used

@@ -95,7 +95,7 @@ from tokencredit.integrations.verl.hooks import (  # noqa: E402
     _wrap_legacy_old_log_prob,
     install_hooks,
 )
-from tokencredit.integrations.verl.losses import LOSSES, register_loss  # noqa: E402
+from tokencredit.integrations.verl.losses import LOSSES, VERL_LOSSES, register_loss  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,9 @@ def register_all() -> None:
             continue
         params = dict(RECIPES[kernel].kernel_params) if kernel in RECIPES else {}
         register_loss(f"tc_{slug(kernel)}", kernel, **params)
+    for loss in objectives.LOSSES:
+        if loss not in VERL_LOSSES:
+            register_loss(f"tc_{slug(loss)}", loss=loss)
 
 
 register_all()

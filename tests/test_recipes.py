@@ -61,7 +61,7 @@ def test_new_pieces_declare_what_they_read():
 def test_objective_labels_show_a_clip_only_for_losses_that_clip():
     assert "clip" not in get_recipe("sapo").objective_label() and "clip" not in get_recipe("vespo").objective_label()
     assert "clip 0.4/0.4" in get_recipe("gmpo").objective_label()
-    assert get_recipe("grpo-lambda").objective_label().startswith("ppo-clip (grpo-lambda ratio")
+    assert get_recipe("grpo-lambda").objective_label().startswith("grpo-lambda, clip 0.2/0.2")
 
 
 def test_new_recipes_validate_their_parameters():

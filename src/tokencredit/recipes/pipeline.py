@@ -1,0 +1,168 @@
+"""The one credit pipeline: recipe + batch (+ the tokenizer's special ids) -> `TokenCredit`, and the
+signals and batch fields a recipe needs. Every engine (trainer, explain, probe, compare, TRL, verl) calls it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tokencredit import advantages, credit, objectives
+from tokencredit.batch import RolloutBatch
+from tokencredit.recipes.recipe import Recipe
+from tokencredit.recipes.resolve import resolve
+
+__all__ = [
+    "TokenCredit", "batch_fields", "credit_arguments", "credit_needs", "recipe_needs", "requires_lora", "token_credit",
+    "zero_outside",
+]  # fmt: skip
+
+
+def credit_needs(recipe: Recipe) -> frozenset[str]:
+    """Signals needed for A, Â and the kept set (all before the update): the estimator's (OTB), the credit
+    method's and the ratio kernel's preparation's."""
+    needs = set(credit.get(recipe.credit).needs) | advantages.get_estimator(recipe.advantage).needs
+    if recipe.uses_ratio:
+        needs |= objectives.get_kernel(recipe.kernel).needs
+    return frozenset(needs)
+
+
+def recipe_needs(recipe: Recipe) -> frozenset[str]:
+    """Signals the whole objective needs: `credit_needs`, old log-probs for a ratio, reference log-probs for KL."""
+    needs = set(credit_needs(recipe))
+    if recipe.uses_ratio:
+        needs.add("old_log_probs")
+    if recipe.kl_coef:
+        needs.add("ref_log_probs")
+    return frozenset(needs)
+
+
+def requires_lora(recipe: Recipe) -> bool:
+    return credit.get(recipe.credit).requires_lora
+
+
+def batch_fields(recipe: Recipe) -> frozenset[str]:
+    """RolloutBatch fields besides the signals that the engine must fill for this recipe (ReMax:
+    {"baseline_scores"}, the reward of one greedy rollout per prompt; see tokencredit.advantages.FIELDS)."""
+    return advantages.get_estimator(recipe.advantage).fields
+
+
+@dataclass(frozen=True)
+class TokenCredit:
+    """What the objective needs for one batch under one recipe (all tensors detached).
+
+    seq_advantages A [N] float32 (for a token-level estimator, each row's mean of A over its valid tokens);
+    token_advantages Â [N,T] float32, 0 off `batch.mask`;
+    mask bool [N,T]: valid tokens of the rows that train (DAPO's mask_truncated drops whole rows);
+    loss_mask bool [N,T]: the tokens that carry a loss term (within S-trace's kept set);
+    keep bool [N,T] or None: the kept set of a kept-set kernel; policy_args: the keyword
+    arguments of `objectives.policy_loss` (loss, kernel and their parameters, aggregation, KL).
+    """
+
+    recipe: Recipe
+    seq_advantages: Tensor
+    token_advantages: Tensor
+    mask: Tensor
+    loss_mask: Tensor
+    keep: Tensor | None
+    policy_args: dict[str, Any]
+
+    def policy_kwargs(self, rows: Tensor | slice | None = None) -> dict[str, Any]:
+        """`policy_args` with its per-row tensors (the kept set) cut to `rows` (a micro-batch)."""
+        if rows is None:
+            return dict(self.policy_args)
+        return {k: v[rows] if isinstance(v, Tensor) else v for k, v in self.policy_args.items()}
+
+    def effective(self, loss_agg_mode: str = "token-mean") -> Tensor:
+        """Â_eff [N,T]: the objective's on-policy gradient weight per token (`objectives.effective_credit`);
+        equal to Â for per-token objectives under token-mean. `loss_agg_mode` defaults to token-mean
+        (pass recipe.loss_agg_mode to include the recipe's row weighting)."""
+        if self.recipe.per_token and loss_agg_mode == "token-mean":
+            # what effective_credit's autograd gives for these objectives, without the backward pass
+            return zero_outside(self.token_advantages, self.loss_mask)
+        args = self.policy_kwargs()
+        loss, kernel = args.pop("loss"), args.pop("kernel")
+        for key in ("loss_agg_mode", "kl_coef", "kl_type"):
+            args.pop(key, None)
+        norm = args.pop("norm_constant", None)
+        loss_keys = objectives.get_loss(loss).defaults
+        return objectives.effective_credit(
+            self.token_advantages,
+            self.mask,
+            loss=loss,
+            loss_params={k: v for k, v in args.items() if k in loss_keys},
+            kernel=kernel,
+            kernel_args={k: v for k, v in args.items() if k not in loss_keys},
+            loss_agg_mode=loss_agg_mode,
+            norm_constant=norm,
+        )
+
+
+def credit_arguments(recipe: Recipe, special_ids: Iterable[int] | None) -> dict[str, Any]:
+    """The credit method's parameters, with the tokenizer's special ids as `ignore_token_ids` when the
+    method takes that parameter and the recipe does not set it (KTAE: EOS / pad get no key value)."""
+    params = dict(recipe.credit_params)
+    takes = credit.get(recipe.credit).defaults
+    if special_ids is not None and "ignore_token_ids" in takes and "ignore_token_ids" not in params:
+        params["ignore_token_ids"] = tuple(sorted({int(i) for i in special_ids}))
+    return params
+
+
+def token_credit(
+    recipe: Recipe | str,
+    batch: RolloutBatch,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    special_ids: Iterable[int] | None = None,
+    max_response_length: int | None = None,
+) -> TokenCredit:
+    """The one credit pipeline: recipe + batch (+ the tokenizer's special ids) -> `TokenCredit`.
+
+    1. A = the recipe's estimator on the batch: A [N], or A [N,T] for a token-level one
+       (REINFORCE++, OTB; only credit methods that take token advantages accept it) (advantages.estimate)
+    2. Â = its credit method on the batch and A                               (credit.compute)
+    3. the ratio kernel's arguments, prepared from the batch (S-trace: the kept set from the
+       old policy's entropy)                                                   (objectives.prepare_kernel)
+    4. the loss tokens: valid tokens, minus truncated rows when the recipe masks them, within the kept set.
+
+    `recipe` is a Recipe or a name (`resolve` applies, with `overrides`). `special_ids`: the
+    tokenizer's special token ids (KTAE gives them no key value). `max_response_length`: the
+    normaliser of seq-mean-token-sum-norm when the recipe leaves norm_constant unset.
+    """
+    if isinstance(recipe, str) or overrides:
+        recipe = resolve(recipe, overrides)
+    adv = advantages.estimate(recipe.advantage, batch, **recipe.advantage_params)
+    tok_adv = credit.compute(recipe.credit, batch, adv, **credit_arguments(recipe, special_ids))
+    if adv.dim() == 2:
+        m = batch.mask.to(adv.dtype)
+        seq_adv = (adv * m).sum(-1) / m.sum(-1).clamp(min=1)
+    else:
+        seq_adv = adv
+    mask = batch.mask
+    if recipe.mask_truncated and batch.truncated is not None:
+        mask = mask & ~batch.truncated[:, None]
+    args: dict[str, Any] = {"loss": recipe.loss, "kernel": recipe.kernel, **recipe.loss_arguments()}
+    keep = None
+    if recipe.uses_ratio:
+        kernel_args = objectives.prepare_kernel(recipe.kernel, batch, recipe.kernel_params)
+        args.update(kernel_args)
+        if objectives.get_kernel(recipe.kernel).uses_keep:
+            keep = kernel_args["keep"]
+    args.update(
+        loss_agg_mode=recipe.loss_agg_mode,
+        norm_constant=recipe.norm_constant or max_response_length,
+        kl_coef=recipe.kl_coef,
+        kl_type=recipe.kl_type,
+    )
+    loss_mask = objectives.loss_token_mask(mask, keep)
+    return TokenCredit(recipe, seq_adv.detach().float(), tok_adv, mask, loss_mask, keep, args)
+
+
+def zero_outside(values: Tensor, keep: Tensor | None) -> Tensor:
+    """`values` with 0 outside the kept set (or unchanged without one)."""
+    if keep is None:
+        return values
+    return torch.where(keep, values, torch.zeros((), dtype=values.dtype, device=values.device))

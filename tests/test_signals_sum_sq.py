@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from test_signals import CountForwards, P, T, make_batch, tiny_model
-from tokencredit.signals import _chunked_stats, compute_signals
+from tokencredit.signals import compute_signals
+from tokencredit.signals.head import _chunked_stats
 
 
 def naive_sum_sq(model, seq, am, rmask, temperature):

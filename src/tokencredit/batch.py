@@ -108,28 +108,8 @@ class RolloutBatch:
         check_finite_scores(s)
 
         for name, kind in SIGNALS.items():
-            v = getattr(self, name)
-            if v is None:
-                continue
-            if not isinstance(v, Tensor):
-                raise BatchValidationError(f"RolloutBatch.{name}: expected a torch.Tensor, got {type(v).__name__}")
-            ok = v.dim() == 2 and tuple(v.shape) == (n, t) if kind == "T" else v.dim() == 3 and tuple(v.shape[:2]) == (n, t)
-            if not ok:
-                want = f"({n}, {t})" if kind == "T" else f"({n}, {t}, H)"
-                raise BatchValidationError(f"RolloutBatch.{name}: expected shape {want}, got {_describe(v)}")
-            if not v.dtype.is_floating_point:
-                raise BatchValidationError(f"RolloutBatch.{name}: expected a floating dtype, got {_describe(v)}")
-            if v.dim() == 3:
-                # amax/amin propagate NaN and keep inf: same verdict as isfinite(v).all(-1), no [N,T,H] temporary
-                bad = ~(torch.isfinite(v.amax(-1)) & torch.isfinite(v.amin(-1)))
-            else:
-                bad = ~torch.isfinite(v)
-            bad &= self.mask
-            if bool(bad.any()):
-                i, j = (int(x) for x in bad.nonzero()[0])
-                raise BatchValidationError(
-                    f"RolloutBatch.{name}: non-finite value at rollout {i}, token {j} ({int(bad.sum())} in all)"
-                )
+            if getattr(self, name) is not None:
+                self._check_signal(name, kind, n, t)
         if self.truncated is not None:
             tr = self.truncated
             if tuple(tr.shape) != (n,):
@@ -143,6 +123,29 @@ class RolloutBatch:
             if not b.dtype.is_floating_point:
                 self.baseline_scores = b = b.float()
             check_finite_scores(b, "RolloutBatch.baseline_scores")
+
+    def _check_signal(self, name: str, kind: str, n: int, t: int) -> None:
+        """A per-token signal: a float tensor [N,T] ("T") or [N,T,H] ("TH"), finite on valid tokens."""
+        v = getattr(self, name)
+        if not isinstance(v, Tensor):
+            raise BatchValidationError(f"RolloutBatch.{name}: expected a torch.Tensor, got {type(v).__name__}")
+        ok = v.dim() == 2 and tuple(v.shape) == (n, t) if kind == "T" else v.dim() == 3 and tuple(v.shape[:2]) == (n, t)
+        if not ok:
+            want = f"({n}, {t})" if kind == "T" else f"({n}, {t}, H)"
+            raise BatchValidationError(f"RolloutBatch.{name}: expected shape {want}, got {_describe(v)}")
+        if not v.dtype.is_floating_point:
+            raise BatchValidationError(f"RolloutBatch.{name}: expected a floating dtype, got {_describe(v)}")
+        if v.dim() == 3:
+            # amax/amin propagate NaN and keep inf: same verdict as isfinite(v).all(-1), no [N,T,H] temporary
+            bad = ~(torch.isfinite(v.amax(-1)) & torch.isfinite(v.amin(-1)))
+        else:
+            bad = ~torch.isfinite(v)
+        bad &= self.mask
+        if bool(bad.any()):
+            i, j = (int(x) for x in bad.nonzero()[0])
+            raise BatchValidationError(
+                f"RolloutBatch.{name}: non-finite value at rollout {i}, token {j} ({int(bad.sum())} in all)"
+            )
 
     # ------------------------------------------------------------------ helpers
     @property

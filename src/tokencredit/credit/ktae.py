@@ -188,6 +188,17 @@ def _check_inputs(token_ids: Tensor, mask: Tensor, correct: Tensor, group_ids: T
         raise ValueError(f"group_ids: expected an integer dtype, got {group_ids.dtype}")
 
 
+def _check_params(fisher: str, alpha: float, beta: float) -> None:
+    if fisher not in FISHER_MODES:
+        raise ConfigError(
+            f"fisher must be one of {FISHER_MODES}, got {fisher!r}{closest(str(fisher), FISHER_MODES)}"
+        )
+    if alpha < 0 or beta < 0 or alpha + beta <= 0:
+        raise ConfigError(
+            f"KTAE needs alpha >= 0, beta >= 0 and alpha + beta > 0, got alpha={alpha}, beta={beta}"
+        )
+
+
 # ---------------------------------------------------------------------------- key values
 @dataclass(frozen=True)
 class _Groups:
@@ -351,14 +362,7 @@ def key_token_values(
     - If the correct (wrong) side of a group has no valid token, its frequencies are 0.
     """
     _check_inputs(token_ids, mask, correct, group_ids)
-    if fisher not in FISHER_MODES:
-        raise ConfigError(
-            f"fisher must be one of {FISHER_MODES}, got {fisher!r}{closest(str(fisher), FISHER_MODES)}"
-        )
-    if alpha < 0 or beta < 0 or alpha + beta <= 0:
-        raise ConfigError(
-            f"KTAE needs alpha >= 0, beta >= 0 and alpha + beta > 0, got alpha={alpha}, beta={beta}"
-        )
+    _check_params(fisher, alpha, beta)
     device = token_ids.device
     out = torch.zeros(token_ids.shape, dtype=torch.float32, device=device)
     if token_ids.shape[0] == 0:

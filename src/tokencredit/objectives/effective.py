@@ -54,29 +54,14 @@ def effective_credit(
     """Â_eff [N,T] float32 = -n_loss * dL/dlogp at ratio 1, detached, exactly 0 off the loss tokens.
 
     token_advantages: Â [N,T] (or A [N], broadcast) as the objective receives it; mask [N,T] the
-    valid tokens. loss / loss_params: a registered policy loss and its hyperparameters; kernel / kernel_args: a registered ratio kernel and
-    its prepared keyword arguments (`tokencredit.objectives.prepare_kernel`: lam, keep, decay).
+    valid tokens. loss / loss_params: a registered policy loss and its hyperparameters; kernel /
+    kernel_args: a registered ratio kernel and its prepared keyword arguments (`tokencredit.objectives.prepare_kernel`: lam, keep, decay).
     old_log_probs [N,T] (optional) only sets the point at which the gradient is taken; the log-ratio
     is 0 there whatever its value, so zeros are used when it is None. Computed in float64.
     """
     m = mask.bool()
-    if token_advantages.dim() not in (1, 2) or tuple(token_advantages.shape[:1]) != tuple(m.shape[:1]):
-        raise ValueError(
-            f"effective_credit: token_advantages must be [N,T] or [N] for a mask of shape {tuple(m.shape)}, "
-            f"got {tuple(token_advantages.shape)}"
-        )
-    if token_advantages.dim() == 2 and token_advantages.shape != m.shape:
-        raise ValueError(
-            f"effective_credit: token_advantages shape {tuple(token_advantages.shape)} differs from mask {tuple(m.shape)}"
-        )
+    adv = _checked_advantages(token_advantages, m)
     kw = dict(kernel_args or {})
-    adv = token_advantages.detach().double()
-    if adv.dim() == 1:
-        adv = adv[:, None].expand(m.shape)
-    bad = m & ~torch.isfinite(adv)
-    if bool(bad.any()):
-        i, j = (int(x) for x in bad.nonzero()[0])
-        raise ValueError(f"effective_credit: non-finite advantage at rollout {i}, token {j}")
     base = torch.zeros(m.shape, dtype=torch.float64, device=m.device)
     if old_log_probs is not None:
         base = torch.where(m, old_log_probs.detach().double(), base)
@@ -89,17 +74,9 @@ def effective_credit(
         return torch.zeros(m.shape, dtype=torch.float32, device=m.device)
     with torch.enable_grad():
         value, _ = policy_loss(
-            log_prob,
-            base if uses_ratio else None,
-            adv,
-            m,
-            loss=loss,
-            kernel=kernel,
-            loss_agg_mode=loss_agg_mode,
-            norm_constant=norm_constant,
-            **dict(loss_params or {}),
-            **kw,
-        )
+            log_prob, base if uses_ratio else None, adv, m, loss=loss, kernel=kernel, loss_agg_mode=loss_agg_mode,
+            norm_constant=norm_constant, **dict(loss_params or {}), **kw,
+        )  # fmt: skip
         (grad,) = torch.autograd.grad(value, log_prob, allow_unused=True)
     if grad is None:
         grad = torch.zeros_like(base)
@@ -110,3 +87,24 @@ def effective_credit(
         i, j = (int(x) for x in bad.nonzero()[0])
         raise FloatingPointError(f"effective_credit: non-finite gradient weight at rollout {i}, token {j}")
     return out.float().detach()
+
+
+def _checked_advantages(token_advantages: Tensor, m: Tensor) -> Tensor:
+    """Â (or A, broadcast) as float64 [N,T], with a ValueError for a shape mismatch or a non-finite value."""
+    if token_advantages.dim() not in (1, 2) or tuple(token_advantages.shape[:1]) != tuple(m.shape[:1]):
+        raise ValueError(
+            f"effective_credit: token_advantages must be [N,T] or [N] for a mask of shape {tuple(m.shape)}, "
+            f"got {tuple(token_advantages.shape)}"
+        )
+    if token_advantages.dim() == 2 and token_advantages.shape != m.shape:
+        raise ValueError(
+            f"effective_credit: token_advantages shape {tuple(token_advantages.shape)} differs from mask {tuple(m.shape)}"
+        )
+    adv = token_advantages.detach().double()
+    if adv.dim() == 1:
+        adv = adv[:, None].expand(m.shape)
+    bad = m & ~torch.isfinite(adv)
+    if bool(bad.any()):
+        i, j = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(f"effective_credit: non-finite advantage at rollout {i}, token {j}")
+    return adv

@@ -92,26 +92,18 @@ def compute_signals(
     neg_attention_mask: Tensor | None = None,
     neg_prompt_len: int | None = None,
 ) -> dict[str, Tensor]:
-    """The per-token signals `needs` (names from tokencredit.batch.SIGNALS), detached float32, 0 where masked.
+    """The per-token signals `needs` (names from tokencredit.batch.SIGNALS), detached float32, 0 where masked:
+    {name: [N,T]} (hidden / base_hidden [N,T,H], the LM-head input, hidden[:, t] predicting token t).
 
-    Returns {name: [N,T]} (hidden / base_hidden: [N,T,H], the post-final-norm LM-head input, hidden[:, t]
-    predicting token t) for exactly the names asked. Passes (each one forward per micro-batch of
-    `batch_size` rows, None = all rows at once; no pass for a signal not asked):
-      - old policy: old_log_probs, entropy, hidden, sum_sq_probs (sum_v pi_old(v)^2, same chunked LM-head pass);
-      - LoRA adapter disabled (peft `disable_adapter()`): base_hidden, base_log_probs, and
-        ref_log_probs when `ref_model` is None (the adapter-free base is the reference under LoRA);
-      - `ref_model`: ref_log_probs when a separate reference model is given;
-      - negative prompt (GCPO): neg_log_probs, the same response columns scored after
-        `neg_sequences` [N, P'+T] (prompt length `neg_prompt_len` = P') with `neg_attention_mask`.
-    `model` (and `ref_model`) run in eval mode (no dropout); each submodule's mode is restored after.
-    Raises ConfigError for an unknown name, for base_* (or ref_log_probs without ref_model) on a
-    model without a LoRA adapter, and ValueError for inconsistent shapes or negative-prompt inputs.
+    The passes (module docstring of tokencredit.signals): old policy; LoRA adapter disabled (also the
+    reference when `ref_model` is None); `ref_model`; GCPO's negative prompt (`neg_sequences` [N, P'+T],
+    `neg_prompt_len` = P'), each one forward per micro-batch of `batch_size` rows, all in eval mode.
+    ConfigError for an unknown name or base_* / ref_log_probs without an adapter or reference;
+    ValueError for inconsistent shapes or negative-prompt inputs.
     """
     needs = _check_needs(needs)
     t = _check_layout(sequences, attention_mask, prompt_len, response_mask)
-    batch_size = sequences.shape[0] if batch_size is None else batch_size
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    batch_size = _check_batch_size(sequences.shape[0] if batch_size is None else batch_size)
     response_mask = response_mask.bool()
     ref_from_base = "ref_log_probs" in needs and ref_model is None
     base_needed = bool(needs & set(_BASE_SIGNALS)) or ref_from_base
@@ -143,6 +135,12 @@ def compute_signals(
             neg = (neg_sequences, neg_attention_mask, neg_prompt_len, response_mask)
             out["neg_log_probs"] = _pass(model, *neg, want_log_p=True, want_entropy=False, want_hidden=False, **kw)[0]
     return {name: value.detach() for name, value in out.items() if name in needs and value is not None}
+
+
+def _check_batch_size(batch_size: int) -> int:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return batch_size
 
 
 def _check_base(model: nn.Module, needs: set[str], base_needed: bool) -> None:

@@ -224,6 +224,9 @@ def discriminate(
 ) -> DeltaTerms:
     """DelTA coefficients for proxies v = scale * hidden, with every intermediate (DeltaTerms).
 
+    Over 60 lines on purpose: the spec's steps 1-6 (centroids, margins, temperatures, refinements,
+    sigmoid, normalisation) read top to bottom in one place, as the released code's loop does.
+
     hidden [N,T,H] float (bf16/fp16 are upcast per chunk), scale [N,T] (s = 1 - p_old; None
     means 1, i.e. `hidden` already is the proxy), advantages [N], mask [N,T] bool/0-1.
     Scope is the whole batch. Masked positions of `hidden` are read (weight 0) and must be finite.

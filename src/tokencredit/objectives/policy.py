@@ -126,6 +126,9 @@ def policy_loss(
 ) -> tuple[Tensor, dict[str, float]]:
     """The policy objective for one (micro-)batch: (scalar loss, metrics).
 
+    Over 60 lines on purpose: kernel -> loss -> KL -> aggregation and the metrics they produce stay in
+    one function, so the whole objective every recipe trains with reads in one place.
+
     log_prob [N,T] (with grad), old_log_prob [N,T] (None for a loss without a ratio, e.g.
     "reinforce"), advantages Â [N,T] or A [N], mask [N,T]. `params` go to the loss (e.g.
     ppo-clip's eps_low, eps_high, dual_clip) or to the ratio kernel (lam, decay, and S-trace's

@@ -96,6 +96,9 @@ def trace_log_weights(
 ) -> Tensor:
     """Log importance weights log w [N,T] of the eligibility-trace kernels (OUR RECONSTRUCTION).
 
+    Over 60 lines on purpose: the reconstruction's one recursion (both decays, normalised or not,
+    with or without a kept set) as one readable vectorised scan.
+
     Reconstructed from the abstract of Mou et al. 2026 (arXiv 2605.05965); see the module
     docstring for the assumptions. With A = mask & keep the active tokens (A = mask when keep is
     None) and c_t a clock that advances by one per active token (decay="kept") or per position

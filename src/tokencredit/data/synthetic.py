@@ -48,17 +48,9 @@ from typing import Literal
 from tokencredit.data.loaders import Problem
 
 __all__ = [
-    "LABELS",
-    "ArithmeticProblem",
-    "ArithmeticTask",
-    "ErrorLocation",
-    "check",
-    "extract_answer",
-    "label_chars",
-    "locate_first_error",
-    "parse_problem",
-    "reference_solution",
-]
+    "LABELS", "ArithmeticProblem", "ArithmeticTask", "ErrorLocation", "check", "extract_answer", "label_chars",
+    "locate_first_error", "parse_problem", "reference_solution",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)

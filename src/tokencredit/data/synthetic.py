@@ -1,9 +1,6 @@
 """A synthetic, verifiable arithmetic task: the embedded default of `tokencredit train`.
 
-A problem is a left-to-right chain of integer additions and subtractions::
-
-    Compute 47 + 38 - 19 + 6.
-
+A problem is a left-to-right chain of integer additions and subtractions, ``Compute 47 + 38 - 19 + 6.``,
 and its reference solution is one step per line followed by a boxed answer, the same answer
 path (``\\boxed{}``) the math verifier reads on real data::
 

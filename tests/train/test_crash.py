@@ -120,7 +120,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tiny_model_dir, toy_rewards, r
 
     out = _finish(_train(["--resume", str(run)], env), f"seed {seed}: resume")
     print(f"seed {seed}: killed after steps {killed_at}, resuming from step {last_checkpoint}")
-    resumed = re.search(r"resumed \S+ at\s+step (\d+)", out)  # rich may wrap the line
+    resumed = re.search(r"resumed \S+\s+at\s+step (\d+)", out)  # rich may wrap the line
     assert resumed and int(resumed.group(1)) == last_checkpoint >= 1, out[-2000:]
     got = _records(run)
     keys = [(r["step"], r.get("type", "step")) for r in got]
@@ -144,7 +144,7 @@ def _stop_at_random(proc: subprocess.Popen[str], run: Path, signum: int, delay: 
 
 def _check_resume(run: Path, env: dict[str, str], ref: list[dict], newest: int, seed: int) -> None:
     out = _finish(_train(["--resume", str(run)], env), f"seed {seed}: resume")
-    assert re.search(rf"resumed \S+ at\s+step {newest}\b", out), out[-2000:]
+    assert re.search(rf"resumed \S+\s+at\s+step {newest}\b", out), out[-2000:]
     assert _strip(_records(run)) == _strip(ref), f"seed {seed}: resumed run differs from the uninterrupted one"
     assert json.loads((run / "summary.json").read_text())["steps"] == STEPS
 

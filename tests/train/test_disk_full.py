@@ -57,3 +57,30 @@ def test_a_checkpoint_cut_by_a_full_disk_leaves_the_previous_one_newest(target, 
     monkeypatch.undo()  # space is back
     _save(tmp_path, 2)
     assert ck.load_latest_checkpoint(tmp_path, log=pytest.fail)["step"] == 2
+
+
+def test_final_model_export_on_a_full_disk_leaves_no_half_written_directory(tiny_model_dir, micro_sets, tmp_path, monkeypatch, capsys):
+    """The final export is written by safetensors and the tokenizer, not through the run directory's
+    writers: a full disk there also names the directory, removes the partial export, and resumes."""
+    import errno
+
+    from transformers import PreTrainedModel
+
+    from tokencredit import cli
+
+    real_save = PreTrainedModel.save_pretrained
+
+    def save_then_fill_the_disk(self, path, **kw):
+        real_save(self, path, **kw)  # some files land, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", save_then_fill_the_disk)
+    run = tmp_path / "run"
+    sets = [a for s in micro_sets(tiny_model_dir) for a in ("--set", s)]
+    assert cli.main(["train", "--recipe", "strace", "--out", str(run), *sets]) == 1
+    err = capsys.readouterr().err
+    assert f"disk full while writing {run}/final (No space left on device)" in err
+    assert "last good checkpoint: step 2" in err
+    assert not (run / ".final.tmp").exists() and not (run / "final").exists()
+    monkeypatch.undo()
+    assert cli.main(["train", "--resume", str(run)]) == 0 and (run / "final" / "config.json").is_file()

@@ -17,7 +17,7 @@ class TrainingError(RuntimeError):
 
 class DiskFullError(TrainingError):
     """A write failed because the disk (or the quota) is full; `path` is the file being written.
-    Nothing of that file was kept (the previous version, if any, is intact)."""
+    The write was undone (the previous version of the file, if any, is intact)."""
 
     def __init__(self, message: str, path: str) -> None:
         super().__init__(message)

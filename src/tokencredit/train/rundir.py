@@ -61,7 +61,7 @@ def is_disk_full(e: BaseException) -> bool:
 
 def disk_full(path: Path, e: OSError) -> DiskFullError:
     """The one-line error of a write to `path` that found the disk full."""
-    return DiskFullError(f"disk full while writing {path} ({e.strerror or e}); nothing of that file was kept", str(path))
+    return DiskFullError(f"disk full while writing {path} ({e.strerror or e}); that write was undone", str(path))
 
 
 def _write_all(fd: int, data: bytes) -> None:

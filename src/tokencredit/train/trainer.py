@@ -3,9 +3,10 @@
 Read top to bottom: `Trainer.__init__` builds everything from the config, `Trainer.step` is one
 RL step as the papers write it, `Trainer.fit` is the loop with evaluation, checkpoints, the
 progress bar and the final report. SIGINT / SIGTERM stop the loop after the step in progress
-(`tokencredit.train.stop`); a full disk stops it naming the file, with the last good state kept. Every algorithmic choice comes from the recipe (a row of
-`tokencredit.recipes.RECIPES`); the trainer only gathers inputs and calls the core's pure
-functions: `recipes.token_credit` for A and Â, `objectives.policy_loss` inside `update.policy_update`.
+(`tokencredit.train.stop`); a full disk stops it naming the file, with the last good state kept.
+Every algorithmic choice comes from the recipe (a row of `tokencredit.recipes.RECIPES`); the
+trainer only gathers inputs and calls the core's pure functions: `recipes.token_credit` for A and
+Â, `objectives.policy_loss` inside `update.policy_update`.
 """
 
 from __future__ import annotations
@@ -303,7 +304,7 @@ class Trainer:
                                   checkpoint=checkpoints[-1] if checkpoints else None)  # fmt: skip
             raise Interrupted(msg, e.signum) from None
         except DiskFullError as e:
-            raise DiskFullError(f"{e}{self._last_good_note(disk_full=True)}", e.path) from e
+            raise DiskFullError(f"{e}{self._last_good_note(full_disk=True)}", e.path) from e
         finally:
             # also on an error or a signal: no verifier worker processes outlive a stopped run
             self.reward_fn.close()
@@ -353,12 +354,12 @@ class Trainer:
                     self.save_checkpoint(done)
                 self.step_done = done
 
-    def _last_good_note(self, disk_full: bool = False) -> str:
+    def _last_good_note(self, full_disk: bool = False) -> str:
         """'; last good checkpoint: step N in DIR (continue with --resume)' for a TrainingError."""
         steps = self.run.checkpoint_steps()
-        then = "free some space, then continue" if disk_full else "continue"
+        then = "free some space, then continue" if full_disk else "continue"
         if not steps:
-            restart = f" ({then} with --resume, which starts again at step 0)" if disk_full else ""
+            restart = f" ({then} with --resume, which starts again at step 0)" if full_disk else ""
             return f"; no checkpoint yet in {self.run_dir} (metrics of finished steps are in metrics.jsonl){restart}"
         return f"; last good checkpoint: step {steps[-1]} in {self.run_dir} ({then} with --resume)"
 

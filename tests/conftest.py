@@ -3,11 +3,14 @@
 tests/train/test_trainer.py and the reliability tests share them, so a trainer test anywhere runs in
 seconds on CPU with nothing downloaded. `byte_tokenizer` and `tiny_qwen3` (imported with
 `from conftest import ...`) build the byte-level tokenizer and random Qwen3 of the generation,
-signal and evaluation tests.
+signal and evaluation tests. `full_disk` simulates a disk that fills up during a chosen write.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -103,3 +106,46 @@ def toy_rewards(monkeypatch: pytest.MonkeyPatch) -> str:
     """Make `_toy_rewards` importable in this process; returns its directory (for a subprocess's PYTHONPATH)."""
     monkeypatch.syspath_prepend(str(TOY_REWARDS_DIR))
     return str(TOY_REWARDS_DIR)
+
+
+class FullDisk:
+    """A stand-in for `os.write` that fills the disk under `root`: write number `after` + 1 to the
+    file named `target` (a temporary `.NAME.tmp-PID` of an atomic write counts as NAME) stores only
+    its first `partial` bytes (a short write, as the kernel does), and from then on every write under
+    `root` fails with ENOSPC. Other files are written normally. Linux: paths come from /proc/self/fd."""
+
+    def __init__(self, root: Path, target: str, after: int = 0, partial: int = 8) -> None:
+        self.root, self.target, self.after, self.partial = os.path.realpath(root), target, after, partial
+        self.full = False
+        self.real = os.write
+
+    def __call__(self, fd: int, data: Any) -> int:
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return self.real(fd, data)
+        if not path.startswith(self.root + os.sep):
+            return self.real(fd, data)
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if re.sub(r"^\.(.+)\.tmp-\d+$", r"\1", os.path.basename(path)) == self.target:
+            if self.after == 0:
+                self.full = True
+                return self.real(fd, bytes(memoryview(data)[: self.partial]))
+            self.after -= 1
+        return self.real(fd, data)
+
+
+@pytest.fixture
+def full_disk(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FullDisk]:
+    """`full_disk(root, target, after=0, partial=8)` patches `os.write` with a `FullDisk` (undone at
+    the end of the test, or earlier by `monkeypatch.undo()`: space is back)."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd to know which file a write goes to")
+
+    def make(root: Path, target: str, after: int = 0, partial: int = 8) -> FullDisk:
+        disk = FullDisk(Path(root), target, after, partial)
+        monkeypatch.setattr(os, "write", disk)
+        return disk
+
+    return make

@@ -11,6 +11,7 @@ from tokencredit.data import Problem
 from tokencredit.evaluation import (
     avg_at_k,
     evaluate,
+    evaluate_benchmarks,
     greedy_accuracy,
     majority_vote,
     markdown_table,
@@ -20,7 +21,7 @@ from tokencredit.evaluation import (
     pass_at_k,
     powers_of_two,
 )
-from tokencredit.rewards import MathVerifier
+from tokencredit.rewards import MathVerifier, Verification
 from tokencredit.rollout import Rollouts
 
 # ---- metrics ---------------------------------------------------------------------------------
@@ -198,6 +199,32 @@ def test_evaluate_greedy_temperature_zero_repeats_the_greedy_answer(monkeypatch,
     assert m["greedy_acc"] == m["avg@2"] == m["pass@2"] == m["maj@2"] == 1.0
 
 
+def test_timed_out_verifications_are_counted_not_averaged(monkeypatch):
+    """Issue 22: answers the verifier could not judge in time are counted per benchmark (summed over
+    the greedy pass, the samples and the seeds), apart from the accuracy columns."""
+    import tokencredit.rollout as rollout
+
+    class FirstAnswerTimesOut:
+        def verify(self, texts, golds):
+            return Verification([0.0] + [1.0] * (len(texts) - 1), [True] + [False] * (len(texts) - 1))
+
+        def extract(self, text):
+            return text
+
+    scripts = {"greedy": {"Q": ["\\boxed{2}"]}, "sampled": {"Q": ["\\boxed{2}", "\\boxed{2}"]}}
+    monkeypatch.setattr(rollout, "generate", scripted_generate(scripts))
+    res = evaluate_benchmarks(
+        None, None, {"b": [Problem("q", "Q", "2")]}, [0, 1], verifier=FirstAnswerTimesOut(), samples=2,
+        temperature=1.0, template="{problem}", progress=False,
+    )  # fmt: skip
+    # seed 0: greedy (1 answer, timed out) + samples (first timed out); seed 1: samples only
+    assert [m["verify_timeouts"] for m in res["b"]["per_seed"]] == [2.0, 1.0]
+    assert res["b"]["verify_timeouts"] == 3
+    assert "verify_timeouts" not in res["b"]["metrics"] and "verify_timeouts" not in res["b"]["std"]
+    assert res["b"]["metrics"]["avg@2"] == 0.5  # a timed-out answer counts as wrong
+    assert "verify_timeouts" not in markdown_table(res)
+
+
 # ---- end to end: tokencredit eval on a tiny random model ---------------------------------------
 
 
@@ -219,6 +246,8 @@ def test_cli_eval_end_to_end(tiny_model_dir, tmp_path, capsys):
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["settings"]["template"] == "qwen-math" and res["settings"]["max_new_tokens"] == 4
+    assert res["settings"]["timeout"] == 5.0 and res["settings"]["retry_timeouts"] is True
+    assert res["results"]["math500"]["verify_timeouts"] == 0
     metrics = res["results"]["math500"]["metrics"]
     assert metrics["num_problems"] == 5
     for key in (
@@ -235,6 +264,7 @@ def test_cli_eval_end_to_end(tiny_model_dir, tmp_path, capsys):
     assert 1 <= metrics["mean_response_length"] <= 4
     printed = capsys.readouterr().out
     assert "math500" in printed and "pass@2" in printed and "temperature=0.6" in printed
+    assert "verifier timeouts (limit 5 s, retried with 20 s; a timed-out answer counts as wrong): math500 0" in printed
 
 
 def test_cli_eval_errors(capsys):

@@ -1,12 +1,15 @@
 """Every bad input explained (issue 10): each case runs `tokencredit train` in-process and checks the
 exit code and that stderr is ONE line naming the offending thing (file:line, problem id, key, path,
 rollout, step). Non-finite numbers during training stop the step, keep the last good checkpoint and
-metrics, and the run resumes from there."""
+metrics, and the run resumes from there. Faults (issue 22): a full disk during each writer, SIGTERM,
+and verifications that time out are each explained, keep the last good state, and resume."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,9 +17,10 @@ import torch
 
 from tokencredit import cli
 from tokencredit.errors import ConfigError
+from tokencredit.rewards import Reward, Verification
 from tokencredit.train import checkpoint as ckpt
 from tokencredit.train.config import load_config, validate_config
-from tokencredit.train.rundir import MetricsLog
+from tokencredit.train.rundir import MetricsLog, RunDir
 from tokencredit.train.trainer import Trainer
 
 PROGRESS_BAR = re.compile(r"\d+%\|")
@@ -295,3 +299,90 @@ def test_non_finite_old_policy_signal_names_step_rollout_and_token(tiny_model_di
     assert "training stopped: step 2: RolloutBatch.old_log_probs: non-finite value at rollout 1, token 0" in err
     assert "last good checkpoint: step 1" in err
     assert [r["step"] for r in MetricsLog(run / "metrics.jsonl").read()] == [1]
+
+
+# ---- faults: a full disk, a stop signal, a verifier that runs out of time (issue 22) -------------
+
+
+def _steps(run: Path) -> list[int]:
+    """Steps of metrics.jsonl, parsing every line (a torn line fails the test)."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(x)["step"] for x in lines if json.loads(x).get("type") != "eval"]
+
+
+def _same_run(a: Path, b: Path) -> bool:
+    timing = {"time_generate", "time_signals", "time_update", "tokens_per_s", "wall_time"}
+    strip = [[{k: v for k, v in r.items() if k not in timing} for r in MetricsLog(d / "metrics.jsonl").read()] for d in (a, b)]
+    return strip[0] == strip[1]
+
+
+@pytest.mark.parametrize(
+    "target, after, lines, checkpoint",
+    [
+        ("metrics.jsonl", 1, [1], 1),  # step 2's line is cut part-way
+        ("step_000002.pt", 0, [1, 2], 1),  # the checkpoint of step 2
+        ("step_000002.json", 0, [1, 2], 1),  # its digest: the new .pt must not stay as the newest
+        ("step_000003.jsonl", 0, [1, 2, 3], 2),  # the saved rollouts of step 3
+        ("summary.json", 0, [1, 2, 3], 3),  # the end of the run
+    ],
+)
+def test_full_disk_keeps_the_last_good_state_and_resume_works(
+    target, after, lines, checkpoint, tiny_model_dir, micro_sets, tmp_path, full_disk, monkeypatch, capsys
+):
+    sets = as_args(micro_sets(tiny_model_dir, steps=3))
+    ref, run = tmp_path / "uninterrupted", tmp_path / "run"
+    assert cli.main(["train", "--recipe", "strace", "--out", str(ref), *sets]) == 0
+    full_disk(run, target, after=after, partial=10)
+    rc, err = train(["--out", str(run), *sets], capsys)
+    assert rc == 1 and f"disk full while writing {run}/" in err and f"/{target} (No space left on device)" in err, err
+    assert f"last good checkpoint: step {checkpoint} in {run} (free some space, then continue with --resume)" in err
+    assert _steps(run) == lines  # every finished line intact, none torn
+    assert ckpt.load_latest_checkpoint(run, log=pytest.fail)["step"] == checkpoint
+    assert not list(run.rglob("*tmp*")) and not (run / "summary.json").exists()
+    monkeypatch.undo()  # space is back
+    assert cli.main(["train", "--resume", str(run)]) == 0
+    assert _steps(run) == [1, 2, 3] and _same_run(run, ref)
+
+
+def test_sigterm_finishes_the_step_saves_it_and_stops_the_verifier(tiny_model_dir, micro_sets, tmp_path, monkeypatch, capsys):
+    """In-process, the math verifier on: SIGTERM during step 2 ends the run after it, with a checkpoint
+    of step 2 (not a checkpoint step), exit code 143, the old handler back and no worker left."""
+    real_step, pools = Trainer.step, []
+
+    def step(self, i):
+        if i == 1:
+            pools.append(self.reward_fn.verifier.pool)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self, i)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    before = signal.getsignal(signal.SIGTERM)
+    run = tmp_path / "run"
+    sets = as_args(micro_sets(tiny_model_dir, steps=4, **{"reward.function": "math", "checkpoint.every": 3}))
+    rc, err = train(["--out", str(run), *sets], capsys)
+    assert (rc, err) == (143, f"tokencredit train: stopped by SIGTERM after step 2; continue with: tokencredit train --resume {run}")
+    assert signal.getsignal(signal.SIGTERM) is before and pools[0]._workers == []
+    assert _steps(run) == [1, 2] and RunDir(run).checkpoint_steps() == [2]
+    monkeypatch.undo()
+    assert cli.main(["train", "--resume", str(run)]) == 0 and _steps(run) == [1, 2, 3, 4]
+
+
+def test_timed_out_verifications_are_logged_apart_from_wrong_answers(tiny_model_dir, micro_sets, tmp_path, monkeypatch, capsys):
+    """Rows the verifier could not judge in time score 0 and are counted: `verify_timeouts` in every
+    step's metrics line, the progress line, and `verify_timeout` in the saved rollouts."""
+    real_verify = Reward.verify
+
+    def rows_0_and_3_time_out(self, completions, golds, **kw):
+        res = real_verify(self, completions, golds, **kw)
+        out = [i in (0, 3) for i in range(len(completions))]
+        return Verification([0.0 if t else s for s, t in zip(res.scores, out)], out)
+
+    monkeypatch.setattr(Reward, "verify", rows_0_and_3_time_out)
+    run = tmp_path / "run"
+    assert cli.main(["train", "--recipe", "strace", "--out", str(run), *as_args(micro_sets(tiny_model_dir))]) == 0
+    records = [r for r in MetricsLog(run / "metrics.jsonl").read() if r.get("type") != "eval"]
+    assert [r["verify_timeouts"] for r in records] == [2, 2]
+    assert "verifier timeouts 2 (scored 0)" in capsys.readouterr().out
+    saved = json.loads((run / "rollouts" / "step_000002.jsonl").read_text().splitlines()[0])["completions"]
+    assert [c["verify_timeout"] for c in saved] == [True, False, False, True]
+    assert not any(c["correct"] for c, t in zip(saved, (True, False, False, True)) if t)

@@ -1,5 +1,6 @@
 """`tokencredit` command line: dispatch to `tokencredit.commands.<name>`, imported only when used,
-and turn a ConfigError / TrainingError into one line and an exit code (2 / 1)."""
+and turn a ConfigError / TrainingError into one line and an exit code (2 / 1), and a run stopped by
+a signal into its message and 128 + the signal number."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import importlib
 import sys
 
 from tokencredit.commands import COMMANDS
-from tokencredit.errors import ConfigError, TrainingError
+from tokencredit.errors import ConfigError, Interrupted, TrainingError
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         # One line, not a traceback: the message names the step and where the last good state is.
         print(f"tokencredit {cmd}: training stopped: {e}", file=sys.stderr)
         return 1
+    except Interrupted as e:
+        print(f"tokencredit {cmd}: {e}", file=sys.stderr)
+        return e.exit_code
 
 
 if __name__ == "__main__":

@@ -15,6 +15,26 @@ class TrainingError(RuntimeError):
     the step, and the last good state (checkpoint and metrics of earlier steps) is kept."""
 
 
+class DiskFullError(TrainingError):
+    """A write failed because the disk (or the quota) is full; `path` is the file being written.
+    The write was undone (the previous version of the file, if any, is intact)."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class Interrupted(BaseException):
+    """A run stopped on SIGINT / SIGTERM after saving its last finished step; the message says how
+    to continue. A BaseException, like KeyboardInterrupt, so that no `except Exception` swallows it.
+    `exit_code` is the shell's convention for a death by that signal (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
 def closest(name: str, choices: Iterable[str]) -> str:
     """' (closest: a, b)' for an error message, or '' when nothing is close."""
     close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)

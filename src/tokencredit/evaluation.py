@@ -13,8 +13,10 @@ Metrics, per problem then averaged over problems:
             so the metric does not depend on sample order. No votes at all scores 0.
   greedy    accuracy of the temperature-0 answer.
 Lengths are response tokens (the EOS included); `truncated_rate` is the share of samples that hit
-the token limit. Evaluation numbers move with the template, temperature, top-p and token limit,
-so the command reports them with every table.
+the token limit. `verify_timeouts` counts the answers the verifier could not judge within its
+limit (they count as wrong in every metric, and are reported so that this is never silent).
+Evaluation numbers move with the template, temperature, top-p and token limit, so the command
+reports them with every table.
 """
 
 from __future__ import annotations
@@ -158,6 +160,15 @@ def _progress(enabled: bool) -> Progress:
     )
 
 
+def _judged(v: Any, texts: list[str], golds: list[Any]) -> tuple[np.ndarray, int]:
+    """([N] bool verdicts, timed-out verifications) from a `MathVerifier` (or any verifier with
+    `score` and no `verify`, which reports no timeouts)."""
+    if hasattr(v, "verify"):
+        res = v.verify(texts, golds)
+        return np.asarray(res.scores, dtype=np.float64) > 0.5, res.timeouts
+    return np.asarray(v.score(texts, golds), dtype=np.float64) > 0.5, 0
+
+
 def _chunk_seed(seed: int | None, start: int) -> int | None:
     return None if seed is None else int(seed) * 1_000_003 + start
 
@@ -189,7 +200,7 @@ def evaluate(
     `MathVerifier` is created and closed when None). `batch_size` caps sequences per generate
     call. Pass ``progress=False`` inside another rich live display. Returns a flat
     dict of floats: num_problems, greedy_acc, avg@n, pass@k, maj@k, mean_response_length,
-    truncated_rate.
+    truncated_rate, verify_timeouts (a count: answers scored wrong because they timed out).
     """
     if not problems:
         raise ValueError("no problems to evaluate")
@@ -233,21 +244,23 @@ def evaluate(
     own_verifier = verifier is None
     v = MathVerifier() if own_verifier else verifier
     out: dict[str, float] = {"num_problems": float(P)}
+    timeouts = 0
     try:
         with _progress(progress) as prog:
             task = prog.add_task(description, total=total)
             if greedy_run:
                 g_texts, g_len, g_trunc = run(1, 0.0, "greedy", prog, task)
-                g_correct = np.asarray(v.score(g_texts, golds), dtype=np.float64) > 0.5
+                g_correct, n_to = _judged(v, g_texts, golds)
+                timeouts += n_to
                 if greedy:
                     out["greedy_acc"] = greedy_accuracy(g_correct)
             if samples > 0:
                 if sampled_run:
                     s_texts, s_len, s_trunc = run(samples, temperature, "samples", prog, task)
                     s_golds = [g for g in golds for _ in range(samples)]
-                    s_correct = (np.asarray(v.score(s_texts, s_golds), dtype=np.float64) > 0.5).reshape(
-                        P, samples
-                    )
+                    s_flat, n_to = _judged(v, s_texts, s_golds)
+                    s_correct = s_flat.reshape(P, samples)
+                    timeouts += n_to
                 else:
                     s_texts = [t for t in g_texts for _ in range(samples)]
                     s_len = [n for n in g_len for _ in range(samples)]
@@ -265,6 +278,7 @@ def evaluate(
             else:
                 out["mean_response_length"] = mean_response_length(g_len)
                 out["truncated_rate"] = float(np.mean(g_trunc))
+        out["verify_timeouts"] = float(timeouts)
     finally:
         if own_verifier:
             v.close()
@@ -290,7 +304,8 @@ def evaluate_benchmarks(
     progress: bool = True,
     **sampling: Any,
 ) -> dict[str, dict[str, Any]]:
-    """{benchmark: {"metrics": mean over seeds, "per_seed": [...], "std": sample std (2+ seeds)}}.
+    """{benchmark: {"metrics": mean over seeds, "per_seed": [...], "std": sample std (2+ seeds),
+    "verify_timeouts": timed-out verifications summed over seeds}}.
 
     `sampling`: the keyword arguments of `evaluate` (samples, temperature, top_p, top_k,
     max_new_tokens, template, batch_size). The greedy answer does not depend on the seed: it is
@@ -309,10 +324,11 @@ def evaluate_benchmarks(
                 greedy_keys = {k: v for k, v in m.items() if k == "greedy_acc"}
             m.update(greedy_keys)
             per_seed.append(m)
-        keys = list(per_seed[0])
+        keys = [k for k in per_seed[0] if k != "verify_timeouts"]  # a count: summed below, not averaged
         entry: dict[str, Any] = {
             "metrics": {k: float(np.mean([m[k] for m in per_seed])) for k in keys},
             "per_seed": per_seed,
+            "verify_timeouts": int(sum(m.get("verify_timeouts", 0) for m in per_seed)),
         }
         if len(seeds) > 1:
             entry["std"] = {

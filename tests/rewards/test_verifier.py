@@ -8,6 +8,29 @@ from tokencredit.rewards import MathVerifier, extract_answer, last_boxed, math_r
 from tokencredit.rewards.verifier import normalize_golds
 
 TIMEOUT = 2.5
+# (gold, answer) pairs that must verify / must not; also judged on a loaded machine (test_verifier_timeouts.py).
+EQUIVALENT = [
+    ("\\frac12", "0.5"),
+    ("\\frac12", "1/2"),
+    ("0.5", "\\frac{1}{2}"),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi/2)"),
+    ("142.0", "142"),
+    ("142", "142.0"),
+    ("\\{1,2,3\\}", "\\{3,2,1\\}"),
+    ("(-2,1)", "(-2, 1)"),
+    ("1,2,3", "3,2,1"),
+    ("10,\\!080", "10080"),
+    ("\\frac{\\sqrt{3}}{2}", "\\sqrt{3}/2"),
+    ("x^2+1", "1+x^2"),
+    ("(x+1)^2", "x^2+2x+1"),  # issue 22: judged wrong once by a cold worker on a loaded machine
+]
+WRONG = [
+    ("\\frac12", "0.51"),
+    ("142.0", "143"),
+    ("(3,\\pi/2)", "(\\pi/2,3)"),
+    ("\\{1,2\\}", "\\{1,3\\}"),
+    ("5", "-5"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -68,37 +91,12 @@ def test_normalize_golds_forms_and_errors():
 # ---- verdicts -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "gold, pred",
-    [
-        ("\\frac12", "0.5"),
-        ("\\frac12", "1/2"),
-        ("0.5", "\\frac{1}{2}"),
-        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi/2)"),
-        ("142.0", "142"),
-        ("142", "142.0"),
-        ("\\{1,2,3\\}", "\\{3,2,1\\}"),
-        ("(-2,1)", "(-2, 1)"),
-        ("1,2,3", "3,2,1"),
-        ("10,\\!080", "10080"),
-        ("\\frac{\\sqrt{3}}{2}", "\\sqrt{3}/2"),
-        ("x^2+1", "1+x^2"),
-    ],
-)
+@pytest.mark.parametrize("gold, pred", EQUIVALENT)
 def test_equivalent_forms_are_correct(verifier, gold, pred):
     assert verifier.score([boxed(pred)], [gold]) == [1.0]
 
 
-@pytest.mark.parametrize(
-    "gold, pred",
-    [
-        ("\\frac12", "0.51"),
-        ("142.0", "143"),
-        ("(3,\\pi/2)", "(\\pi/2,3)"),
-        ("\\{1,2\\}", "\\{1,3\\}"),
-        ("5", "-5"),
-    ],
-)
+@pytest.mark.parametrize("gold, pred", WRONG)
 def test_wrong_answers_are_rejected(verifier, gold, pred):
     assert verifier.score([boxed(pred)], [gold]) == [0.0]
 
@@ -234,7 +232,7 @@ def test_close_stops_workers_and_restarts_on_use():
 
 
 def test_worker_that_cannot_start_is_a_clear_error(tmp_path, monkeypatch):
-    from tokencredit.rewards import verifier as vmod
+    from tokencredit.rewards import pool as vmod
 
     broken = tmp_path / "broken_worker.py"
     broken.write_text("import sys\nsys.exit(3)\n")
@@ -252,7 +250,7 @@ def test_rejects_bad_timeout():
 
 def test_worker_script_is_standalone():
     # The worker script itself must not import tokencredit or torch (fast restarts, small surface).
-    from tokencredit.rewards import verifier as vmod
+    from tokencredit.rewards import pool as vmod
 
     src = open(vmod._WORKER_SCRIPT).read()
     assert "import torch" not in src and "tokencredit" not in src.split('"""', 2)[2]

@@ -1,6 +1,9 @@
 """Crash safety of `tokencredit train` (issue 10): SIGKILL at a random moment, `--resume`, and the run
 ends exactly as an uninterrupted one with the same seed: no torn or duplicate metrics lines, the same
 per-step records (timing fields aside). Real processes, the real CLI, a micro config on the tiny model.
+Graceful stops (issue 22): SIGTERM or Ctrl-C (SIGINT) at a random moment finish the step in progress,
+checkpoint it, exit 143 / 130 with the resume command; a second Ctrl-C abandons the step at once;
+`--resume` then also equals the uninterrupted run.
 
 The moment of the kill is random; a failure prints the seed, and TOKENCREDIT_CRASH_SEED=<seed>
 replays the same choice of moment.
@@ -19,6 +22,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+from conftest import TOY_REWARDS_DIR, _micro_sets
+from tokencredit.train.checkpoint import verify_checkpoint
 
 STEPS = 10
 # Not every step: a kill then usually lands after steps that were logged but not checkpointed, which
@@ -64,20 +70,34 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 180.0) -
         time.sleep(0.01)
 
 
-@pytest.mark.slow
-def test_sigkill_then_resume_equals_uninterrupted(tiny_model_dir, micro_sets, toy_rewards, tmp_path):
-    seed = int(os.environ.get("TOKENCREDIT_CRASH_SEED", time.time_ns() % 2**31))
-    rng = random.Random(seed)
-    env = _env(toy_rewards)
+def _sets(model_dir: str) -> list[str]:
     # S-trace (its own pre-update signals pass); one thread: the toy ops are too small to split.
     extra = {"run.threads": 1, "checkpoint.every": EVERY}
-    sets = ["--recipe", "strace"] + [a for s in micro_sets(tiny_model_dir, steps=STEPS, **extra) for a in ("--set", s)]
+    return ["--recipe", "strace"] + [a for s in _micro_sets(model_dir, steps=STEPS, **extra) for a in ("--set", s)]
 
-    ref_dir, run = tmp_path / "uninterrupted", tmp_path / "killed"
-    _finish(_train(["--out", str(ref_dir), *sets], env), "uninterrupted run")
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], float]:
+    """(records, seconds per step) of the uninterrupted run every interrupted one must equal."""
+    ref_dir = tmp_path_factory.mktemp("crash") / "uninterrupted"
+    _finish(_train(["--out", str(ref_dir), *_sets(tiny_model_dir)], _env(str(TOY_REWARDS_DIR))), "uninterrupted run")
     ref = _records(ref_dir)
     step_times = [r["wall_time"] for r in ref if r.get("type") != "eval"]
-    per_step = (step_times[-1] - step_times[0]) / (len(step_times) - 1)
+    return ref, (step_times[-1] - step_times[0]) / (len(step_times) - 1)
+
+
+def _seed() -> int:
+    return int(os.environ.get("TOKENCREDIT_CRASH_SEED", time.time_ns() % 2**31))
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_equals_uninterrupted(tiny_model_dir, toy_rewards, reference, tmp_path):
+    seed = _seed()
+    rng = random.Random(seed)
+    env = _env(toy_rewards)
+    sets = _sets(tiny_model_dir)
+    ref, per_step = reference
+    run = tmp_path / "killed"
 
     proc = _train(["--out", str(run), *sets], env)
     ckdir = run / "checkpoints"
@@ -100,7 +120,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tiny_model_dir, micro_sets, to
 
     out = _finish(_train(["--resume", str(run)], env), f"seed {seed}: resume")
     print(f"seed {seed}: killed after steps {killed_at}, resuming from step {last_checkpoint}")
-    resumed = re.search(r"resumed \S+ at\s+step (\d+)", out)  # rich may wrap the line
+    resumed = re.search(r"resumed \S+\s+at\s+step (\d+)", out)  # rich may wrap the line
     assert resumed and int(resumed.group(1)) == last_checkpoint >= 1, out[-2000:]
     got = _records(run)
     keys = [(r["step"], r.get("type", "step")) for r in got]
@@ -109,6 +129,89 @@ def test_sigkill_then_resume_equals_uninterrupted(tiny_model_dir, micro_sets, to
     assert _strip(got) == _strip(ref), f"seed {seed}: resumed run differs from the uninterrupted one"
     assert not list(ckdir.glob(".*tmp*")), "temporary checkpoint files left behind"
     assert json.loads((run / "summary.json").read_text())["steps"] == STEPS
+
+
+def _stop_at_random(proc: subprocess.Popen[str], run: Path, signum: int, delay: float) -> None:
+    """After the first metrics line (the trainer's handlers are installed), wait `delay` seconds (less
+    if the checkpoint of step STEPS-1 appears, so the signal lands before the run ends), then send it."""
+    _wait_for(run / "metrics.jsonl", proc)
+    deadline = time.monotonic() + delay
+    while time.monotonic() < deadline and not (run / "checkpoints" / f"step_{STEPS - 1:06d}.json").exists():
+        time.sleep(0.005)
+    assert proc.poll() is None, "the run ended before the signal"
+    os.kill(proc.pid, signum)
+
+
+def _check_resume(run: Path, env: dict[str, str], ref: list[dict], newest: int, seed: int) -> None:
+    out = _finish(_train(["--resume", str(run)], env), f"seed {seed}: resume")
+    assert re.search(rf"resumed \S+\s+at\s+step {newest}\b", out), out[-2000:]
+    assert _strip(_records(run)) == _strip(ref), f"seed {seed}: resumed run differs from the uninterrupted one"
+    assert json.loads((run / "summary.json").read_text())["steps"] == STEPS
+
+
+def _newest_checkpoint(run: Path) -> int:
+    newest = max(int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("step_*.pt"))
+    assert verify_checkpoint(run / "checkpoints" / f"step_{newest:06d}.pt") == (True, "")
+    assert not (run / "summary.json").exists() and not list(run.rglob("*tmp*"))
+    return newest
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stop_signal_then_resume_equals_uninterrupted(signum, tiny_model_dir, toy_rewards, reference, tmp_path):
+    """SIGTERM / Ctrl-C at a random moment: the step in progress finishes and is checkpointed, exit
+    128 + the signal with the resume command; --resume then equals the uninterrupted run."""
+    seed = _seed()
+    env, sets = _env(toy_rewards), _sets(tiny_model_dir)
+    ref, per_step = reference
+    run = tmp_path / "stopped"
+    proc = _train(["--out", str(run), *sets], env)
+    _stop_at_random(proc, run, signum, random.Random(seed).uniform(0.0, per_step * (STEPS - 2)))
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, f"seed {seed}: exit {proc.returncode}\n{out[-3000:]}"
+    done = [r["step"] for r in _records(run) if r.get("type") != "eval"]  # every line whole
+    assert done == list(range(1, done[-1] + 1)) and _newest_checkpoint(run) == done[-1]  # the last finished step, saved
+    assert f"stopped by {signal.Signals(signum).name} after step {done[-1]}; continue with: tokencredit train --resume {run}" in out
+    print(f"seed {seed}: {signal.Signals(signum).name} after step {done[-1]}")
+    _check_resume(run, env, ref, done[-1], seed)
+
+
+SIGNALLING_REWARD = """
+import os, signal
+calls = 0
+
+
+def has_digit_seven(completions, golds, **_):
+    # Ctrl-C twice while step N's rollouts are scored (N from the environment; 0 = never)
+    global calls
+    calls += 1
+    if calls == int(os.environ.get("CTRL_C_TWICE_AT_STEP", "0")):
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+    return [1.0 if "7" in c else 0.0 for c in completions]
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_twice_abandons_the_step_and_resume_equals_uninterrupted(tiny_model_dir, toy_rewards, reference, tmp_path):
+    """The second Ctrl-C stops at once (here while a step's rollouts are scored, a random step): that
+    step is abandoned, exit 130, and --resume from the newest checkpoint equals the uninterrupted run."""
+    seed = _seed()
+    at = random.Random(seed).randint(EVERY + 1, STEPS)
+    (tmp_path / "signalling_rewards.py").write_text(SIGNALLING_REWARD)
+    env = _env(toy_rewards)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    sets = _sets(tiny_model_dir) + ["--set", "reward.function=signalling_rewards:has_digit_seven"]
+    run = tmp_path / "stopped"
+    proc = _train(["--out", str(run), *sets], {**env, "CTRL_C_TWICE_AT_STEP": str(at)})
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, f"seed {seed}: exit {proc.returncode}\n{out[-3000:]}"
+    newest = _newest_checkpoint(run)
+    assert newest == (at - 1) // EVERY * EVERY
+    assert (f"stopped by SIGINT during step {at}, which is abandoned (the newest checkpoint is step {newest}); "
+            f"continue with: tokencredit train --resume {run}") in out, out[-2000:]  # fmt: skip
+    assert [r["step"] for r in _records(run) if r.get("type") != "eval"] == list(range(1, at))
+    _check_resume(run, env, reference[0], newest, seed)
 
 
 def _records_tolerant(run: Path) -> list[dict]:

@@ -134,3 +134,14 @@ def test_training_forward_reuse_is_exact(recipe, tiny_model_dir, tmp_path):
                 assert a[k] == b[k], k
     pa, pb = _trainable(fast), _trainable(slow)
     assert max(float((pa[k] - pb[k]).abs().max()) for k in pa) < 1e-5
+
+
+@pytest.mark.parametrize("retry", [True, False])
+def test_the_math_verifier_gets_the_configured_limit_and_retry(retry, tiny_model_dir, tmp_path):
+    cfg = micro_config(tiny_model_dir, "grpo", **{"reward.function": "math", "reward.timeout": 2.5,
+                                                  "reward.retry_timeouts": retry})  # fmt: skip
+    v = Trainer(cfg, tmp_path / "run").reward_fn.verifier
+    assert (v.timeout, v.retry_timeouts) == (2.5, retry)
+    cfg.reward.retry_timeouts = "yes"  # only a bool passes
+    with pytest.raises(ConfigError, match="reward.retry_timeouts must be true or false, got 'yes'"):
+        Trainer(cfg, tmp_path / "run2")

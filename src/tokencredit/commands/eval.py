@@ -15,7 +15,7 @@ from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError
 from tokencredit.evaluation import evaluate_benchmarks, load_benchmark, markdown_table
 from tokencredit.models import load_model, resolve_device
-from tokencredit.rewards.verifier import MathVerifier
+from tokencredit.rewards.verifier import RETRY_FACTOR, MathVerifier
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="sequences per generate call")
     parser.add_argument("--no-greedy", action="store_true", help="skip the greedy (temperature 0) pass")
     parser.add_argument("--timeout", type=float, default=5.0, help="verifier seconds per answer")
+    parser.add_argument("--retry-timeouts", action=argparse.BooleanOptionalAction, default=True,
+                        help="judge an answer that timed out once more with 4x the limit (default: on)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--out", default=None, help="write the results as JSON to this file")
@@ -61,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("nothing to evaluate: --samples 0 with --no-greedy")
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    if not args.timeout > 0:
+        raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
     check_template(args.template)
     benches = [b.strip() for b in args.bench.split(",") if b.strip()]
     if not benches:
@@ -68,22 +72,36 @@ def run(args: argparse.Namespace) -> int:
     data = {b: load_benchmark(b, args.limit) for b in benches}
     device = resolve_device(args.device, "--device")
     dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if args.dtype == "auto" else args.dtype
-    model, tok = load_model(args.model, dtype=dtype, device=device)
     sampling = {
         "samples": args.samples, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
         "max_new_tokens": args.max_new_tokens, "template": args.template, "batch_size": args.batch_size,
     }  # fmt: skip
-    with MathVerifier(args.timeout) as verifier:
+    with MathVerifier(args.timeout, retry_timeouts=args.retry_timeouts) as verifier:
+        verifier.start(wait=False)  # the workers warm up while the model loads
+        model, tok = load_model(args.model, dtype=dtype, device=device)
         results = evaluate_benchmarks(
             model, tok, data, seeds, verifier=verifier, greedy=not args.no_greedy, progress=not args.no_progress,
             **sampling,
         )  # fmt: skip
+    _report(args, results, sampling, seeds)
+    return 0
+
+
+def timeout_line(results: dict, timeout: float, retry: bool) -> str:
+    """The answers the verifier could not judge in time, per benchmark (they count as wrong above)."""
+    limit = f"{timeout:g} s" + (f", retried with {RETRY_FACTOR * timeout:g} s" if retry else "")
+    counts = ", ".join(f"{b} {r.get('verify_timeouts', 0)}" for b, r in results.items())
+    return f"verifier timeouts (limit {limit}; a timed-out answer counts as wrong): {counts}"
+
+
+def _report(args: argparse.Namespace, results: dict, sampling: dict, seeds: list[int]) -> None:
     table = markdown_table(results)
     footer = (
         f"template={args.template} temperature={args.temperature} top_p={args.top_p} top_k={args.top_k} "
         f"max_new_tokens={args.max_new_tokens} samples={args.samples} seeds={','.join(map(str, seeds))}"
         + ("" if len(seeds) == 1 else " (mean ± std over seeds)")
     )
+    timeouts = timeout_line(results, args.timeout, args.retry_timeouts)
     console = Console()
     if max(len(line) for line in table.splitlines()) + 4 <= console.width:
         console.print(Markdown(table))
@@ -91,12 +109,12 @@ def run(args: argparse.Namespace) -> int:
         # Too wide to render without wrapping cells: print the Markdown source unwrapped.
         console.print(table, markup=False, highlight=False, soft_wrap=True)
     console.print(footer)
+    console.print(timeouts, markup=False, highlight=False, soft_wrap=True)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         settings = {"model": args.model, **{k: v for k, v in sampling.items() if k != "batch_size"}, "seeds": seeds,
-                    "limit": args.limit}  # fmt: skip
-        payload = {"settings": settings, "results": results, "markdown": table + "\n\n" + footer + "\n"}
+                    "limit": args.limit, "timeout": args.timeout, "retry_timeouts": args.retry_timeouts}  # fmt: skip
+        payload = {"settings": settings, "results": results, "markdown": f"{table}\n\n{footer}\n{timeouts}\n"}
         out.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
         print(f"wrote {out}", file=sys.stderr)
-    return 0

@@ -4,13 +4,20 @@ shaping, a format reward, and user reward functions (``module:function``)."""
 from tokencredit.rewards.custom import Reward, RewardError, check_rewards, load_reward_function
 from tokencredit.rewards.extract import extract_answer, last_boxed, normalize_answer, strip_bold
 from tokencredit.rewards.shaping import FORMAT_STYLES, format_reward, overlong_penalty
-from tokencredit.rewards.verifier import MathVerifier, default_verifier, math_reward, normalize_golds
+from tokencredit.rewards.verifier import (
+    MathVerifier,
+    Verification,
+    default_verifier,
+    math_reward,
+    normalize_golds,
+)
 
 __all__ = [
     "FORMAT_STYLES",
     "MathVerifier",
     "Reward",
     "RewardError",
+    "Verification",
     "check_rewards",
     "default_verifier",
     "extract_answer",

@@ -3,12 +3,22 @@
 never torch or the rest of tokencredit, so a replacement starts in about a second).
 
 Protocol, one JSON object per line:
-  worker -> parent once ready:  {"ready": true}
+  worker -> parent once ready:  {"ready": true, "self_check": bool, "warmup_s": float[, "failed": str]}
   parent -> worker:             {"id": int, "gold": [str, ...], "pred": str}
   worker -> parent:             {"id": int, "ok": bool}
 End of stdin ends the worker. The parent enforces the wall-clock limit per answer by killing a
 worker that does not answer in time, which is why math-verify's own signal-based timeouts are
 off (they only work in the main thread of the main interpreter).
+
+Before it reports ready, the worker judges `SELF_CHECK`: symbolic, tuple, set, interval and radical
+comparisons whose first use pays lazy imports and parser set-up (about 1.7 s cold, a few times more
+on a loaded machine). Without it, the first timed answers of a fresh worker carried that cost
+inside their limit and a right answer could time out. A wrong verdict there means an unsupported
+math-verify version, and the parent stops with an error.
+
+SIGINT and SIGTERM are ignored: a Ctrl-C in the terminal reaches the whole process group, and the
+trainer finishes its current step (which may still need verdicts) before it closes the workers by
+closing their stdin.
 """
 
 from __future__ import annotations
@@ -16,7 +26,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
+import time
+
+# (gold, answer) pairs that must verify; one of each kind of comparison the cold path is slow for.
+SELF_CHECK = (
+    ("x^2+2x+1", "(x+1)^2"),
+    ("\\left(1, \\frac{\\pi}{4}\\right)", "(1,\\pi/4)"),
+    ("\\{1,2\\}", "\\{2,1\\}"),
+    ("[-1,2)", "[-1, 2)"),
+    ("\\frac{\\sqrt{2}}{2}", "0.5\\sqrt{2}"),
+    ("\\frac{1}{2}", "0.5"),
+)
 
 
 def _limit_memory() -> None:
@@ -37,12 +59,30 @@ def _limit_memory() -> None:
         pass
 
 
+def _self_check(judge) -> dict:
+    """The ready message: every `SELF_CHECK` pair judged (the warm-up), and how long that took."""
+    t0 = time.perf_counter()
+    ready: dict = {"ready": True, "self_check": True}
+    for gold, pred in SELF_CHECK:
+        try:
+            ok = judge([gold], pred)
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which stops with it
+            ok, pred = False, f"{pred} ({type(e).__name__}: {e})"
+        if not ok:
+            ready.update(self_check=False, failed=f"{gold} vs {pred}")
+            break
+    ready["warmup_s"] = round(time.perf_counter() - t0, 4)
+    return ready
+
+
 def main() -> int:
     # Keep the protocol channel private: anything a library prints goes to stderr instead.
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     _limit_memory()
     logging.disable(logging.CRITICAL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
@@ -71,7 +111,7 @@ def main() -> int:
                 return True
         return False
 
-    proto.write('{"ready": true}\n')
+    proto.write(json.dumps(_self_check(judge)) + "\n")
     for line in sys.stdin:
         if not line.strip():
             continue

@@ -3,6 +3,8 @@
 A user reward function has the signature ``fn(completions: list[str], golds: list, **kwargs) ->
 list[float]`` (one finite number per completion). Its output is checked: a wrong length, a
 non-number or a NaN/inf is an error naming the function and the completion, never a silent 0.
+`Reward.verify` also says which completions the math verifier could not judge in time (always
+none for a user function).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from tokencredit.errors import ConfigError
 from tokencredit.rewards.shaping import FORMAT_STYLES, format_reward
-from tokencredit.rewards.verifier import Gold, MathVerifier
+from tokencredit.rewards.verifier import Gold, MathVerifier, Verification
 
 RewardCallable = Callable[..., Sequence[float]]
 
@@ -74,7 +76,8 @@ class Reward:
     """A reward: ``reward(completions, golds) -> list[float]``; `close()` releases its workers.
 
     `spec` is "math" (math-verify, 1/0) or ``module:function``; `format_weight` * the format
-    reward of `format_style` is added (0 by default).
+    reward of `format_style` is added (0 by default). `timeout` and `retry_timeouts` are the math
+    verifier's per-answer limit and whether a timed-out answer is judged once more with a longer one.
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class Reward:
         format_style: str = "boxed",
         num_workers: int | None = None,
         verifier: MathVerifier | None = None,
+        retry_timeouts: bool = False,
     ):
         if format_style not in FORMAT_STYLES:
             raise ConfigError(f"format_style must be one of {FORMAT_STYLES}, got {format_style!r}")
@@ -100,23 +104,36 @@ class Reward:
         self._owns_verifier = False
         if spec == "math":
             if verifier is None:
-                verifier = MathVerifier(timeout, num_workers=num_workers, allow_last_number=allow_last_number)
+                verifier = MathVerifier(
+                    timeout, num_workers=num_workers, allow_last_number=allow_last_number, retry_timeouts=retry_timeouts
+                )
                 self._owns_verifier = True
             self.verifier = verifier
         else:
             self._fn = load_reward_function(spec)
 
-    def __call__(self, completions: Sequence[str], golds: Sequence[Gold], **kwargs: Any) -> list[float]:
+    def verify(self, completions: Sequence[str], golds: Sequence[Gold], **kwargs: Any) -> Verification:
+        """The rewards and which completions timed out in the math verifier (scored 0 for that reason)."""
         n = len(completions)
         if self.verifier is not None:
-            scores = self.verifier.score(completions, golds)
+            result = self.verifier.verify(completions, golds)
+            scores, timed_out = result.scores, result.timed_out
         else:
             assert self._fn is not None
             scores = check_rewards(self._fn(list(completions), list(golds), **kwargs), n, self.spec)
+            timed_out = [False] * n
         if self.format_weight:
             fmt = format_reward(completions, self.format_style)
             scores = [s + self.format_weight * f for s, f in zip(scores, fmt)]
-        return scores
+        return Verification(scores, timed_out)
+
+    def __call__(self, completions: Sequence[str], golds: Sequence[Gold], **kwargs: Any) -> list[float]:
+        return self.verify(completions, golds, **kwargs).scores
+
+    def start(self) -> None:
+        """Start the math verifier's workers in the background (they warm up while other work runs)."""
+        if self.verifier is not None:
+            self.verifier.start(wait=False)
 
     def close(self) -> None:
         if self._owns_verifier and self.verifier is not None:

@@ -4,7 +4,8 @@ A checkpoint is one file `checkpoints/step_NNNNNN.pt` (paths: `tokencredit.train
 the trainable parameters (the LoRA adapter, or every weight under full fine-tuning), optimizer
 and scheduler states, RNG states and the step, plus a SHA-256 of its bytes in `step_NNNNNN.json`.
 Both are written atomically, so a crash leaves either the old or the new file, never a torn one
-(a temporary file left by a killed writer is deleted by the next save). Loading verifies the
+(a temporary file left by a killed writer is deleted by the next save); a save that fails (a full
+disk) removes what it wrote, so the previous checkpoint stays the newest. Loading verifies the
 digest; a corrupt or partial checkpoint is reported and the previous one is used.
 """
 
@@ -88,9 +89,15 @@ def save_checkpoint(
     torch.save(payload, buf)
     data = buf.getvalue()
     path = rd.checkpoint_path(step)
-    atomic_write_bytes(path, data)
     meta = {"step": step, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    atomic_write_text(path.with_suffix(".json"), json.dumps(meta))
+    atomic_write_bytes(path, data)  # on failure nothing was written
+    try:
+        atomic_write_text(path.with_suffix(".json"), json.dumps(meta))
+    except BaseException:
+        # Without its digest the new file is not a checkpoint: remove it, so the newest checkpoint
+        # on disk stays the previous good one (a failed write is most often a full disk).
+        path.unlink(missing_ok=True)
+        raise
     for old in rd.checkpoint_steps()[:-keep] if keep > 0 else []:
         rd.checkpoint_path(old).unlink(missing_ok=True)
         rd.checkpoint_path(old).with_suffix(".json").unlink(missing_ok=True)

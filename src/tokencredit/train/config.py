@@ -87,7 +87,8 @@ class OptimConfig:
 @dataclass
 class RewardConfig:
     function: str = "math"  # "math" (math-verify) or "module:function" (f(completions, golds) -> list[float])
-    timeout: float = 5.0  # wall-clock seconds per answer
+    timeout: float = 5.0  # wall-clock seconds per answer (a timed-out answer scores 0 and is counted: verify_timeouts)
+    retry_timeouts: bool = True  # judge a timed-out answer once more with 4x the limit before it scores 0
     format_weight: float = 0.0  # optional format reward added to the score
 
 
@@ -299,6 +300,7 @@ def validate_config(cfg: TrainConfig) -> None:
             f"(rollout.prompts_per_step x rollout.group_size = {r.prompts_per_step} x {r.group_size} = {n_rows})"
         )
     need(math.isfinite(cfg.reward.timeout) and cfg.reward.timeout > 0, "reward.timeout", "must be > 0 seconds")
+    need(isinstance(cfg.reward.retry_timeouts, bool), "reward.retry_timeouts", "must be true or false")
     need(math.isfinite(cfg.reward.format_weight), "reward.format_weight", "must be finite")
     need(e.every >= 0, "eval.every", "must be >= 0 (0 = only at the start and the end)")
     need(e.samples >= 0, "eval.samples", "must be >= 0 (0 = greedy only)")

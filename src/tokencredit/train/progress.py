@@ -16,11 +16,14 @@ from rich.progress import (
 
 
 def step_line(rec: dict[str, Any]) -> str:
+    # Timed-out verifications scored 0 without being wrong answers: shown whenever there are any.
+    n = rec.get("verify_timeouts", 0)
+    timeouts = f"  verifier timeouts {n} (scored 0)" if n else ""
     if "skipped" in rec:
-        return f"step {rec['step']}: skipped ({rec['skipped']})"
+        return f"step {rec['step']}: skipped ({rec['skipped']}){timeouts}"
     return (
         f"reward {rec['reward']:.3f}  acc {rec['accuracy']:.3f}  len {rec['response_length']:.1f}  "
-        f"ent {rec['entropy']:.3f}  clip {rec.get('clip_frac', 0.0):.3f}  gini {rec['credit_gini']:.3f}"
+        f"ent {rec['entropy']:.3f}  clip {rec.get('clip_frac', 0.0):.3f}  gini {rec['credit_gini']:.3f}{timeouts}"
     )
 
 
@@ -29,6 +32,8 @@ def eval_line(rec: dict[str, Any]) -> str:
     for key in ("eval_greedy_accuracy", "eval_avg_at_k", "eval_mean_length"):
         if key in rec:
             parts.append(f"{key[5:]} {rec[key]:.3f}")
+    if rec.get("eval_verify_timeouts"):
+        parts.append(f"verifier timeouts {int(rec['eval_verify_timeouts'])} (scored 0)")
     return "  ".join(parts)
 
 

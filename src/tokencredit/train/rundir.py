@@ -14,11 +14,14 @@
 
 Every file is written atomically (temporary file, fsync, rename): a crash leaves the old file or
 the new one, never a torn one. `metrics.jsonl` is append-only; on resume, lines after the
-checkpoint's step and a torn last line are dropped.
+checkpoint's step and a torn last line are dropped. A failed write (a full disk above all) leaves
+nothing behind: the temporary file is removed, a partly appended metrics line is cut off, and a
+full disk (ENOSPC, or EDQUOT for a quota) raises `DiskFullError` naming the file.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -28,11 +31,14 @@ from typing import Any
 
 import torch
 
-from tokencredit.errors import ConfigError
+from tokencredit.errors import ConfigError, DiskFullError
 from tokencredit.recipes import Recipe, from_dict, resolve
 from tokencredit.train.config import TrainConfig, dump_toml, load_config
 
-__all__ = ["MetricsLog", "RunDir", "atomic_write_bytes", "atomic_write_text", "fsync_dir", "rollout_records"]
+__all__ = [
+    "MetricsLog", "RunDir", "atomic_write_bytes", "atomic_write_text", "disk_full", "fsync_dir", "is_disk_full",
+    "rollout_records",
+]  # fmt: skip
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.(jsonl|pt)$")
 
@@ -51,15 +57,41 @@ def fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
+def is_disk_full(e: BaseException) -> bool:
+    """True for the OSError of a write to a full disk or an exhausted quota."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(path: Path, e: OSError) -> DiskFullError:
+    """The one-line error of a write to `path` that found the disk full."""
+    return DiskFullError(f"disk full while writing {path} ({e.strerror or e}); that write was undone", str(path))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until all of `data` is written (a write may be short, e.g. when the disk fills up)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, fsync it, rename it over `path`."""
+    """Write `data` to a temporary file beside `path`, fsync it, rename it over `path`. On any
+    failure the temporary file is removed and `path` is untouched; a full disk raises DiskFullError."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as e:  # also KeyboardInterrupt: never leave a temporary file behind
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(e):
+            raise disk_full(path, e) from e  # type: ignore[arg-type]
+        raise
     fsync_dir(path.parent)
 
 
@@ -81,10 +113,22 @@ class MetricsLog:
         atomic_write_text(self.path, "".join(k + "\n" for k in kept))
 
     def append(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        """Append one line, fsynced. If the write fails part-way (a full disk: DiskFullError) the
+        file is cut back to its previous length, so it never ends in a torn line."""
+        data = (json.dumps(record, sort_keys=True) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            except BaseException as e:
+                os.ftruncate(fd, size)  # frees space, so it works on a full disk too
+                if is_disk_full(e):
+                    raise disk_full(self.path, e) from e  # type: ignore[arg-type]
+                raise
+        finally:
+            os.close(fd)
 
     def read(self) -> list[dict[str, Any]]:
         """Every complete record (a torn or damaged line is skipped)."""
@@ -209,8 +253,8 @@ def rollout_records(
     step: int, recipe: Recipe, ro: Any, batch: Any, credit: Any, tokenizer: Any, max_groups: int
 ) -> list[dict[str, Any]]:
     """The saved form of a step's first `max_groups` groups (rollouts/step_N.jsonl, read by
-    `tokencredit explain`): per completion its text, token ids and tokens, score, sequence
-    advantage A, per-token Â and the old policy's entropy and log-probs."""
+    `tokencredit explain`): per completion its text, token ids and tokens, score, whether the
+    verifier timed out on it, sequence advantage A, per-token Â and the old policy's entropy and log-probs."""
     groups = torch.unique(ro.group_ids, sorted=True)[:max_groups]
     seq, tok = credit.seq_advantages, credit.token_advantages
     out = []
@@ -227,6 +271,7 @@ def rollout_records(
                 "tokens": tokenizer.convert_ids_to_tokens(ids),
                 "score": float(ro.scores[i]),
                 "correct": bool(ro.correct[i]),
+                "verify_timeout": bool(ro.timed_out[i]),
                 "advantage": float(seq[i]),
                 "token_advantages": [round(float(x), 6) for x in tok[i, :n]],
                 "entropy": None if batch.entropy is None else [round(float(x), 5) for x in batch.entropy[i, :n]],

@@ -84,7 +84,9 @@ class StepRollouts(PromptResponseLayout):
 
     problems: one per row; group_ids [N] int64 (rows answering the same prompt of the same round);
     scores [N] float32 (correctness + format + overlong shaping); correct [N] bool (the verifier's
-    verdict alone); truncated [N] bool; rounds: generation rounds this step took.
+    verdict alone); timed_out [N] bool (the verifier did not finish in time: correct is False for
+    that reason, not a wrong answer); truncated [N] bool; rounds: generation rounds this step took;
+    verify_timeouts: timed-out verifications over every round of the step (dropped groups included).
     """
 
     problems: list[Any]
@@ -97,7 +99,9 @@ class StepRollouts(PromptResponseLayout):
     group_ids: Tensor
     scores: Tensor
     correct: Tensor
+    timed_out: Tensor
     rounds: int = 1
+    verify_timeouts: int = 0
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -114,7 +118,9 @@ class StepRollouts(PromptResponseLayout):
         )
 
 
-_ROW_TENSORS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "group_ids", "scores", "correct")
+_ROW_TENSORS = (
+    "prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "group_ids", "scores", "correct", "timed_out",
+)  # fmt: skip
 
 
 def _pad_cat(tensors: list[Tensor], value: int | bool, left: bool) -> Tensor:
@@ -139,6 +145,7 @@ def _merge(parts: list[StepRollouts], pad_id: int) -> StepRollouts:
         group_ids=torch.cat([r.group_ids for r in parts]),
         scores=torch.cat([r.scores for r in parts]),
         correct=torch.cat([r.correct for r in parts]),
+        timed_out=torch.cat([r.timed_out for r in parts]),
         rounds=parts[-1].rounds,
     )
 
@@ -162,7 +169,8 @@ def sample_round(
     x `format_weight`) (+ DAPO's overlong penalty with buffer `overlong_buffer`, 0 = off).
 
     `sampling`: temperature, top_p, max_new_tokens, batch_size of `tokencredit.rollout.generate`.
-    Group ids are the prompt's index plus `group_offset` (distinct across resampling rounds).
+    Group ids are the prompt's index plus `group_offset` (distinct across resampling rounds). A
+    completion the verifier could not judge in time scores 0 and is marked in `timed_out`.
     """
     try:
         ro = rollout.generate(model, tokenizer, prompts, group_size, seed=seed, **sampling)
@@ -173,9 +181,10 @@ def sample_round(
         raise
     rows = [problems[int(i)] for i in ro.prompt_index]
     try:
-        raw = torch.tensor(reward(ro.texts, [p.answer for p in rows]), dtype=torch.float32)
+        verdicts = reward.verify(ro.texts, [p.answer for p in rows])
     except RewardError as e:  # the reward function's output names the bad rollout
         raise TrainingError(f"step {step + 1}: {e}") from e
+    raw = torch.tensor(verdicts.scores, dtype=torch.float32)
     scores = raw
     if format_weight:
         scores = scores + format_weight * torch.tensor(format_reward(ro.texts), dtype=torch.float32)
@@ -193,6 +202,8 @@ def sample_round(
         group_ids=ro.prompt_index.long() + group_offset,
         scores=scores,
         correct=raw > 0,
+        timed_out=torch.tensor(verdicts.timed_out, dtype=torch.bool),
+        verify_timeouts=verdicts.timeouts,
     )
 
 
@@ -209,12 +220,15 @@ def collect(
     sample: Callable[[int], StepRollouts], *, groups: int, dynamic: bool, max_rounds: int, pad_id: int
 ) -> StepRollouts:
     """One step's rollouts from `sample(round)`; with `dynamic` (DAPO) only informative groups are kept,
-    resampling (up to `max_rounds` more rounds) until `groups` of them are found. May be empty."""
+    resampling (up to `max_rounds` more rounds) until `groups` of them are found. May be empty.
+    `verify_timeouts` of the result counts every round's timed-out verifications."""
     first = sample(0)
     if not dynamic:
         return first
     parts, n_groups, rnd, cur = [], 0, 0, first
+    timeouts = 0
     while True:
+        timeouts += cur.verify_timeouts
         informative = informative_rows(cur)
         if bool(informative.any()):
             parts.append(cur.select(informative))
@@ -224,7 +238,7 @@ def collect(
             break
         cur = sample(rnd)
     if not parts:
-        return replace(first.select(torch.zeros(len(first), dtype=torch.bool)), rounds=rnd)
+        return replace(first.select(torch.zeros(len(first), dtype=torch.bool)), rounds=rnd, verify_timeouts=timeouts)
     merged = _merge(parts, pad_id)
     keep_groups = torch.unique(merged.group_ids, sorted=False)[:groups]
-    return replace(merged.select(torch.isin(merged.group_ids, keep_groups)), rounds=rnd)
+    return replace(merged.select(torch.isin(merged.group_ids, keep_groups)), rounds=rnd, verify_timeouts=timeouts)

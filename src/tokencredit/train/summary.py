@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from rich.table import Table
 from tokencredit import diagnostics
 from tokencredit.batch import RolloutBatch
 from tokencredit.recipes import TokenCredit
+from tokencredit.train.rundir import atomic_write_bytes
 from tokencredit.train.sampling import StepRollouts
 from tokencredit.train.update import UpdateStats
 
@@ -33,6 +35,7 @@ def step_record(
         "gen_rounds": ro.rounds,
         "reward": float(ro.scores.mean()),
         "accuracy": float(ro.correct.float().mean()),
+        "verify_timeouts": ro.verify_timeouts,
         "response_length": float(lengths.mean()),
         "truncated": float(ro.truncated.float().mean()),
         "entropy": float(ent),
@@ -107,8 +110,10 @@ def plot_curves(history: list[dict[str, Any]], path: Path, title: str = "") -> P
         fig.suptitle(title)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=110, format="png")
     plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())  # a full disk leaves no torn image
     return path
 
 

@@ -2,9 +2,11 @@
 
 Read top to bottom: `Trainer.__init__` builds everything from the config, `Trainer.step` is one
 RL step as the papers write it, `Trainer.fit` is the loop with evaluation, checkpoints, the
-progress bar and the final report. Every algorithmic choice comes from the recipe (a row of
-`tokencredit.recipes.RECIPES`); the trainer only gathers inputs and calls the core's pure
-functions: `recipes.token_credit` for A and Â, `objectives.policy_loss` inside `update.policy_update`.
+progress bar and the final report. SIGINT / SIGTERM stop the loop after the step in progress
+(`tokencredit.train.stop`); a full disk stops it naming the file, with the last good state kept.
+Every algorithmic choice comes from the recipe (a row of `tokencredit.recipes.RECIPES`); the
+trainer only gathers inputs and calls the core's pure functions: `recipes.token_credit` for A and
+Â, `objectives.policy_loss` inside `update.policy_update`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from tokencredit import models, recipes, signals
 from tokencredit.batch import BatchValidationError, RolloutBatch
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.data.templates import render
-from tokencredit.errors import ConfigError, TrainingError
+from tokencredit.errors import ConfigError, DiskFullError, Interrupted, TrainingError
 from tokencredit.evaluation import evaluate
 from tokencredit.recipes import Recipe, TokenCredit
 from tokencredit.rewards import Reward
@@ -34,7 +36,7 @@ from tokencredit.signals import negative_prompt_inputs
 from tokencredit.train import checkpoint as ckpt
 from tokencredit.train.config import TrainConfig, validate_config
 from tokencredit.train.progress import StepProgress
-from tokencredit.train.rundir import RunDir, rollout_records
+from tokencredit.train.rundir import RunDir, disk_full, is_disk_full, rollout_records
 from tokencredit.train.sampling import (
     PromptSampler,
     StepRollouts,
@@ -43,6 +45,7 @@ from tokencredit.train.sampling import (
     sample_round,
     seed_for,
 )
+from tokencredit.train.stop import StopNow, StopSignals, signal_name, stopped_message
 from tokencredit.train.summary import plot_curves, run_summary, step_record, summary_table
 from tokencredit.train.update import can_fuse_old_pass, policy_update
 
@@ -82,7 +85,7 @@ class Trainer:
         self.eval_problems = load_problems_for(cfg.data.eval, cfg.data, split="heldout")
         self.sampler = PromptSampler(self.train_problems, cfg.run.seed)
         # correctness only; the format reward and DAPO's overlong shaping are added to the score separately
-        self.reward_fn = Reward(cfg.reward.function, timeout=cfg.reward.timeout)
+        self.reward_fn = Reward(cfg.reward.function, timeout=cfg.reward.timeout, retry_timeouts=cfg.reward.retry_timeouts)
         if cfg.run.threads > 0 or cfg.model.name in models.TOY_VARIANTS:
             torch.set_num_threads(cfg.run.threads or 1)
         self.device = models.resolve_device(cfg.run.device, "run.device")
@@ -172,7 +175,7 @@ class Trainer:
         ro = self.sample(step)  # G completions per prompt, scored (DAPO: resampled until informative)
         t_gen = time.perf_counter() - t0
         if len(ro) == 0:
-            record = {"step": step + 1, "rollouts": 0, "gen_rounds": ro.rounds,
+            record = {"step": step + 1, "rollouts": 0, "gen_rounds": ro.rounds, "verify_timeouts": ro.verify_timeouts,
                       "skipped": "no informative group after dynamic sampling"}  # fmt: skip
             return StepResult(record, ro)
         batch, seq, attn = self.old_policy_batch(ro)  # signals: one no-grad pass of the old policy
@@ -277,8 +280,14 @@ class Trainer:
         if hasattr(model, "merge_and_unload"):
             model = copy.deepcopy(model).merge_and_unload()
         tmp = self.run_dir / ".final.tmp"
-        model.save_pretrained(tmp)
-        self.tokenizer.save_pretrained(tmp)
+        try:
+            model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)  # a half-written export is never left behind
+            if is_disk_full(e):
+                raise disk_full(out, e) from e
+            raise
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -292,26 +301,52 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
-        cfg = self.cfg
+        """Evaluation at start, the steps, the summary. The first SIGINT / SIGTERM ends the run after
+        the step in progress with a checkpoint of it and `Interrupted`; a second one abandons that
+        step. A full disk raises DiskFullError naming the file and the last good checkpoint."""
         self._t_session = time.perf_counter()
         self._time_offset = float(self.history[-1].get("wall_time", 0.0)) if self.history else 0.0
+        self.reward_fn.start()  # the verifier's workers warm up while the first rollouts are sampled
+        try:
+            with StopSignals(self._on_signal) as stop:
+                return self._run(stop)
+        except StopNow as e:
+            checkpoints = self.run.checkpoint_steps()
+            msg = stopped_message(e.signum, self.run_dir, self.step_done, abandoned=True,
+                                  checkpoint=checkpoints[-1] if checkpoints else None)  # fmt: skip
+            raise Interrupted(msg, e.signum) from None
+        except DiskFullError as e:
+            raise DiskFullError(f"{e}{self._last_good_note(full_disk=True)}", e.path) from e
+        finally:
+            # also on an error or a signal: no verifier worker processes outlive a stopped run
+            self.reward_fn.close()
+
+    def _run(self, stop: StopSignals) -> dict[str, Any]:
+        cfg = self.cfg
         if self.step_done == 0 and cfg.eval.at_start and not any(h.get("type") == "eval" for h in self.history):
             self.console.print("evaluating the starting model on held-out problems ...")
             self.log(self.evaluate(0))
-        try:
-            self._loop()
-        finally:
-            # also on an error: no verifier worker processes outlive a failed run
-            self.reward_fn.close()
+        self._loop(stop)
+        if stop.signum is not None:
+            if self.step_done and self.step_done not in self.run.checkpoint_steps():
+                self.save_checkpoint(self.step_done)
+            msg = stopped_message(stop.signum, self.run_dir, self.step_done, abandoned=False, checkpoint=self.step_done)
+            raise Interrupted(msg, stop.signum)
         return self.summarize(self._time_offset + time.perf_counter() - self._t_session)
 
-    def _loop(self) -> None:
-        """Steps `step_done`..`run.steps` with logging, evaluation and checkpoints. A step that fails
-        on bad numbers raises TrainingError before anything of it is logged or saved, so the metrics
-        and checkpoints of earlier steps are the last good state."""
+    def _on_signal(self, signum: int) -> None:
+        name = signal_name(signum)
+        self.console.print(f"[yellow]{name}: stopping after the step in progress ({name} again stops at once)")
+
+    def _loop(self, stop: StopSignals) -> None:
+        """Steps `step_done`..`run.steps` with logging, evaluation and checkpoints, until `stop` is
+        requested. A step that fails on bad numbers raises TrainingError before anything of it is
+        logged or saved, so the metrics and checkpoints of earlier steps are the last good state."""
         cfg = self.cfg
         with StepProgress(cfg.run.steps, self.step_done, enabled=cfg.run.progress, console=self.console) as bar:
             for step in range(self.step_done, cfg.run.steps):
+                if stop.requested:
+                    break
                 try:
                     result = self.step(step)
                 except BatchValidationError as e:  # a non-finite signal or score, caught by the batch checks
@@ -331,12 +366,14 @@ class Trainer:
                     self.save_checkpoint(done)
                 self.step_done = done
 
-    def _last_good_note(self) -> str:
+    def _last_good_note(self, full_disk: bool = False) -> str:
         """'; last good checkpoint: step N in DIR (continue with --resume)' for a TrainingError."""
         steps = self.run.checkpoint_steps()
+        then = "free some space, then continue" if full_disk else "continue"
         if not steps:
-            return f"; no checkpoint yet in {self.run_dir} (metrics of finished steps are in metrics.jsonl)"
-        return f"; last good checkpoint: step {steps[-1]} in {self.run_dir} (continue with --resume)"
+            restart = f" ({then} with --resume, which starts again at step 0)" if full_disk else ""
+            return f"; no checkpoint yet in {self.run_dir} (metrics of finished steps are in metrics.jsonl){restart}"
+        return f"; last good checkpoint: step {steps[-1]} in {self.run_dir} ({then} with --resume)"
 
     def summarize(self, seconds: float) -> dict[str, Any]:
         final_dir = self.export_final()

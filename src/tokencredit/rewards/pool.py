@@ -1,0 +1,255 @@
+"""The verifier's worker processes: `_worker.py` subprocesses judging (golds, answer) pairs under a
+wall-clock limit per answer.
+
+Each answer is sent to an idle worker; a worker that has not answered when its deadline passes is
+killed and replaced, and that answer is reported as timed out (None), never as a verdict. A worker
+counts as ready only after its start-up self-check: real symbolic comparisons that pay math-verify's
+and sympy's lazy imports before the first timed answer does (a cold first comparison costs about a
+second, several under load, which a 5 s limit does not always cover). The workers are plain
+subprocesses talking JSON lines over pipes (POSIX), so nothing depends on the multiprocessing start
+method or on the caller's ``__main__`` module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+
+_WORKER_SCRIPT = str(Path(__file__).with_name("_worker.py"))
+
+__all__ = ["WorkerPool"]
+
+
+class _Worker:
+    __slots__ = ("proc", "fd", "buf", "ready", "job", "deadline", "started")
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        assert proc.stdout is not None
+        self.fd = proc.stdout.fileno()
+        os.set_blocking(self.fd, False)
+        self.buf = b""
+        self.ready = False
+        self.job: int | None = None
+        self.deadline = 0.0
+        self.started = time.monotonic()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=1)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.kill()
+
+
+def _shutdown(workers: list[_Worker], owner_pid: int) -> None:
+    # Never touch the processes of the parent after a fork.
+    if os.getpid() != owner_pid:
+        return
+    for w in workers:
+        w.close()
+    workers.clear()
+
+
+class WorkerPool:
+    """Worker processes running `_worker.py`; `run(jobs, timeout)` judges (golds, answer) pairs.
+
+    Counters: `timeouts` (answers not judged in time), `crashes` (answers that killed their worker),
+    `restarts`; `ready_seconds` holds each worker's time from spawn to ready (import + self-check).
+    """
+
+    def __init__(self, num_workers: int, *, max_memory_mb: int | None = 2048, startup_timeout: float = 120.0):
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self.num_workers = num_workers
+        self.max_memory_mb = max_memory_mb
+        self.startup_timeout = startup_timeout
+        self._workers: list[_Worker] = []
+        self._pid = os.getpid()
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._pid)
+        self.restarts = 0
+        self.timeouts = 0
+        self.crashes = 0
+        self.ready_seconds: list[float] = []
+
+    def _spawn(self) -> _Worker:
+        env = dict(os.environ)
+        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env["TOKENCREDIT_VERIFIER_MAX_MB"] = str(self.max_memory_mb or 0)
+        proc = subprocess.Popen(
+            [sys.executable, _WORKER_SCRIPT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            close_fds=True,
+        )
+        return _Worker(proc)
+
+    def _ensure(self) -> None:
+        if os.getpid() != self._pid:
+            # Forked child: the workers belong to the parent; start our own.
+            self._workers = []
+            self._pid = os.getpid()
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._pid)
+        self._workers[:] = [w for w in self._workers if w.proc.poll() is None]
+        while len(self._workers) < self.num_workers:
+            self._workers.append(self._spawn())
+
+    def _replace(self, w: _Worker) -> None:
+        w.kill()
+        i = self._workers.index(w)
+        self._workers[i] = self._spawn()
+        self.restarts += 1
+
+    def _poll(self, wait_s: float) -> list[tuple[_Worker, dict | None]]:
+        """Wait up to `wait_s` for worker output. Marks workers ready; returns (worker, message)
+        for each result and (worker, None) for a worker that exited (already replaced)."""
+        # poll, not select: a big training process may hold file descriptors above FD_SETSIZE.
+        poller = select.poll()
+        for w in self._workers:
+            poller.register(w.fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        readable = [fd for fd, _ in poller.poll(wait_s * 1000.0)]
+        by_fd = {w.fd: w for w in self._workers}
+        events: list[tuple[_Worker, dict | None]] = []
+        for fd in readable:
+            w = by_fd[fd]
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                self._on_exit(w)
+                events.append((w, None))
+                continue
+            w.buf += chunk
+            while b"\n" in w.buf:
+                raw, w.buf = w.buf.split(b"\n", 1)
+                msg = json.loads(raw)
+                if msg.get("ready"):
+                    self._on_ready(w, msg)
+                else:
+                    events.append((w, msg))
+        return events
+
+    def _on_ready(self, w: _Worker, msg: dict) -> None:
+        if not msg.get("self_check", False):
+            self.close()
+            raise RuntimeError(
+                f"math verifier worker failed its start-up self-check ({msg.get('failed', '?')} judged "
+                "not equal): is the installed math-verify version supported?"
+            )
+        w.ready = True
+        self.ready_seconds.append(time.monotonic() - w.started)
+
+    def _check_startup(self) -> None:
+        now = time.monotonic()
+        if any(not w.ready and now >= w.started + self.startup_timeout for w in self._workers):
+            self.close()
+            raise RuntimeError(
+                f"math verifier worker did not start within {self.startup_timeout:.0f} s "
+                f"(run `{sys.executable} {_WORKER_SCRIPT}` to see why)"
+            )
+
+    def start(self, wait: bool = False) -> None:
+        """Start the workers now (otherwise they start on the first `run`); with `wait`, block
+        until every worker has imported math-verify, passed its self-check and is ready."""
+        self._ensure()
+        while wait and not all(w.ready for w in self._workers):
+            first = min(w.started for w in self._workers if not w.ready)
+            self._poll(max(0.0, first + self.startup_timeout - time.monotonic()))
+            self._check_startup()
+
+    def _send(self, w: _Worker, j: int, job: tuple[Sequence[str], str], timeout: float) -> bool:
+        """Hand job `j` to idle worker `w`; False when `w` turned out to be dead (it is replaced)."""
+        golds, pred = job
+        line = json.dumps({"id": j, "gold": list(golds), "pred": pred}) + "\n"
+        try:
+            assert w.proc.stdin is not None
+            w.proc.stdin.write(line.encode("utf-8"))
+            w.proc.stdin.flush()
+        except OSError:
+            self._replace(w)
+            return False
+        w.job, w.deadline = j, time.monotonic() + timeout
+        return True
+
+    def run(self, jobs: Sequence[tuple[Sequence[str], str]], timeout: float) -> list[bool | None]:
+        """Judge each (acceptable golds, answer) pair: True / False, or None when it was not judged
+        within `timeout` seconds of reaching a worker (the worker is replaced). An answer that
+        crashes its worker is False (a wrong answer, e.g. a C stack overflow in the parser)."""
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self._ensure()
+        results: list[bool | None] = [False] * len(jobs)
+        queue = list(range(len(jobs)))[::-1]
+        pending = len(jobs)
+        while pending:
+            for w in self._workers:
+                if w.ready and w.job is None and queue:
+                    j = queue.pop()
+                    if not self._send(w, j, jobs[j], timeout):
+                        queue.append(j)  # the worker died while idle: not this answer's fault, so retry it
+            waits = [w.deadline for w in self._workers if w.job is not None]
+            waits += [w.started + self.startup_timeout for w in self._workers if not w.ready]
+            wait_s = max(0.0, min(waits) - time.monotonic()) if waits else 0.0
+            for w, msg in self._poll(wait_s):
+                if w.job is None:
+                    continue
+                if msg is None:
+                    pending -= 1
+                elif msg.get("id") == w.job:
+                    results[w.job] = bool(msg.get("ok"))
+                    w.job = None
+                    pending -= 1
+            now = time.monotonic()
+            for w in list(self._workers):
+                if w.job is not None and now >= w.deadline:
+                    self.timeouts += 1
+                    results[w.job] = None
+                    w.job = None
+                    pending -= 1
+                    self._replace(w)
+            self._check_startup()
+        return results
+
+    def _on_exit(self, w: _Worker) -> None:
+        try:
+            code = w.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        if not w.ready:
+            self.close()
+            raise RuntimeError(
+                f"math verifier worker exited during start-up (exit code {code}); is math-verify "
+                f"installed? run `{sys.executable} {_WORKER_SCRIPT}` to see the error"
+            )
+        self.crashes += 1
+        self._replace(w)
+
+    def close(self) -> None:
+        _shutdown(self._workers, self._pid)

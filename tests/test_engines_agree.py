@@ -10,6 +10,8 @@ every per-token signal) goes through each engine's own glue: the trainer's `Trai
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -29,8 +31,9 @@ G, N_GROUPS, T, H = 4, 3, 9, 6
 N = G * N_GROUPS
 TOL = 1e-6
 LORA_ONLY = {"arca", "policy-divergence"}
-# ReMax's baseline is the reward of one greedy rollout per prompt (RolloutBatch.baseline_scores), which no
-# engine supplies yet: each must refuse it with a ConfigError naming the field, never train without it.
+# ReMax's baseline is the reward of one greedy rollout per prompt (RolloutBatch.baseline_scores): the trainer
+# generates it (and then agrees with the core); an engine without it (saved rollouts in explain / probe, TRL,
+# verl outside its own remax) must refuse with a ConfigError naming the field, never train without it.
 NEEDS_GREEDY_BASELINE = {"remax"}
 # TRL's GRPO loss is PPO-clip (trained on-policy, which REINFORCE's gradient equals) or one of its own loss types
 # (cispo, sapo, vespo: the plugin checks GRPOConfig's loss_type and parameters); other losses are refused.
@@ -140,7 +143,8 @@ def assert_refused_without_greedy_baseline(call):
 def test_trainer_path(name, trainers, fixed):
     batch, special, _ = fixed
     if name in NEEDS_GREEDY_BASELINE:
-        return assert_refused_without_greedy_baseline(lambda: trainers[name].credit(batch))
+        assert_refused_without_greedy_baseline(lambda: trainers[name].credit(batch))
+        batch = dataclasses.replace(batch, baseline_scores=torch.linspace(0.0, 1.0, N))  # as Trainer.sample adds it
     tc = trainers[name].credit(batch)
     got = loss_tokens(tc)
     assert_same(got, reference(name, batch, special), "trainer", name)
@@ -287,7 +291,7 @@ def test_verl_path(name, verl_plugin, fixed, tokenizer):
     verl_plugin._wrap_legacy_old_log_prob(old_log_prob)(Legacy(), None)  # reads the tokenizer's special ids
     estimator = f"tc_{slug(name)}"
     try:
-        if name in NEEDS_GREEDY_BASELINE:  # pending wiring: verl's remax rollout puts it in "reward_baselines"
+        if name in NEEDS_GREEDY_BASELINE:  # verl's greedy baseline ("reward_baselines") only under its own remax
             return assert_refused_without_greedy_baseline(
                 lambda: ray_trainer.compute_advantage(data, adv_estimator=estimator, config=AlgoConfig(adv_estimator=estimator))
             )

@@ -31,14 +31,7 @@ def _trainable(trainer):
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
 
 
-# ReMax's baseline is one greedy rollout per prompt (RolloutBatch.baseline_scores), which the trainer does not
-# generate yet: until it does, the run stops at its first step with a ConfigError naming the field.
-PENDING = {"remax": "remax needs the greedy baseline rollout: wired in the trainer"}
-
-
-@pytest.mark.parametrize(
-    "recipe", [pytest.param(r, marks=pytest.mark.skip(reason=PENDING[r])) if r in PENDING else r for r in sorted(RECIPES)]
-)
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_every_recipe_trains_two_steps(recipe, tiny_model_dir, tmp_path):
     cfg = micro_config(tiny_model_dir, recipe)
     trainer = Trainer(cfg, tmp_path / "run")
@@ -145,3 +138,23 @@ def test_the_math_verifier_gets_the_configured_limit_and_retry(retry, tiny_model
     cfg.reward.retry_timeouts = "yes"  # only a bool passes
     with pytest.raises(ConfigError, match="reward.retry_timeouts must be true or false, got 'yes'"):
         Trainer(cfg, tmp_path / "run2")
+
+
+def test_remax_baseline_is_the_greedy_rollouts_score(tiny_model_dir, tmp_path):
+    """ReMax: every row's baseline_scores is the score of one greedy (temperature 0) rollout of its prompt,
+    generated in the same step and counted in its generated tokens."""
+    from tokencredit.rollout import generate
+
+    trainer = Trainer(micro_config(tiny_model_dir, "remax"), tmp_path / "run")
+    ro = trainer.sample(0)
+    assert ro.baseline_scores is not None and ro.baseline_scores.shape == (len(ro),)
+    gids = torch.unique(ro.group_ids).tolist()
+    firsts = [int((ro.group_ids == g).nonzero()[0]) for g in gids]
+    prompts = [trainer._prompt_text(ro.problems[i].problem) for i in firsts]
+    greedy = generate(trainer.model, trainer.tokenizer, prompts, 1, temperature=0.0,
+                      max_new_tokens=trainer.cfg.rollout.max_new_tokens)  # fmt: skip
+    want = torch.tensor(trainer.reward_fn(greedy.texts, [ro.problems[i].answer for i in firsts]))
+    for g, w in zip(gids, want):
+        assert torch.all(ro.baseline_scores[ro.group_ids == g] == w)
+    assert ro.generated_tokens == int(ro.response_mask.sum()) + int(greedy.response_mask.sum())
+    trainer.reward_fn.close()

@@ -26,6 +26,7 @@ from tokencredit.rollout import PromptResponseLayout
 
 __all__ = [
     "PromptSampler", "StepRollouts", "collect", "informative_rows", "load_problems_for", "sample_round", "seed_for",
+    "with_greedy_baselines",
 ]  # fmt: skip
 
 
@@ -86,7 +87,10 @@ class StepRollouts(PromptResponseLayout):
     scores [N] float32 (correctness + format + overlong shaping); correct [N] bool (the verifier's
     verdict alone); timed_out [N] bool (the verifier did not finish in time: correct is False for
     that reason, not a wrong answer); truncated [N] bool; rounds: generation rounds this step took;
-    verify_timeouts: timed-out verifications over every round of the step (dropped groups included).
+    verify_timeouts: timed-out verifications over every round of the step (dropped groups included);
+    generated_tokens: response tokens sampled over every round (dropped groups and ReMax's greedy
+    baseline rollouts included): the step's generation cost; baseline_scores [N] float32 or None:
+    ReMax's baseline, the score of one greedy rollout of each row's prompt.
     """
 
     problems: list[Any]
@@ -102,6 +106,8 @@ class StepRollouts(PromptResponseLayout):
     timed_out: Tensor
     rounds: int = 1
     verify_timeouts: int = 0
+    generated_tokens: int = 0
+    baseline_scores: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -115,6 +121,7 @@ class StepRollouts(PromptResponseLayout):
             problems=[self.problems[i] for i in keep],
             texts=[self.texts[i] for i in keep],
             **{f: getattr(self, f)[idx] for f in _ROW_TENSORS},
+            baseline_scores=None if self.baseline_scores is None else self.baseline_scores[idx],
         )
 
 
@@ -204,6 +211,7 @@ def sample_round(
         correct=raw > 0,
         timed_out=torch.tensor(verdicts.timed_out, dtype=torch.bool),
         verify_timeouts=verdicts.timeouts,
+        generated_tokens=int(ro.response_mask.sum()),
     )
 
 
@@ -226,9 +234,10 @@ def collect(
     if not dynamic:
         return first
     parts, n_groups, rnd, cur = [], 0, 0, first
-    timeouts = 0
+    timeouts = tokens = 0
     while True:
         timeouts += cur.verify_timeouts
+        tokens += cur.generated_tokens
         informative = informative_rows(cur)
         if bool(informative.any()):
             parts.append(cur.select(informative))
@@ -238,7 +247,22 @@ def collect(
             break
         cur = sample(rnd)
     if not parts:
-        return replace(first.select(torch.zeros(len(first), dtype=torch.bool)), rounds=rnd, verify_timeouts=timeouts)
+        empty = first.select(torch.zeros(len(first), dtype=torch.bool))
+        return replace(empty, rounds=rnd, verify_timeouts=timeouts, generated_tokens=tokens)
     merged = _merge(parts, pad_id)
     keep_groups = torch.unique(merged.group_ids, sorted=False)[:groups]
-    return replace(merged.select(torch.isin(merged.group_ids, keep_groups)), rounds=rnd, verify_timeouts=timeouts)
+    kept = merged.select(torch.isin(merged.group_ids, keep_groups))
+    return replace(kept, rounds=rnd, verify_timeouts=timeouts, generated_tokens=tokens)
+
+
+def with_greedy_baselines(ro: StepRollouts, sample_greedy: Callable[[list[Any]], StepRollouts]) -> StepRollouts:
+    """`ro` with ReMax's baseline_scores: `sample_greedy(problems)` samples one greedy (temperature 0)
+    rollout per distinct prompt, scored as the rollouts are; each row gets its prompt's score."""
+    _, inv = torch.unique(ro.group_ids, return_inverse=True)
+    first = torch.full((int(inv.max()) + 1,), len(ro), dtype=torch.long).scatter_reduce(
+        0, inv, torch.arange(len(ro)), "amin"
+    )
+    greedy = sample_greedy([ro.problems[int(i)] for i in first])
+    return replace(
+        ro, baseline_scores=greedy.scores[inv].float(), generated_tokens=ro.generated_tokens + greedy.generated_tokens
+    )

@@ -36,6 +36,7 @@ def step_record(
         "reward": float(ro.scores.mean()),
         "accuracy": float(ro.correct.float().mean()),
         "verify_timeouts": ro.verify_timeouts,
+        "generated_tokens": ro.generated_tokens,
         "response_length": float(lengths.mean()),
         "truncated": float(ro.truncated.float().mean()),
         "entropy": float(ent),

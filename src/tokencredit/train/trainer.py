@@ -44,6 +44,7 @@ from tokencredit.train.sampling import (
     load_problems_for,
     sample_round,
     seed_for,
+    with_greedy_baselines,
 )
 from tokencredit.train.stop import StopNow, StopSignals, signal_name, stopped_message
 from tokencredit.train.summary import plot_curves, run_summary, step_record, summary_table
@@ -94,6 +95,7 @@ class Trainer:
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.needs = set(recipes.recipe_needs(self.recipe)) | {"entropy"}  # entropy is logged every step (same pass)
+        self.fields = recipes.batch_fields(self.recipe)  # ReMax: the greedy rollout's score as its baseline
         self.special_ids = models.special_token_ids(self.tokenizer)
         self.fused_old = can_fuse_old_pass(self.model, cfg.optim, self.recipe, recipes.credit_needs(self.recipe))
         self.ref_model = None
@@ -176,6 +178,7 @@ class Trainer:
         t_gen = time.perf_counter() - t0
         if len(ro) == 0:
             record = {"step": step + 1, "rollouts": 0, "gen_rounds": ro.rounds, "verify_timeouts": ro.verify_timeouts,
+                      "generated_tokens": ro.generated_tokens,
                       "skipped": "no informative group after dynamic sampling"}  # fmt: skip
             return StepResult(record, ro)
         batch, seq, attn = self.old_policy_batch(ro)  # signals: one no-grad pass of the old policy
@@ -191,24 +194,28 @@ class Trainer:
         return StepResult(step_record(step + 1, ro, batch, credit, upd, times, lr), ro, batch, credit)
 
     def sample(self, step: int) -> StepRollouts:
-        """The step's scored rollouts; with dynamic sampling only groups whose rewards differ."""
+        """The step's scored rollouts; with dynamic sampling only groups whose rewards differ; for ReMax
+        also the score of one greedy rollout per prompt (its baseline)."""
         c = self.cfg.rollout
         sampling = {"temperature": c.temperature, "top_p": c.top_p, "max_new_tokens": c.max_new_tokens,
                     "batch_size": c.generation_batch_size or None}  # fmt: skip
 
-        def one_round(rnd: int) -> StepRollouts:
-            problems = self.sampler.take(c.prompts_per_step)
+        def scored(problems: list[Any], group_size: int, how: dict[str, Any], seed: int, offset: int) -> StepRollouts:
             return sample_round(
                 self.model, self.tokenizer, problems, [self._prompt_text(p.problem) for p in problems],
-                group_size=c.group_size, reward=self.reward_fn, format_weight=self.cfg.reward.format_weight,
-                overlong_buffer=self.recipe.overlong_buffer, sampling=sampling,
-                seed=seed_for(self.cfg.run.seed, step, rnd), group_offset=rnd * c.prompts_per_step, step=step,
+                group_size=group_size, reward=self.reward_fn, format_weight=self.cfg.reward.format_weight,
+                overlong_buffer=self.recipe.overlong_buffer, sampling=how, seed=seed, group_offset=offset, step=step,
             )  # fmt: skip
 
-        return collect(
-            one_round, groups=c.prompts_per_step, dynamic=self.recipe.dynamic_sampling,
-            max_rounds=c.max_resample_rounds, pad_id=self.tokenizer.pad_token_id,
+        ro = collect(
+            lambda rnd: scored(self.sampler.take(c.prompts_per_step), c.group_size, sampling,
+                               seed_for(self.cfg.run.seed, step, rnd), rnd * c.prompts_per_step),
+            groups=c.prompts_per_step, dynamic=self.recipe.dynamic_sampling, max_rounds=c.max_resample_rounds,
+            pad_id=self.tokenizer.pad_token_id,
         )  # fmt: skip
+        if "baseline_scores" in self.fields and len(ro):
+            ro = with_greedy_baselines(ro, lambda problems: scored(problems, 1, {**sampling, "temperature": 0.0}, 0, 0))
+        return ro
 
     def old_policy_batch(self, ro: StepRollouts) -> tuple[RolloutBatch, Tensor, Tensor]:
         """(RolloutBatch with the recipe's signals, sequences, attention mask) on the device.
@@ -227,7 +234,8 @@ class Trainer:
         )  # fmt: skip
         batch = RolloutBatch(
             token_ids=ro.response_ids.to(dev), mask=mask, group_ids=ro.group_ids.to(dev), scores=ro.scores.to(dev),
-            truncated=ro.truncated.to(dev), **sig,
+            truncated=ro.truncated.to(dev), baseline_scores=None if ro.baseline_scores is None else ro.baseline_scores.to(dev),
+            **sig,
         )  # fmt: skip
         return batch, seq, attn
 

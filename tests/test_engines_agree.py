@@ -35,6 +35,9 @@ LORA_ONLY = {"arca", "policy-divergence"}
 # generates it (and then agrees with the core); an engine without it (saved rollouts in explain / probe, TRL,
 # verl outside its own remax) must refuse with a ConfigError naming the field, never train without it.
 NEEDS_GREEDY_BASELINE = {"remax"}
+# Monte-Carlo values (oracle, vineppo) are sampled only by tokencredit's trainer (and probe / explain, with a model):
+# the TRL and verl plugins refuse those recipes.
+SAMPLED_VALUES = {"oracle", "vineppo"}
 # TRL's GRPO loss is PPO-clip (trained on-policy, which REINFORCE's gradient equals) or one of its own loss types
 # (cispo, sapo, vespo: the plugin checks GRPOConfig's loss_type and parameters); other losses are refused.
 TRL_LOSSES = ("ppo-clip", "reinforce")
@@ -78,6 +81,8 @@ def fixed(tokenizer):
         "base_hidden": torch.randn(N, T, H, generator=gen),
         "base_log_probs": logp - 0.3 * torch.rand(N, T, generator=gen),
         "neg_log_probs": logp - torch.rand(N, T, generator=gen),
+        "mc_advantages": torch.randn(N, T, generator=gen) * 0.3,  # the oracle's A*, as tokencredit.oracle samples it
+        "mc_step_advantages": torch.randn(N, T, generator=gen) * 0.3,
     }
     signals = {k: v * (mask[..., None] if v.dim() == 3 else mask) for k, v in signals.items()}
     batch = RolloutBatch(
@@ -220,6 +225,10 @@ def test_trl_path(name, trl_module, fixed, tiny_model_dir, tmp_path, monkeypatch
     """Table recipes only: a credit method on its own takes TRL's own normalisation (eps 1e-4) by design."""
     batch, special, _ = fixed
     recipe = RECIPES[name]
+    if name in SAMPLED_VALUES:
+        with pytest.raises(ConfigError, match="Monte-Carlo values"):
+            _trl_trainer(trl_module, tiny_model_dir, tmp_path, name)
+        return
     if recipe.uses_ratio and recipe.kernel not in ("token", "gspo", "gspo-token"):
         with pytest.raises(ConfigError, match=recipe.kernel):
             _trl_trainer(trl_module, tiny_model_dir, tmp_path, name)
@@ -271,6 +280,9 @@ def test_verl_path(name, verl_plugin, fixed, tokenizer):
 
     from tokencredit.integrations._common import slug
 
+    if name in SAMPLED_VALUES:  # verl does not sample Monte-Carlo values: no tc_ estimator is registered
+        assert f"tc_{slug(name)}" not in verl_plugin.ESTIMATORS
+        return
     batch, special, _ = fixed
     lengths = batch.mask.sum(-1)
     rewards = torch.zeros(N, T).scatter(1, (lengths - 1)[:, None], batch.scores[:, None])

@@ -25,7 +25,12 @@ SIGNALS: dict[str, str] = {
     "base_hidden": "TH",  # same with the LoRA adapter disabled (ARCA)
     "base_log_probs": "T",  # log pi_base(y_t), adapter disabled (policy divergence)
     "neg_log_probs": "T",  # log q(y_t) under GCPO's negative prompt
+    # Monte-Carlo signals, computed by sampling continuations and scoring them (tokencredit.oracle.mc_signals)
+    "mc_advantages": "T",  # A*_t = V(s_t+1) - V(s_t), token-level ground-truth advantage (the oracle recipe)
+    "mc_step_advantages": "T",  # VinePPO: V(end of step) - V(start of step) on each reasoning step's tokens
 }
+# The signals that come from sampling continuations with the policy, not from a forward pass.
+MC_SIGNALS = ("mc_advantages", "mc_step_advantages")
 
 
 class BatchValidationError(ValueError):
@@ -63,6 +68,8 @@ class RolloutBatch:
     base_hidden: Tensor | None = None
     base_log_probs: Tensor | None = None
     neg_log_probs: Tensor | None = None
+    mc_advantages: Tensor | None = None
+    mc_step_advantages: Tensor | None = None
     truncated: Tensor | None = None
     baseline_scores: Tensor | None = None
 

@@ -950,3 +950,58 @@ def vine_credit(
     )  # fmt: skip
     out.cost.seconds = time.perf_counter() - t0
     return out
+
+
+# ============================================================================ as signals of a rollout batch
+@dataclass(frozen=True)
+class MCSettings:
+    """How the Monte-Carlo signals are estimated: K continuations per state and the delta skip of the
+    token-level oracle; K, the step delimiter and the value horizon of VinePPO; rows per generate call."""
+
+    k: int = DEFAULT_K
+    delta: float = DEFAULT_DELTA
+    vine_k: int = VINE_K
+    vine_max_steps: int = VINE_MAX_STEPS
+    delimiter: str = "\n"
+    batch_size: int = 64
+
+
+def mc_signals(
+    model: Any,
+    tokenizer: Any,
+    rollouts: Any,
+    golds: Sequence[Any],
+    reward_fn: RewardFn,
+    needs: Sequence[str] | set[str],
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    top_p: float = 1.0,
+    settings: MCSettings = MCSettings(),
+    old_log_probs: Tensor | None = None,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Tensor], OracleCost]:
+    """The Monte-Carlo signals in `needs` of a rollout batch (`tokencredit.batch.MC_SIGNALS`):
+    mc_advantages [N,T] (token-level A*, `oracle_credit`) and mc_step_advantages [N,T] (VinePPO,
+    `vine_credit`), on the CPU, with their summed cost. The rollouts' own sampling settings are
+    passed; `reward_fn` must score in [0, 1] (the verifier's correctness, not shaped scores)."""
+    common = dict(temperature=temperature, max_new_tokens=max_new_tokens, top_p=top_p, seed=seed,
+                  batch_size=settings.batch_size, log=log)  # fmt: skip
+    out: dict[str, Tensor] = {}
+    total = OracleCost()
+    if "mc_advantages" in needs:
+        c = oracle_credit(model, tokenizer, rollouts, golds, reward_fn, k=settings.k, delta=settings.delta,
+                          old_log_probs=old_log_probs, **common)  # fmt: skip
+        out["mc_advantages"] = c.advantages.float()
+        total = _add_costs(total, c.cost)
+    if "mc_step_advantages" in needs:
+        c = vine_credit(model, tokenizer, rollouts, golds, reward_fn, k=settings.vine_k, delimiter=settings.delimiter,
+                        max_steps=settings.vine_max_steps, **common)  # fmt: skip
+        out["mc_step_advantages"] = c.advantages.float()
+        total = _add_costs(total, c.cost)
+    return out, total
+
+
+def _add_costs(a: OracleCost, b: OracleCost) -> OracleCost:
+    return OracleCost(**{k: getattr(a, k) + getattr(b, k) for k in a.as_dict()})

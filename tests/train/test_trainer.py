@@ -24,6 +24,8 @@ def micro_config(model_dir, recipe, steps=2, **extra):
     sets += [f"{k}={v}" for k, v in extra.items()]
     if recipe in LORA_ONLY:
         sets.append("model.lora_rank=4")
+    if recipe in ("oracle", "vineppo"):  # Monte-Carlo values: two continuations per state keep the test fast
+        sets += ["oracle.k=2", "oracle.vine_k=2"]
     return load_config(sets=sets, recipe=recipe)
 
 

@@ -129,5 +129,5 @@ def uniform(batch: RolloutBatch, advantages: Tensor) -> Tensor:
 
 
 # Built-in methods register themselves on import.
-for _mod in ("entropy", "ktae", "delta", "arca", "gcpo", "shaping"):
+for _mod in ("entropy", "ktae", "delta", "arca", "gcpo", "montecarlo", "shaping"):
     importlib.import_module(f"tokencredit.credit.{_mod}")

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from tokencredit import advantages as adv_mod
 from tokencredit import objectives
-from tokencredit.batch import RolloutBatch
+from tokencredit.batch import MC_SIGNALS, RolloutBatch
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.errors import ConfigError
 from tokencredit.integrations._common import ENGINE_KERNELS
@@ -130,6 +130,11 @@ class CreditGRPOTrainer(GRPOTrainer):
         spec, args = self.recipe, self.args
         # TRL's loss is PPO-clip; with one update per generation (TRL's default) it is on-policy, where
         # its gradient equals REINFORCE's, so REINFORCE recipes (ARCA's family) train correctly too.
+        if credit_needs(spec) & set(MC_SIGNALS):
+            raise ConfigError(
+                f"recipe {spec.name!r} reads Monte-Carlo values of the policy's prefixes, which TRL does not sample; "
+                "use tokencredit's own trainer"
+            )
         if spec.loss in _TRL_LOSS_TYPES:
             self._check_loss_type()
         elif spec.loss not in ("ppo-clip", "reinforce"):

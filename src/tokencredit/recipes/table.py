@@ -102,6 +102,13 @@ _TABLE: list[Recipe] = [
     Recipe("advantage-reweighting", "Yang et al. 2025, Advantage Reweighting, NeurIPS (arXiv 2505.12929)",
            credit="advantage-reweighting", credit_params={"alpha": 0.3}, eps_low=0.2, eps_high=0.24, kl_coef=0.001,
            notes="Â = (alpha pi_old + 1 - alpha) A, alpha 0.3; clip 0.2/0.24 and KL 0.001 as the authors' script"),
+    # -- credit from Monte-Carlo values of the policy's prefixes: EXPENSIVE (K continuations per state; the cost
+    # is printed every step); K and delta in the config's [oracle] section
+    Recipe("oracle", "Monte-Carlo token advantages A* (tokencredit; issue 17)", credit="oracle",
+           loss_agg_mode="seq-mean-token-mean",
+           notes="EXPENSIVE: Â = A*_t = V(s_t+1) - V(s_t), K continuations per uncertain token; grpo's objective"),
+    Recipe("vineppo", "Kazemnejad et al. 2025, VinePPO, ICML (arXiv 2410.01679)", credit="vineppo",
+           notes="EXPENSIVE: Monte-Carlo values at line breaks (K = 9 each), step advantage on its tokens; PPO-clip 0.2"),
 ]
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tokencredit.batch import SIGNALS
+from tokencredit.batch import MC_SIGNALS, SIGNALS
 from tokencredit.errors import ConfigError, closest
 from tokencredit.signals.forward import _check_ids, _check_layout, _forward_stats
 from tokencredit.signals.head import DEFAULT_CHUNK_SIZE
@@ -73,6 +73,10 @@ def _check_needs(needs: Iterable[str]) -> set[str]:
     for name in sorted(needs):
         if name not in SIGNALS:
             raise ConfigError(f"unknown signal {name!r}{closest(name, SIGNALS)}; known: {', '.join(SIGNALS)}")
+        if name in MC_SIGNALS:
+            raise ConfigError(
+                f"signal {name!r} comes from sampling continuations (tokencredit.oracle.mc_signals), not a forward pass"
+            )
     return needs
 
 

@@ -93,6 +93,18 @@ class RewardConfig:
 
 
 @dataclass
+class OracleConfig:
+    """Monte-Carlo values of the `oracle` and `vineppo` recipes (tokencredit.oracle): continuations per state."""
+
+    k: int = 16  # continuations per state of the token-level oracle
+    delta: float = 1e-3  # tokens with pi_old(y_t) >= 1 - delta get A* = 0 unsampled (|A*| <= 1 - pi, docs)
+    vine_k: int = 9  # VinePPO's K (its paper's main configs)
+    vine_max_steps: int = 20  # step boundaries valued (VinePPO's max_step_for_value_estimation)
+    delimiter: str = "\n"  # a step ends after each token whose text contains it
+    batch_size: int = 64  # sequences per generate call while sampling continuations
+
+
+@dataclass
 class EvalConfig:
     every: int = 20  # steps between held-out evaluations (0 = only at start and end)
     samples: int = 2  # sampled completions per problem for avg@k / pass@k (0 = greedy only)
@@ -129,6 +141,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    oracle: OracleConfig = field(default_factory=OracleConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -309,6 +322,12 @@ def validate_config(cfg: TrainConfig) -> None:
     need(e.save_groups >= 0, "eval.save_groups", "must be >= 0")
     need(cfg.checkpoint.every >= 0, "checkpoint.every", "must be >= 0 (0 = only at the end)")
     need(cfg.checkpoint.keep >= 0, "checkpoint.keep", "must be >= 0 (0 = keep all)")
+    q = cfg.oracle
+    need(q.k >= 2 and q.vine_k >= 2, "oracle.k", "and oracle.vine_k must be >= 2 (a standard error needs two samples)")
+    need(0.0 <= q.delta < 1.0, "oracle.delta", "must be in [0, 1)")
+    need(q.vine_max_steps >= 1, "oracle.vine_max_steps", "must be >= 1")
+    need(bool(q.delimiter), "oracle.delimiter", "must be a non-empty string")
+    need(q.batch_size >= 1, "oracle.batch_size", "must be >= 1")
 
 
 def _check_device(device: str) -> None:

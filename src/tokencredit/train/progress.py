@@ -21,9 +21,15 @@ def step_line(rec: dict[str, Any]) -> str:
     timeouts = f"  verifier timeouts {n} (scored 0)" if n else ""
     if "skipped" in rec:
         return f"step {rec['step']}: skipped ({rec['skipped']}){timeouts}"
+    # The Monte-Carlo recipes (oracle, vineppo) are expensive: their cost is on every line.
+    mc = (
+        f"  MC: {rec['mc_continuations']} continuations, {rec['mc_generated_tokens']} tokens, {rec['mc_seconds']:.0f}s"
+        if "mc_continuations" in rec
+        else ""
+    )
     return (
         f"reward {rec['reward']:.3f}  acc {rec['accuracy']:.3f}  len {rec['response_length']:.1f}  "
-        f"ent {rec['entropy']:.3f}  clip {rec.get('clip_frac', 0.0):.3f}  gini {rec['credit_gini']:.3f}{timeouts}"
+        f"ent {rec['entropy']:.3f}  clip {rec.get('clip_frac', 0.0):.3f}  gini {rec['credit_gini']:.3f}{timeouts}{mc}"
     )
 
 

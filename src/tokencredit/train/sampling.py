@@ -9,7 +9,7 @@ holds the result (prompts left-padded, responses right-padded, one row per compl
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ from tokencredit.rollout import PromptResponseLayout
 
 __all__ = [
     "PromptSampler", "StepRollouts", "collect", "informative_rows", "load_problems_for", "sample_round", "seed_for",
-    "with_greedy_baselines",
+    "with_greedy_baselines", "with_mc_signals",
 ]  # fmt: skip
 
 
@@ -108,6 +108,8 @@ class StepRollouts(PromptResponseLayout):
     verify_timeouts: int = 0
     generated_tokens: int = 0
     baseline_scores: Tensor | None = None
+    mc_signals: dict[str, Tensor] = field(default_factory=dict)
+    mc_cost: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -122,6 +124,7 @@ class StepRollouts(PromptResponseLayout):
             texts=[self.texts[i] for i in keep],
             **{f: getattr(self, f)[idx] for f in _ROW_TENSORS},
             baseline_scores=None if self.baseline_scores is None else self.baseline_scores[idx],
+            mc_signals={k: v[idx] for k, v in self.mc_signals.items()},
         )
 
 
@@ -266,3 +269,11 @@ def with_greedy_baselines(ro: StepRollouts, sample_greedy: Callable[[list[Any]],
     return replace(
         ro, baseline_scores=greedy.scores[inv].float(), generated_tokens=ro.generated_tokens + greedy.generated_tokens
     )
+
+
+def with_mc_signals(ro: StepRollouts, estimate: Callable[[StepRollouts], tuple[dict[str, Tensor], Any]]) -> StepRollouts:
+    """`ro` with the Monte-Carlo signals `estimate(ro)` returns (values of the policy's own prefixes, sampled
+    with continuations: `tokencredit.oracle.mc_signals`), their cost, and its tokens counted as generated."""
+    values, cost = estimate(ro)
+    mc_cost = {f"mc_{k}": v for k, v in cost.as_dict().items()}
+    return replace(ro, mc_signals=values, mc_cost=mc_cost, generated_tokens=ro.generated_tokens + cost.generated_tokens)

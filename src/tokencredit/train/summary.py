@@ -37,6 +37,7 @@ def step_record(
         "accuracy": float(ro.correct.float().mean()),
         "verify_timeouts": ro.verify_timeouts,
         "generated_tokens": ro.generated_tokens,
+        **ro.mc_cost,
         "response_length": float(lengths.mean()),
         "truncated": float(ro.truncated.float().mean()),
         "entropy": float(ent),

@@ -25,11 +25,12 @@ from rich.console import Console
 from torch import Tensor
 
 from tokencredit import models, recipes, signals
-from tokencredit.batch import BatchValidationError, RolloutBatch
+from tokencredit.batch import MC_SIGNALS, BatchValidationError, RolloutBatch
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.data.templates import render
 from tokencredit.errors import ConfigError, DiskFullError, Interrupted, TrainingError
 from tokencredit.evaluation import evaluate
+from tokencredit.oracle import MCSettings, mc_signals
 from tokencredit.recipes import Recipe, TokenCredit
 from tokencredit.rewards import Reward
 from tokencredit.signals import negative_prompt_inputs
@@ -45,6 +46,7 @@ from tokencredit.train.sampling import (
     sample_round,
     seed_for,
     with_greedy_baselines,
+    with_mc_signals,
 )
 from tokencredit.train.stop import StopNow, StopSignals, signal_name, stopped_message
 from tokencredit.train.summary import plot_curves, run_summary, step_record, summary_table
@@ -215,7 +217,19 @@ class Trainer:
         )  # fmt: skip
         if "baseline_scores" in self.fields and len(ro):
             ro = with_greedy_baselines(ro, lambda problems: scored(problems, 1, {**sampling, "temperature": 0.0}, 0, 0))
+        if self.needs & set(MC_SIGNALS) and len(ro):
+            ro = with_mc_signals(ro, lambda r: self._mc_signals(r, seed_for(self.cfg.run.seed, step, 17)))
         return ro
+
+    def _mc_signals(self, ro: StepRollouts, seed: int) -> tuple[dict[str, Tensor], Any]:
+        """The Monte-Carlo values the recipe reads (oracle, VinePPO), with the rollouts' sampling settings and
+        the verifier's correctness as the reward (in [0, 1]; format and overlong shaping are not values)."""
+        c, q = self.cfg.rollout, self.cfg.oracle
+        settings = MCSettings(q.k, q.delta, q.vine_k, q.vine_max_steps, q.delimiter, q.batch_size)
+        return mc_signals(
+            self.model, self.tokenizer, ro, [p.answer for p in ro.problems], self.reward_fn, self.needs,
+            temperature=c.temperature, max_new_tokens=c.max_new_tokens, top_p=c.top_p, settings=settings, seed=seed,
+        )  # fmt: skip
 
     def old_policy_batch(self, ro: StepRollouts) -> tuple[RolloutBatch, Tensor, Tensor]:
         """(RolloutBatch with the recipe's signals, sequences, attention mask) on the device.
@@ -227,7 +241,7 @@ class Trainer:
         dev = self.device
         seq, attn, mask = ro.sequences.to(dev), ro.attention_mask.to(dev), ro.response_mask.to(dev)
         neg = self._negative_prompts(ro) if "neg_log_probs" in self.needs else {}
-        needs = self.needs - {"old_log_probs", "entropy"} if self.fused_old else self.needs
+        needs = (self.needs - {"old_log_probs", "entropy"} if self.fused_old else self.needs) - set(MC_SIGNALS)
         sig = signals.compute_signals(
             self.model, seq, attn, ro.prompt_ids.shape[1], mask, needs, temperature=self.cfg.rollout.temperature,
             ref_model=self.ref_model, batch_size=self.cfg.optim.micro_batch_size or None, **neg,
@@ -235,7 +249,7 @@ class Trainer:
         batch = RolloutBatch(
             token_ids=ro.response_ids.to(dev), mask=mask, group_ids=ro.group_ids.to(dev), scores=ro.scores.to(dev),
             truncated=ro.truncated.to(dev), baseline_scores=None if ro.baseline_scores is None else ro.baseline_scores.to(dev),
-            **sig,
+            **sig, **{k: v.to(dev) for k, v in ro.mc_signals.items()},
         )  # fmt: skip
         return batch, seq, attn
 

@@ -50,7 +50,7 @@ from packaging.version import Version
 from tokencredit import objectives
 from tokencredit.errors import ConfigError
 from tokencredit.integrations._common import ENGINE_KERNELS, slug
-from tokencredit.recipes import RECIPES, known_names
+from tokencredit.recipes import RECIPES, known_names, resolve
 
 try:
     import verl
@@ -85,6 +85,7 @@ from tokencredit.integrations.verl.estimators import (  # noqa: E402
     _LEGACY_SPECIAL_IDS,
     ESTIMATORS,
     estimator_spec,
+    needs_sampled_values,
     register_estimator,
 )
 from tokencredit.integrations.verl.hooks import (  # noqa: E402
@@ -121,6 +122,8 @@ _INTERNALS = (_CONTEXT, _LEGACY_SPECIAL_IDS, _PENDING, _PostImportPatcher, _wrap
 def register_all() -> None:
     """One estimator per recipe and per credit method that is not a recipe; one loss per kernel verl lacks."""
     for name in known_names():
+        if needs_sampled_values(resolve(name)):
+            continue  # oracle / vineppo: verl does not sample the Monte-Carlo values they read
         try:
             register_estimator(f"tc_{slug(name)}", name)
         except ConfigError as err:  # a recipe whose credit method is not registered in this build

@@ -14,6 +14,7 @@ from verl import DataProto
 from verl.trainer.ppo import core_algos
 
 from tokencredit import objectives
+from tokencredit.batch import MC_SIGNALS
 from tokencredit.errors import ConfigError, closest
 from tokencredit.integrations._common import slug
 from tokencredit.integrations.verl.batch import SIGNAL_KEYS, batch_from_dataproto, first_key
@@ -50,6 +51,11 @@ def cfg_value(config: Any, key: str, default: Any) -> Any:
     getter = getattr(config, "get", None)
     value = getter(key, default) if callable(getter) else getattr(config, key, default)
     return default if value is None else value
+
+
+def needs_sampled_values(recipe: Recipe) -> bool:
+    """True for recipes whose credit reads Monte-Carlo values (oracle, vineppo): no tc_ estimator for them."""
+    return bool(credit_needs(recipe) & set(MC_SIGNALS))
 
 
 def uses_keep(recipe: Recipe) -> bool:
@@ -140,6 +146,11 @@ def register_estimator(
         spec = resolve(replace(spec, kernel=kernel, kernel_params=dict(kernel_params or {})))
     elif kernel_params:
         spec = resolve(spec, {"kernel_params": dict(kernel_params)})
+    if needs_sampled_values(spec):
+        raise ConfigError(
+            f"{credit!r} reads Monte-Carlo values of the policy's prefixes ({', '.join(MC_SIGNALS)}), which verl's "
+            "trainer does not sample; use tokencredit's own trainer"
+        )
     fn = _make_estimator(verl_name, spec)
     existing = core_algos.ADV_ESTIMATOR_REGISTRY.get(verl_name)
     if existing is not None and getattr(existing, "tokencredit_spec", None) is not None:

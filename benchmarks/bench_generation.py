@@ -26,13 +26,17 @@ Compute floors (no decoding overhead; measured, not estimated):
   response tokens [N, T] over the prompt cache (repeated to the N rows).
 
 The ratios time / floor are printed; the issue-18 target is ours <= 3x floor A on the rollout round.
+`--mechanisms` also times transformers' static cache, with and without ``torch.compile``.
+`--train-run DIR` instead runs the default `tokencredit train` and reports the time spent inside
+`generate` (run it with an older checkout's src on PYTHONPATH for the "before" figures).
 `--profile` prints torch profiler tables (top ops by self CPU time) of one rollout round per path.
 Also checked: one tokenizer call per `generate`, and decoding stops at the longest completion.
 
 OpenMP: OMP_WAIT_POLICY defaults to PASSIVE (see BENCHMARKS.md, "two environment effects").
 
     python benchmarks/bench_generation.py
-    python benchmarks/bench_generation.py --profile --repeats 3 --skip-eval
+    python benchmarks/bench_generation.py --mechanisms --profile
+    python benchmarks/bench_generation.py --train-run /tmp/gen_after
 """
 
 from __future__ import annotations
@@ -138,6 +142,67 @@ def floors(
     return res[0], res[1]
 
 
+def train_run(out: str) -> None:
+    """The default `tokencredit train` in this process, with the wall and CPU seconds spent inside
+    `tokencredit.rollout.generate` (rollouts and evaluations) recorded; works with any version of
+    tokencredit on PYTHONPATH, so an older checkout gives the "before" figures."""
+    import tokencredit.rollout as rollout
+    from tokencredit.cli import main as cli_main
+
+    inner = rollout.generate
+    spent = {"wall": 0.0, "cpu": 0.0, "calls": 0}
+
+    def timed(*a: Any, **k: Any) -> Any:
+        w, c, res = _clock(lambda: inner(*a, **k))
+        spent["wall"] += w
+        spent["cpu"] += c
+        spent["calls"] += 1
+        return res
+
+    rollout.generate = timed  # the trainer and evaluate import it at call time
+    w, c, rc = _clock(lambda: cli_main(["train", "--out", out, "--no-progress"]))
+    print(
+        f"train run ({rollout.__file__}): exit {rc}, {w:.1f} s wall, {c:.1f} s CPU; inside generate "
+        f"({spent['calls']} calls): {spent['wall']:.1f} s wall, {spent['cpu']:.1f} s CPU; load {load_average()}"
+    )
+
+
+def library_mechanisms(
+    model: Any, tok: Any, prompts: list[str], group: int, max_new: int, repeats: int
+) -> None:
+    """Time transformers' own speed options on the rollout round: the static cache, and the static cache
+    with ``torch.compile`` of the decoding forward (CPU compilation has to be forced on; the first
+    call includes compiling)."""
+    from transformers import CompileConfig
+
+    from tokencredit.rollout import generation_config
+
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    ids, att = enc["input_ids"].repeat_interleave(group, 0), enc["attention_mask"].repeat_interleave(group, 0)
+    compiled = CompileConfig()
+    compiled._compile_all_devices = True  # transformers compiles only on accelerators unless told
+    for label, extra in (
+        ("dynamic cache (generate's default)", {}),
+        ("static cache", {"cache_implementation": "static"}),
+        ("static cache + torch.compile", {"cache_implementation": "static", "compile_config": compiled}),
+    ):
+        cfg = generation_config(1.0, 1.0, 0, max_new, [tok.eos_token_id], tok.pad_token_id)
+        cfg.update(**extra)
+        with torch.no_grad():
+            first = _clock(
+                lambda cfg=cfg: model.generate(input_ids=ids, attention_mask=att, generation_config=cfg)
+            )[0]
+            times = [
+                _clock(
+                    lambda cfg=cfg: model.generate(input_ids=ids, attention_mask=att, generation_config=cfg)
+                )[0]
+                for _ in range(repeats)
+            ]
+        print(
+            f"  {label}: first call {first:.2f} s, then median {statistics.median(times):.3f} s; load {load_average()}"
+        )
+
+
 def profile_table(fn: Callable[[], Any], rows: int = 12) -> str:
     from torch.profiler import ProfilerActivity, profile
 
@@ -164,9 +229,20 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="problem sampling seed")
     p.add_argument("--skip-eval", action="store_true")
     p.add_argument(
+        "--train-run",
+        metavar="DIR",
+        help="instead: the default `tokencredit train` into DIR, with the time inside generate",
+    )
+    p.add_argument(
+        "--mechanisms", action="store_true", help="also time transformers' static cache and torch.compile"
+    )
+    p.add_argument(
         "--profile", action="store_true", help="torch profiler tables of one rollout round per path"
     )
     args = p.parse_args()
+    if args.train_run:
+        train_run(args.train_run)  # the trainer sets its own threads (1 for the toy)
+        return
     torch.set_num_threads(args.threads)
 
     from tokencredit.data.templates import render
@@ -271,6 +347,9 @@ def main() -> None:
     print(f"stop check (stop ids EOS and 'T'; max_new_tokens={budget}): decoding ran {ran} columns, longest "
           f"completion {longest}: {'OK' if ran == longest < budget else 'NOT STOPPED'}")  # fmt: skip
 
+    if args.mechanisms:
+        print("\ntransformers' own options, plain model.generate on the rollout round:")
+        library_mechanisms(model, tok, prompts, args.group_size, max_new, args.repeats)
     if args.profile:
         for name, fn in (("hf", lambda: hf(99)), ("ours", lambda: ours(99))):
             print(f"\nprofile, one rollout round, {name}:\n{profile_table(fn)}")

@@ -325,6 +325,20 @@ def test_append_layer_matches_dynamic_layer():
     assert ours.keys.shape == (6, 3, 11, 4)
 
 
+def test_append_layer_grows_geometrically():
+    """Spare room as large as what is held (at most `room`): a long generation copies its cache
+    O(log T) times, and memory stays within 2x of what it holds."""
+    from tokencredit.rollout import _append_layer_class
+
+    layer = _append_layer_class()(room=1000)
+    sizes = []
+    for n in [20] + [1] * 60:
+        layer.update(torch.zeros(1, 1, n, 2), torch.zeros(1, 1, n, 2))
+        sizes.append(layer._kbuf.shape[2])
+    assert sorted(set(sizes)) == [40, 82]  # 20 + 20 spare; full at 40, then 41 + 41
+    assert layer.get_seq_length() == 80
+
+
 def test_model_asking_for_its_own_cache_keeps_it(tiny):
     """A model whose generation config names a cache implementation gets it from ``generate``."""
     model, tok = tiny

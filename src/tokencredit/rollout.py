@@ -15,8 +15,8 @@ samples (benchmarks/bench_generation.py, BENCHMARKS.md section 6):
   runs only the last prompt token for every row. With 8 samples a prompt this is 1/8 of the prefill.
 - *Append-in-place cache.* `transformers.DynamicCache` grows each layer with ``torch.cat``, copying
   the whole cache at every decoding step (a third of the toy model's decoding time). `_AppendLayer`
-  keeps the same keys/values in buffers with room for `max_new_tokens` more positions and writes
-  each step's entries in place; attention reads a view of the filled part, the same values.
+  keeps the same keys/values in buffers with spare positions (doubling, at most `max_new_tokens`)
+  and writes each step's entries in place; attention reads a view of the filled part, the same values.
 
 Both are the library's own mechanisms (a `Cache` passed to ``generate``, a `DynamicLayer`
 subclass); sampling, the logits processors and stopping stay ``generate``'s. Samples are the same
@@ -174,8 +174,9 @@ def _append_layer_class() -> type:
     class _AppendLayer(DynamicLayer):
         """A `DynamicLayer` that appends new keys/values in place instead of ``torch.cat``.
 
-        ``keys``/``values`` [B, H, L, D] are views of buffers [B, H, L + room, D]; an update writes at
-        position L of the buffers. Anything that replaces ``keys`` by another tensor (batch selection,
+        ``keys``/``values`` [B, H, L, D] are views of buffers [B, H, L + spare, D]; an update writes at
+        position L of the buffers, and a full buffer is replaced by one twice as long (capped at
+        `room` spare positions). Anything that replaces ``keys`` by another tensor (batch selection,
         beam reordering, offloading) is noticed at the next update, which copies it into fresh buffers;
         a crop keeps the view, so the next update overwrites the cropped positions.
         """
@@ -207,8 +208,9 @@ def _append_layer_class() -> type:
             owned = length > 0 and self._owns_views()
             if not owned or length + new > self._kbuf.shape[-2]:
                 batch, heads = key_states.shape[:2]
-                # Room for `room` more positions (max_new_tokens); past that, grow geometrically.
-                size = length + new + max(self.room, length + new if owned else 0)
+                # Spare positions: as many as held (geometric growth, so the copies cost O(1) a token
+                # and memory stays within 2x of DynamicCache's), at most `room` (max_new_tokens).
+                size = length + new + min(self.room, max(length + new, 16))
                 kbuf = key_states.new_empty(batch, heads, size, key_states.shape[-1])
                 vbuf = value_states.new_empty(batch, heads, size, value_states.shape[-1])
                 if length:

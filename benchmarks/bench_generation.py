@@ -1,224 +1,358 @@
-"""Generation throughput of `tokencredit.rollout.generate` vs naive loops, on the toy model, CPU.
+"""Generation speed of `tokencredit.rollout.generate` against plain `model.generate` and the compute floor.
 
-Setting (defaults): a freshly initialised toy Qwen3 (`tokencredit.models.build_toy_model`, hidden 128,
-3 layers, character tokenizer), P = 16 arithmetic prompts (`ArithmeticTask`, "qwen-math" chat
-template, ~130 tokens each) x G = 8 samples, up to 64 new tokens, temperature 1.
+Setting (defaults = the trainer's defaults, issue 18): the shipped toy model (`load_model("toy")`,
+Qwen3, 0.65 M parameters, character tokenizer), CPU, 1 torch thread.
 
-Compared, each generating the same P x G completions:
-- batched: `tokencredit.rollout.generate(model, tok, prompts, G)`: every prompt tokenised once, all
-  P x G rows in one `model.generate` call with the KV cache, finished rows stopped at EOS;
-- per-prompt loop (naive): for each prompt, tokenise it and call `model.generate` with
-  num_return_sequences = G (one call per prompt);
-- per-completion loop (naive): tokenise and generate one completion at a time (P x G calls);
-- batched without the KV cache (`use_cache=False`), to show what the cache buys (`--no-cache-check`).
+- *rollout round*: P = 8 training problems ("qwen-math" chat template, ~122 tokens) x G = 8 samples,
+  up to 80 new tokens, temperature 1, top_p 1 (`RolloutConfig`), one `generate` call, as
+  `Trainer._generate_round` makes it;
+- *eval*: 200 held-out problems decoded greedily, then 2 samples each at temperature 1, in the
+  chunks `tokencredit.evaluation.evaluate` makes (64 rows per `generate` call).
 
-Reported: generated tokens (valid response tokens, EOS included) per second of wall time, median
-over `--repeats` runs after a warm-up, the process CPU time, the 1-minute load average, and the
-ratios. Also checked (printed): the number of tokenizer calls `generate` makes (1 for all P x G rows),
-and that decoding stops at the longest completion when every row has finished.
+Paths, run alternately (hf, ours, hf, ours, ...; median over `--repeats`):
 
-OpenMP: OMP_WAIT_POLICY defaults to PASSIVE here, as in benchmarks/bench_credit.py (see there).
+- hf: plain ``model.generate`` on the left-padded rows with the same `GenerationConfig`
+  (`tokencredit.rollout.generation_config`): transformers' `DynamicCache`, every row's prompt
+  prefilled. This is what `generate` did before issue 18;
+- ours: `tokencredit.rollout.generate` (shared prompt prefill, append-in-place cache; see its docstring).
 
-Threads: one torch thread by default: with 2 threads on a busy 2-core machine, libgomp's spin-waiting
-at every parallel region made this generation up to 25x slower (see benchmarks/bench_trainer_vs_trl.py).
+Both get the same seeds; the script checks that they return the same tokens.
+
+Compute floors (no decoding overhead; measured, not estimated):
+
+- floor A: one forward of the finished batch, ``model(sequences, attention_mask)`` on the
+  [N, prompt + response] ids that ours generated (no cache, causal attention over all positions);
+- floor B: what any decoder must compute: each distinct prompt once, then one forward of all
+  response tokens [N, T] over the prompt cache (repeated to the N rows).
+
+The ratios time / floor are printed; the issue-18 target is ours <= 3x floor A on the rollout round.
+`--mechanisms` also times transformers' static cache, with and without ``torch.compile``.
+`--train-run DIR` instead runs the default `tokencredit train` and reports the time spent inside
+`generate` (run it with an older checkout's src on PYTHONPATH for the "before" figures).
+`--profile` prints torch profiler tables (top ops by self CPU time) of one rollout round per path.
+Also checked: one tokenizer call per `generate`, and decoding stops at the longest completion.
+
+OpenMP: OMP_WAIT_POLICY defaults to PASSIVE (see BENCHMARKS.md, "two environment effects").
 
     python benchmarks/bench_generation.py
-    python benchmarks/bench_generation.py --prompts 32 --group-size 16 --max-new-tokens 128
+    python benchmarks/bench_generation.py --mechanisms --profile
+    python benchmarks/bench_generation.py --train-run /tmp/gen_after
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
-# Before torch loads (see the module docstring): libgomp reads this once, at start-up.
+# Before torch loads: libgomp reads this once, at start-up.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 from _common import load_average
 
 
-def _time(fn, repeats: int, warmup: bool = True) -> tuple[list[float], float, Any]:
-    out = fn() if warmup else None  # the model is warm after the first measurement; long runs skip it
-    wall, cpu = [], []
-    for _ in range(repeats):
-        c0, t0 = time.process_time(), time.perf_counter()
-        out = fn()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return wall, statistics.median(cpu), out
+def _clock(fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    c0, t0 = time.process_time(), time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, time.process_time() - c0, out
 
 
-class CountingTokenizer:
-    """Wraps a tokenizer and counts `__call__` invocations and the texts they encode."""
+def alternate(
+    paths: dict[str, Callable[[int], Any]], repeats: int
+) -> dict[str, tuple[float, float, list[Any]]]:
+    """Run each path once to warm up, then `repeats` rounds of all paths in turn (repeat r uses seed r).
+    Returns name -> (median wall s, median CPU s, outputs of the timed runs)."""
+    for fn in paths.values():
+        fn(-1)
+    wall: dict[str, list[float]] = {k: [] for k in paths}
+    cpu: dict[str, list[float]] = {k: [] for k in paths}
+    outs: dict[str, list[Any]] = {k: [] for k in paths}
+    for r in range(repeats):
+        for name, fn in paths.items():
+            w, c, o = _clock(functools.partial(fn, r))
+            wall[name].append(w)
+            cpu[name].append(c)
+            outs[name].append(o)
+    return {k: (statistics.median(wall[k]), statistics.median(cpu[k]), outs[k]) for k in paths}
 
-    def __init__(self, tok: Any) -> None:
-        self.__dict__["_tok"] = tok
-        self.__dict__["calls"] = 0
-        self.__dict__["texts"] = 0
 
-    def __call__(self, texts: Any, *a: Any, **k: Any) -> Any:
-        self.__dict__["calls"] += 1
-        self.__dict__["texts"] += 1 if isinstance(texts, str) else len(texts)
-        return self._tok(texts, *a, **k)
+def hf_generate(
+    model: Any,
+    tok: Any,
+    prompts: list[str],
+    group: int,
+    temperature: float,
+    top_p: float,
+    max_new: int,
+    seed: int | None,
+) -> torch.Tensor:
+    """[N, T] response ids from one plain ``model.generate`` call (DynamicCache, full prefill)."""
+    from tokencredit.rollout import generation_config
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tok, name)
+    cfg = generation_config(temperature, top_p, 0, max_new, [tok.eos_token_id], tok.pad_token_id)
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    ids = enc["input_ids"].repeat_interleave(group, 0)
+    att = enc["attention_mask"].repeat_interleave(group, 0)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        if seed is not None:
+            torch.manual_seed(seed)
+        out = model.generate(input_ids=ids, attention_mask=att, generation_config=cfg)
+    return out[:, ids.shape[1] :]
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._tok, name, value)
+
+def same_tokens(hf: torch.Tensor, ro: Any, eos: int) -> bool:
+    """hf's raw [N, T] output equals the rollout's valid tokens (hf pads finished rows with the pad id)."""
+    if hf.shape[1] != ro.response_ids.shape[1]:
+        return False
+    return bool(torch.equal(torch.where(ro.response_mask, hf, ro.pad_token_id), ro.response_ids))
 
 
-def _naive(model: Any, tok: Any, prompts: list[str], group: int, max_new: int, per_completion: bool) -> int:
-    """Per-prompt (or per-completion) loop over `model.generate`; returns the generated tokens."""
-    eos = tok.eos_token_id
-    tokens = 0
+def floors(
+    model: Any, tok: Any, prompts: list[str], group: int, ro: Any, repeats: int
+) -> tuple[float, float]:
+    """(floor A, floor B) in seconds, medians over `repeats` (see the module docstring)."""
+    from transformers import DynamicCache
+
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    seq, att = ro.sequences, ro.attention_mask
+    padded = not bool(enc["attention_mask"].all())
+
+    def floor_a() -> None:
+        model(input_ids=seq, attention_mask=att, use_cache=False)
+
+    def floor_b() -> None:
+        cache = DynamicCache(config=model.config)
+        m = enc["attention_mask"]
+        model(input_ids=enc["input_ids"], attention_mask=m if padded else None, cache=cache, use_cache=True,
+              position_ids=(m.cumsum(-1) - 1).clamp(min=0), logits_to_keep=1)  # fmt: skip
+        cache.batch_repeat_interleave(group)
+        pos = att.cumsum(-1)[:, enc["input_ids"].shape[1] :] - 1
+        model(input_ids=ro.response_ids, attention_mask=att, position_ids=pos, cache=cache, use_cache=True)
+
+    res = []
     with torch.no_grad():
-        for p in prompts:
-            reps = group if per_completion else 1
-            for _ in range(reps):
-                enc = tok(p, return_tensors="pt", add_special_tokens=False)
-                out = model.generate(
-                    **enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new,
-                    num_return_sequences=1 if per_completion else group, eos_token_id=eos,
-                    pad_token_id=tok.pad_token_id, use_cache=True,
-                )  # fmt: skip
-                resp = out[:, enc["input_ids"].shape[1] :]
-                is_eos = resp == eos
-                seen = is_eos.long().cumsum(1) - is_eos.long()
-                tokens += int((seen == 0).sum())
-    return tokens
+        for fn in (floor_a, floor_b):
+            fn()
+            res.append(statistics.median(_clock(fn)[0] for _ in range(repeats)))
+    return res[0], res[1]
+
+
+def train_run(out: str) -> None:
+    """The default `tokencredit train` in this process, with the wall and CPU seconds spent inside
+    `tokencredit.rollout.generate` (rollouts and evaluations) recorded; works with any version of
+    tokencredit on PYTHONPATH, so an older checkout gives the "before" figures."""
+    import tokencredit.rollout as rollout
+    from tokencredit.cli import main as cli_main
+
+    inner = rollout.generate
+    spent = {"wall": 0.0, "cpu": 0.0, "calls": 0}
+
+    def timed(*a: Any, **k: Any) -> Any:
+        w, c, res = _clock(lambda: inner(*a, **k))
+        spent["wall"] += w
+        spent["cpu"] += c
+        spent["calls"] += 1
+        return res
+
+    rollout.generate = timed  # the trainer and evaluate import it at call time
+    w, c, rc = _clock(lambda: cli_main(["train", "--out", out, "--no-progress"]))
+    print(
+        f"train run ({rollout.__file__}): exit {rc}, {w:.1f} s wall, {c:.1f} s CPU; inside generate "
+        f"({spent['calls']} calls): {spent['wall']:.1f} s wall, {spent['cpu']:.1f} s CPU; load {load_average()}"
+    )
+
+
+def library_mechanisms(
+    model: Any, tok: Any, prompts: list[str], group: int, max_new: int, repeats: int
+) -> None:
+    """Time transformers' own speed options on the rollout round: the static cache, and the static cache
+    with ``torch.compile`` of the decoding forward (CPU compilation has to be forced on; the first
+    call includes compiling)."""
+    from transformers import CompileConfig
+
+    from tokencredit.rollout import generation_config
+
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    ids, att = enc["input_ids"].repeat_interleave(group, 0), enc["attention_mask"].repeat_interleave(group, 0)
+    compiled = CompileConfig()
+    compiled._compile_all_devices = True  # transformers compiles only on accelerators unless told
+    for label, extra in (
+        ("dynamic cache (generate's default)", {}),
+        ("static cache", {"cache_implementation": "static"}),
+        ("static cache + torch.compile", {"cache_implementation": "static", "compile_config": compiled}),
+    ):
+        cfg = generation_config(1.0, 1.0, 0, max_new, [tok.eos_token_id], tok.pad_token_id)
+        cfg.update(**extra)
+        with torch.no_grad():
+            first = _clock(
+                lambda cfg=cfg: model.generate(input_ids=ids, attention_mask=att, generation_config=cfg)
+            )[0]
+            times = [
+                _clock(
+                    lambda cfg=cfg: model.generate(input_ids=ids, attention_mask=att, generation_config=cfg)
+                )[0]
+                for _ in range(repeats)
+            ]
+        print(
+            f"  {label}: first call {first:.2f} s, then median {statistics.median(times):.3f} s; load {load_average()}"
+        )
+
+
+def profile_table(fn: Callable[[], Any], rows: int = 12) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=80)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument(
-        "--threads", type=int, default=1, help="torch threads (1 by default: see the module docstring)"
+        "--eval-batch", type=int, default=64, help="rows per generate call in eval (evaluate's default)"
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skip-per-completion", action="store_true", help="skip the slowest baseline")
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument(
-        "--no-cache-check", action="store_true", help="also time batched generation without KV cache"
+        "--threads", type=int, default=1, help="torch threads (1: the trainer's default for the toy)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="problem sampling seed")
+    p.add_argument("--skip-eval", action="store_true")
+    p.add_argument(
+        "--train-run",
+        metavar="DIR",
+        help="instead: the default `tokencredit train` into DIR, with the time inside generate",
+    )
+    p.add_argument(
+        "--mechanisms", action="store_true", help="also time transformers' static cache and torch.compile"
+    )
+    p.add_argument(
+        "--profile", action="store_true", help="torch profiler tables of one rollout round per path"
     )
     args = p.parse_args()
+    if args.train_run:
+        train_run(args.train_run)  # the trainer sets its own threads (1 for the toy)
+        return
     torch.set_num_threads(args.threads)
 
-    from tokencredit.data.synthetic import ArithmeticTask
     from tokencredit.data.templates import render
-    from tokencredit.models import build_toy_model, build_toy_tokenizer
+    from tokencredit.models import load_model, toy_task
     from tokencredit.rollout import generate
 
-    tok = build_toy_tokenizer()
-    model = build_toy_model(seed=args.seed, tokenizer=tok).eval()
-    problems = ArithmeticTask().sample(args.prompts, "train")
-    prompts = [render("qwen-math", q.problem, tok) for q in problems]
+    model, tok = load_model("toy")
+    task = toy_task(args.seed)
+    prompts = [render("qwen-math", q.problem, tok) for q in task.sample(args.prompts, "train")]
     n_rows = args.prompts * args.group_size
-    prompt_tokens = statistics.mean(len(tok(x, add_special_tokens=False)["input_ids"]) for x in prompts)
+    plen = statistics.mean(len(tok(x, add_special_tokens=False)["input_ids"]) for x in prompts)
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; "
-        f"toy Qwen3 "
-        f"({sum(x.numel() for x in model.parameters()) / 1e6:.2f} M params), P={args.prompts} x G={args.group_size} "
-        f"= {n_rows} rows, prompt ~{prompt_tokens:.0f} tokens, max_new_tokens={args.max_new_tokens}, load {load_average()}"
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), OMP_WAIT_POLICY="
+        f"{os.environ.get('OMP_WAIT_POLICY')}; shipped toy model "
+        f"({sum(x.numel() for x in model.parameters()) / 1e6:.2f} M params); load {load_average()}"
     )
+    temp, top_p, max_new = args.temperature, args.top_p, args.max_new_tokens
 
-    counting = CountingTokenizer(tok)
-    seeds = iter(range(10_000))
+    # ---- rollout round
+    def ours(seed: int) -> Any:
+        return generate(model, tok, prompts, args.group_size, temperature=temp, top_p=top_p,
+                        max_new_tokens=max_new, seed=seed)  # fmt: skip
 
-    def batched() -> Any:
-        return generate(
-            model, counting, prompts, args.group_size, max_new_tokens=args.max_new_tokens, seed=next(seeds)
-        )
+    def hf(seed: int) -> torch.Tensor:
+        return hf_generate(model, tok, prompts, args.group_size, temp, top_p, max_new, seed)
 
-    wall, cpu, ro = _time(batched, args.repeats)
-    calls_per_run = counting.calls / (args.repeats + 1)
-    texts_per_run = counting.texts / (args.repeats + 1)
-    tok_b = int(ro.response_mask.sum())
-    med_b = statistics.median(wall)
-    lengths = ro.response_lengths
+    res = alternate({"hf": hf, "ours": ours}, args.repeats)
+    ro = res["ours"][2][-1]
+    tokens = int(ro.response_mask.sum())
+    same = all(same_tokens(h, o, tok.eos_token_id) for h, o in zip(res["hf"][2], res["ours"][2]))
+    fa, fb = floors(model, tok, prompts, args.group_size, ro, args.repeats)
     print(
-        f"batched  tokencredit.rollout.generate: {tok_b} tokens in {med_b:.3f} s (median of {args.repeats}: "
-        f"{', '.join(f'{t:.2f}' for t in wall)}) -> {tok_b / med_b:,.0f} tokens/s, CPU {cpu:.2f} s, load {load_average()}"
+        f"\nrollout round: P={args.prompts} x G={args.group_size} = {n_rows} rows, prompt ~{plen:.0f} tokens, "
+        f"{ro.response_ids.shape[1]} decoding steps, {tokens} sampled tokens, temperature {temp}, top_p {top_p}, "
+        f"max_new_tokens {max_new}; median of {args.repeats} alternated runs"
     )
+    for name in ("hf", "ours"):
+        w, c, _ = res[name]
+        print(f"  {name:5s} {w:.3f} s wall, {c:.3f} s CPU, {tokens / w:,.0f} tokens/s, "
+              f"{w / fa:.2f}x floor A, {w / fb:.2f}x floor B")  # fmt: skip
+    print(f"  floor A (one forward of the finished [{n_rows}, {ro.sequences.shape[1]}] batch): {fa:.3f} s")
+    print(f"  floor B (distinct prompts once + one forward of the [{n_rows}, {ro.response_ids.shape[1]}] "
+          f"responses over the cache): {fb:.3f} s")  # fmt: skip
+    print(f"  speed-up hf/ours {res['hf'][0] / res['ours'][0]:.2f}x wall, {res['hf'][1] / res['ours'][1]:.2f}x CPU; "
+          f"same tokens as hf under the same seeds: {'yes' if same else 'NO'}; load {load_average()}")  # fmt: skip
+
+    # ---- eval decoding, in evaluate's chunks
+    if not args.skip_eval:
+        eval_prompts = [
+            render("qwen-math", q.problem, tok) for q in task.sample(args.eval_problems, "heldout")
+        ]
+        for label, n_per, t in (("greedy", 1, 0.0), ("2 samples", 2, temp)):
+            per_chunk = max(1, args.eval_batch // n_per)
+            chunks = [eval_prompts[s : s + per_chunk] for s in range(0, len(eval_prompts), per_chunk)]
+
+            def ours_eval(seed: int, chunks=chunks, n_per=n_per, t=t) -> list[Any]:
+                return [generate(model, tok, c, n_per, temperature=t, top_p=top_p, max_new_tokens=max_new,
+                                 seed=seed if t > 0 else None) for c in chunks]  # fmt: skip
+
+            def hf_eval(seed: int, chunks=chunks, n_per=n_per, t=t) -> list[torch.Tensor]:
+                return [
+                    hf_generate(model, tok, c, n_per, t, top_p, max_new, seed if t > 0 else None)
+                    for c in chunks
+                ]
+
+            r = alternate({"hf": hf_eval, "ours": ours_eval}, max(1, args.repeats // 2))
+            last = r["ours"][2][-1]
+            same = all(same_tokens(h, o, tok.eos_token_id)
+                       for hs, os_ in zip(r["hf"][2], r["ours"][2]) for h, o in zip(hs, os_))  # fmt: skip
+            fa_eval = sum(floors(model, tok, c, n_per, o, 1)[0] for c, o in zip(chunks, last))
+            n_tok = sum(int(o.response_mask.sum()) for o in last)
+            print(f"\neval {label}: {len(eval_prompts)} problems x {n_per}, {len(chunks)} generate calls, "
+                  f"{n_tok} tokens; median of {max(1, args.repeats // 2)} alternated runs")  # fmt: skip
+            for name in ("hf", "ours"):
+                w, c, _ = r[name]
+                print(
+                    f"  {name:5s} {w:.3f} s wall, {c:.3f} s CPU, {w / fa_eval:.2f}x floor A ({fa_eval:.3f} s)"
+                )
+            print(f"  speed-up hf/ours {r['hf'][0] / r['ours'][0]:.2f}x wall; same tokens: {'yes' if same else 'NO'}; "
+                  f"load {load_average()}")  # fmt: skip
+
+    # ---- checks: tokenising once, stopping at the longest completion
+    calls = []
+    orig = type(tok).__call__
+
+    def counting(self: Any, text: Any, *a: Any, **k: Any) -> Any:
+        calls.append(1 if isinstance(text, str) else len(text))
+        return orig(self, text, *a, **k)
+
+    type(tok).__call__ = counting
+    try:
+        ours(0)
+    finally:
+        type(tok).__call__ = orig
     print(
-        f"  tokenizer calls per generate: {calls_per_run:.0f} (encoding {texts_per_run:.0f} prompt texts for "
-        f"{n_rows} rows); response columns {ro.response_ids.shape[1]} (longest completion {int(lengths.max())}, "
-        f"mean {float(lengths.float().mean()):.1f}, truncated {int(ro.truncated.sum())}/{n_rows})"
+        f"\ntokenizer calls per generate: {len(calls)} (encoding {sum(calls)} prompt texts for {n_rows} rows)"
     )
-    # Stop check: with frequent characters (digits, space) as extra stop ids every row ends early; the
-    # decoding loop must end at the longest completion, not run to max_new_tokens.
-    stops = [tok.eos_token_id, *tok.convert_tokens_to_ids(list("0123456789 "))]
-    budget = 4 * args.max_new_tokens
+    stops = [tok.eos_token_id, *tok.convert_tokens_to_ids(["T"])]  # "T" of "The answer is": ends rows early
+    budget = 4 * max_new
     stop = generate(model, tok, prompts, args.group_size, max_new_tokens=budget, seed=123, eos_token_id=stops)
-    ran = stop.response_ids.shape[1]
-    print(
-        f"  stop check (stop ids: EOS, digits, space; max_new_tokens={budget}): decoding ran {ran} columns = longest "
-        f"completion {int(stop.response_lengths.max())} (mean {float(stop.response_lengths.float().mean()):.1f}); "
-        f"{'OK' if ran == int(stop.response_lengths.max()) < budget else 'NOT STOPPED'}. Finished rows stay in the "
-        "batch as padding until the last row ends (transformers' generate does not shrink the batch)"
-    )
+    ran, longest = stop.response_ids.shape[1], int(stop.response_lengths.max())
+    print(f"stop check (stop ids EOS and 'T'; max_new_tokens={budget}): decoding ran {ran} columns, longest "
+          f"completion {longest}: {'OK' if ran == longest < budget else 'NOT STOPPED'}")  # fmt: skip
 
-    results = {"batched": tok_b / med_b}
-    wall, cpu, tok_p = _time(
-        lambda: _naive(model, tok, prompts, args.group_size, args.max_new_tokens, per_completion=False),
-        args.repeats,
-    )
-    med_p = statistics.median(wall)
-    results["per-prompt"] = tok_p / med_p
-    print(
-        f"per-prompt loop ({args.prompts} generate calls x {args.group_size} rows): {tok_p} tokens in {med_p:.3f} s "
-        f"-> {tok_p / med_p:,.0f} tokens/s, CPU {cpu:.2f} s, load {load_average()}"
-    )
-    if not args.skip_per_completion:
-        wall, cpu, tok_c = _time(
-            lambda: _naive(model, tok, prompts, args.group_size, args.max_new_tokens, per_completion=True),
-            1,
-            warmup=False,
-        )
-        med_c = statistics.median(wall)
-        results["per-completion"] = tok_c / med_c
-        print(
-            f"per-completion loop ({n_rows} generate calls x 1 row): {tok_c} tokens in {med_c:.3f} s "
-            f"-> {tok_c / med_c:,.0f} tokens/s, CPU {cpu:.2f} s (1 timed run), load {load_average()}"
-        )
-    if args.no_cache_check:
-        cfg_cache = model.generation_config.use_cache
-        model.generation_config.use_cache = False
-        try:
-            from transformers import GenerationConfig
-
-            enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-            ids = enc["input_ids"].repeat_interleave(args.group_size, 0)
-            att = enc["attention_mask"].repeat_interleave(args.group_size, 0)
-            gc = GenerationConfig(
-                do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
-                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, use_cache=False,
-            )  # fmt: skip
-
-            def nocache() -> int:
-                with torch.no_grad():
-                    out = model.generate(input_ids=ids, attention_mask=att, generation_config=gc)
-                resp = out[:, ids.shape[1] :]
-                is_eos = resp == tok.eos_token_id
-                return int(((is_eos.long().cumsum(1) - is_eos.long()) == 0).sum())
-
-            wall, cpu, tok_n = _time(nocache, 1, warmup=False)
-            results["batched, no KV cache"] = tok_n / wall[0]
-            print(
-                f"batched without KV cache: {tok_n} tokens in {wall[0]:.3f} s -> {tok_n / wall[0]:,.0f} tokens/s, "
-                f"CPU {cpu:.2f} s (1 timed run), load {load_average()}"
-            )
-        finally:
-            model.generation_config.use_cache = cfg_cache
-    for name, tps in results.items():
-        if name != "batched":
-            print(f"ratio batched / {name}: {results['batched'] / tps:.2f}x")
+    if args.mechanisms:
+        print("\ntransformers' own options, plain model.generate on the rollout round:")
+        library_mechanisms(model, tok, prompts, args.group_size, max_new, args.repeats)
+    if args.profile:
+        for name, fn in (("hf", lambda: hf(99)), ("ours", lambda: ours(99))):
+            print(f"\nprofile, one rollout round, {name}:\n{profile_table(fn)}")
 
 
 if __name__ == "__main__":

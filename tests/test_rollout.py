@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 
@@ -20,9 +22,11 @@ def force_eos_at(model, total_len: int):
 
     def hook(mod, args, kwargs, out):
         pos = kwargs["position_ids"][:, -1]
-        # transformers >= 5.2x passes the KV cache as `cache` (`past_key_values` before)
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        seen["calls"].append((kwargs["input_ids"].shape[1], cache is not None))
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # renamed in transformers 5.24
+        seen["calls"].append(
+            (tuple(kwargs["input_ids"].shape), int(cache.get_seq_length()) if cache is not None else 0)
+        )
+        seen["layers"] = {type(x).__name__ for x in cache.layers} if cache is not None else set()
         last = out.logits[:, -1, :]
         last[:, EOS] = torch.where(pos + 1 >= total_len, 1e4, -1e4).to(last.dtype)
         return out
@@ -57,8 +61,11 @@ def test_shapes_masks_and_eos(tiny):
         assert (r.response_ids[i, n:] == PAD).all()
     assert not r.truncated.any()
     assert r.texts[4] == "" and len(r.texts[0]) >= 1 and "<eos>" not in "".join(r.texts)
-    # KV cache: after the prefill, each step feeds a single token with a cache.
-    assert seen["calls"][0][0] == 14 and all(n == 1 and cache for n, cache in seen["calls"][1:])
+    # Shared prefill: the 3 distinct prompts run once (all but their last token) into the cache; then
+    # every forward feeds one token per row and the cache (after the call) grows by one position.
+    assert seen["calls"][0] == ((3, 13), 13)
+    assert seen["calls"][1:] == [((6, 1), 14 + i) for i in range(len(seen["calls"]) - 1)]
+    assert seen["layers"] == {"_AppendLayer"}  # in-place appends, not DynamicCache's torch.cat
     assert tok.padding_side == "right"
 
 
@@ -174,3 +181,174 @@ def test_training_mode_restored_and_errors(tiny):
         generate(model, tok, [], 1)
     with pytest.raises(ValueError, match="top_p"):
         generate(model, tok, ["x"], 1, top_p=0.0)
+
+
+# ---------------------------------------------------------------- equivalence with plain model.generate
+
+
+def reference(
+    model, tok, prompts, n, *, temperature, top_p=1.0, top_k=0, max_new_tokens, seed, eos, batch_size=None
+):
+    """[N, T] new tokens of plain ``model.generate`` calls (transformers' own cache and prefill) on the
+    left-padded, repeated prompts, `batch_size` rows a call, seeded as `generate` seeds; finished
+    rows are padded with the pad id."""
+    from tokencredit.rollout import generation_config
+
+    cfg = generation_config(temperature, top_p, top_k, max_new_tokens, eos, tok.pad_token_id)
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    ids, att = enc["input_ids"].repeat_interleave(n, 0), enc["attention_mask"].repeat_interleave(n, 0)
+    step = batch_size or ids.shape[0]
+    outs = []
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for s in range(0, ids.shape[0], step):
+            out = model.generate(
+                input_ids=ids[s : s + step], attention_mask=att[s : s + step], generation_config=cfg
+            )
+            outs.append(out[:, ids.shape[1] :])
+    width = max(o.shape[1] for o in outs)
+    return torch.cat(
+        [torch.nn.functional.pad(o, (0, width - o.shape[1]), value=tok.pad_token_id) for o in outs]
+    )
+
+
+# Frequent stop ids so that rows end at different, random lengths and some hit max_new_tokens.
+def frequent_stops(tok, k: int = 30) -> list[int]:
+    return [EOS, *tok.convert_tokens_to_ids(list("etaoinshrdlucmfwypvbgkqjxzETAOINSHRD"))[:k]]
+
+
+SETTINGS = [
+    dict(temperature=0.0),
+    dict(temperature=1.0),
+    dict(temperature=0.7, top_p=0.9, top_k=20),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kw", SETTINGS, ids=["greedy", "sample", "sample-top-p-k"])
+def test_same_tokens_as_model_generate_tiny_qwen3(tiny, kw, dtype):
+    model, tok = tiny
+    model = copy.deepcopy(model).to(dtype)
+    stops = frequent_stops(tok)
+    # (samples per prompt, rows per generate call): shared prefill; groups split across calls; no sharing.
+    for seed, (n, batch_size) in enumerate([(4, None), (3, 5), (1, None)]):
+        ref = reference(
+            model, tok, PROMPTS, n, max_new_tokens=12, seed=seed, eos=stops, batch_size=batch_size, **kw
+        )
+        r = generate(model, tok, PROMPTS, n, max_new_tokens=12, seed=seed, eos_token_id=stops,
+                     batch_size=batch_size, **kw)  # fmt: skip
+        assert torch.equal(r.response_ids, ref), (seed, n, batch_size)
+        if kw["temperature"] > 0 and n > 1:
+            # The comparison covers EOS and truncation: rows end at different lengths, some truncated.
+            lengths = r.response_lengths
+            assert lengths.min() < lengths.max() and r.truncated.any() and not r.truncated.all()
+
+
+@pytest.fixture(scope="module")
+def toy():
+    from tokencredit.data.templates import render
+    from tokencredit.models import load_model, toy_task
+
+    model, tok = load_model("toy")
+    task = toy_task(0)
+    # Held-out problems of 121 and 122 tokens: the batch is left-padded.
+    prompts = [render("qwen-math", p.problem, tok) for p in task.sample(6, "heldout")]
+    return model, tok, prompts
+
+
+@pytest.mark.parametrize(
+    "n, max_new, kw",
+    [(1, 80, SETTINGS[0]), (3, 80, SETTINGS[1]), (2, 30, SETTINGS[1])],  # 30: every answer truncated
+    ids=["greedy", "sample", "sample-truncated"],
+)
+def test_same_tokens_as_model_generate_toy(toy, n, max_new, kw):
+    model, tok, prompts = toy
+    assert len({len(tok(p)["input_ids"]) for p in prompts}) > 1
+    ref = reference(model, tok, prompts, n, max_new_tokens=max_new, seed=5, eos=[tok.eos_token_id], **kw)
+    r = generate(model, tok, prompts, n, max_new_tokens=max_new, seed=5, **kw)
+    assert torch.equal(r.response_ids, ref)
+    assert bool(r.truncated.all()) == (max_new == 30) and bool(r.truncated.any()) == (max_new == 30)
+
+
+def test_lora_wrapped_model(tiny):
+    from peft import LoraConfig, get_peft_model
+
+    base, tok = tiny
+    model = get_peft_model(
+        tiny_qwen3(len(tok), max_position_embeddings=256, tie_word_embeddings=True),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    ).eval()
+    stops = frequent_stops(tok)
+    for temperature in (1.0, 0.0):
+        ref = reference(model, tok, PROMPTS, 3, temperature=temperature, max_new_tokens=10, seed=2, eos=stops)
+        r = generate(
+            model, tok, PROMPTS, 3, temperature=temperature, max_new_tokens=10, seed=2, eos_token_id=stops
+        )
+        assert torch.equal(r.response_ids, ref)
+    # The adapter is active while generating: the base model decodes something else (greedy; sampling
+    # from the random model's near-uniform distributions hardly notices the adapter).
+    plain = generate(base, tok, PROMPTS, 3, temperature=0.0, max_new_tokens=10, eos_token_id=stops)
+    assert not torch.equal(plain.response_ids, r.response_ids)
+
+
+def test_append_layer_matches_dynamic_layer():
+    from transformers.cache_utils import DynamicLayer
+
+    from tokencredit.rollout import _append_layer_class
+
+    torch.manual_seed(0)
+    ours, ref = _append_layer_class()(room=3), DynamicLayer()
+
+    def step(n: int, batch: int = 2) -> None:
+        k, v = torch.randn(batch, 3, n, 4), torch.randn(batch, 3, n, 4)
+        a, b = ours.update(k, v), ref.update(k, v)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+    step(5)
+    buf = ours._kbuf
+    for _ in range(3):
+        step(1)  # written in place into the room left after the prefill
+    assert ours._kbuf is buf and ours.keys.data_ptr() == buf.data_ptr() and buf.shape[2] == 5 + 3
+    step(1)  # past the room: new, larger buffers
+    assert ours._kbuf is not buf and ours.get_seq_length() == ref.get_seq_length() == 9
+    for layer in (ours, ref):
+        layer.crop(-2)
+    step(2)  # overwrites the cropped positions
+    idx = torch.tensor([1, 1, 0])
+    for layer in (ours, ref):
+        layer.batch_select_indices(idx)
+    step(1, batch=3)  # the selected rows are copied into new buffers
+    assert ours.keys.shape == (3, 3, 10, 4)
+    for layer in (ours, ref):
+        layer.batch_repeat_interleave(2)
+    step(1, batch=6)
+    assert ours.keys.shape == (6, 3, 11, 4)
+
+
+def test_append_layer_grows_geometrically():
+    """Spare room as large as what is held (at most `room`): a long generation copies its cache
+    O(log T) times, and memory stays within 2x of what it holds."""
+    from tokencredit.rollout import _append_layer_class
+
+    layer = _append_layer_class()(room=1000)
+    sizes = []
+    for n in [20] + [1] * 60:
+        layer.update(torch.zeros(1, 1, n, 2), torch.zeros(1, 1, n, 2))
+        sizes.append(layer._kbuf.shape[2])
+    assert sorted(set(sizes)) == [40, 82]  # 20 + 20 spare; full at 40, then 41 + 41
+    assert layer.get_seq_length() == 80
+
+
+def test_model_asking_for_its_own_cache_keeps_it(tiny):
+    """A model whose generation config names a cache implementation gets it from ``generate``."""
+    model, tok = tiny
+    model.generation_config.cache_implementation = "static"
+    handle, seen = force_eos_at(model, 9)
+    try:
+        ref = reference(model, tok, PROMPTS, 2, temperature=1.0, max_new_tokens=6, seed=4, eos=[EOS])
+        r = generate(model, tok, PROMPTS, 2, temperature=1.0, max_new_tokens=6, seed=4)
+    finally:
+        handle.remove()
+        model.generation_config.cache_implementation = None
+    assert seen["layers"] == {"StaticLayer"} and seen["calls"][0][0] == (6, 14)  # no shared prefill
+    assert torch.equal(r.response_ids, ref)

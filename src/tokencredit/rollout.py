@@ -5,10 +5,31 @@ prompts x samples go through one ``model.generate`` call (or chunks of `batch_si
 with the KV cache on and finished sequences stopped at EOS. The output is right-padded: for
 rollout i, ``response_ids[i, :L_i]`` are the generated tokens up to and including the EOS that
 ended it, and ``response_mask`` marks exactly those.
+
+Two changes to what ``generate`` would do on its own make decoding cheaper without changing what it
+samples (benchmarks/bench_generation.py, BENCHMARKS.md section 6):
+
+- *Shared prompt prefill.* The `num_samples` copies of a prompt have the same keys and values, so the
+  prompt (all but its last token) runs through the model once per distinct prompt and the cache
+  rows are then repeated (`Cache.batch_select_indices`); ``generate`` starts from that cache and
+  runs only the last prompt token for every row. With 8 samples a prompt this is 1/8 of the prefill.
+- *Append-in-place cache.* `transformers.DynamicCache` grows each layer with ``torch.cat``, copying
+  the whole cache at every decoding step (a third of the toy model's decoding time). `_AppendLayer`
+  keeps the same keys/values in buffers with spare positions (doubling, at most `max_new_tokens`)
+  and writes each step's entries in place; attention reads a view of the filled part, the same values.
+
+Both are the library's own mechanisms (a `Cache` passed to ``generate``, a `DynamicLayer`
+subclass); sampling, the logits processors and stopping stay ``generate``'s. Samples are the same
+as a plain ``model.generate`` call under the same seed as long as the forward computes the same
+logits for a row whatever the batch around it; on CPU (toy model, tiny Qwen3 in the tests) they are
+identical. A GPU library may pick different kernels for the smaller prefill batch, so there samples
+can differ at float-rounding level.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -145,6 +166,155 @@ def _rng(seed: int | None, device: torch.device):
         yield
 
 
+@functools.cache
+def _append_layer_class() -> type:
+    """`_AppendLayer`, built on first use (importing transformers' cache module costs a second)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class _AppendLayer(DynamicLayer):
+        """A `DynamicLayer` that appends new keys/values in place instead of ``torch.cat``.
+
+        ``keys``/``values`` [B, H, L, D] are views of buffers [B, H, L + spare, D]; an update writes at
+        position L of the buffers, and a full buffer is replaced by one twice as long (capped at
+        `room` spare positions). Anything that replaces ``keys`` by another tensor (batch selection,
+        beam reordering, offloading) is noticed at the next update, which copies it into fresh buffers;
+        a crop keeps the view, so the next update overwrites the cropped positions.
+        """
+
+        def __init__(self, room: int) -> None:
+            super().__init__()
+            self.room = room
+            self._kbuf: Tensor | None = None
+            self._vbuf: Tensor | None = None
+
+        def _owns_views(self) -> bool:
+            k, kb = self.keys, self._kbuf
+            return (
+                kb is not None
+                and k.dim() == 4
+                and k.data_ptr() == kb.data_ptr()
+                and k.stride() == kb.stride()
+                and k.shape[:2] == kb.shape[:2]
+                and self.values.data_ptr() == self._vbuf.data_ptr()
+            )
+
+        def update(
+            self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[Tensor, Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            length = self.keys.shape[-2] if self.keys.numel() else 0
+            new = key_states.shape[-2]
+            owned = length > 0 and self._owns_views()
+            if not owned or length + new > self._kbuf.shape[-2]:
+                batch, heads = key_states.shape[:2]
+                # Spare positions: as many as held (geometric growth, so the copies cost O(1) a token
+                # and memory stays within 2x of DynamicCache's), at most `room` (max_new_tokens).
+                size = length + new + min(self.room, max(length + new, 16))
+                kbuf = key_states.new_empty(batch, heads, size, key_states.shape[-1])
+                vbuf = value_states.new_empty(batch, heads, size, value_states.shape[-1])
+                if length:
+                    kbuf[:, :, :length].copy_(self.keys)
+                    vbuf[:, :, :length].copy_(self.values)
+                self._kbuf, self._vbuf = kbuf, vbuf
+            self._kbuf[:, :, length : length + new].copy_(key_states)
+            self._vbuf[:, :, length : length + new].copy_(value_states)
+            self.keys = self._kbuf[:, :, : length + new]
+            self.values = self._vbuf[:, :, : length + new]
+            return self.keys, self.values
+
+    return _AppendLayer
+
+
+def _unwrapped(model: Any) -> Any:
+    """The Hugging Face model under a peft wrapper (the model itself otherwise)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _cache_kwarg(model: Any) -> str:
+    """Name of the forward/generate argument taking a `Cache`: ``cache`` from transformers 5.24 on,
+    ``past_key_values`` before (still accepted, with a deprecation warning, for now)."""
+    return (
+        "cache" if "cache" in inspect.signature(_unwrapped(model).forward).parameters else "past_key_values"
+    )
+
+
+def _decode_cache(model: Any, room: int) -> Any:
+    """The cache ``generate`` would build by default (`DynamicCache` from the model's config, one layer
+    class per layer type) with each plain `DynamicLayer` replaced by an `_AppendLayer` with `room` spare
+    positions. None where ``generate`` would build something else (its own cache class, an
+    encoder-decoder cache, a `cache_implementation` from the model's generation config): then
+    ``generate`` keeps its own."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    base = _unwrapped(model)
+    config = base.config
+    supports = getattr(base, "_supports_default_dynamic_cache", None)
+    wanted = getattr(getattr(base, "generation_config", None), "cache_implementation", None)
+    if config.is_encoder_decoder or wanted is not None or (supports is not None and not supports()):
+        return None
+    cache = DynamicCache(config=config.get_text_config(decoder=True))
+    if not getattr(cache, "layers", None):
+        return None
+    layer = _append_layer_class()
+    cache.layers = [layer(room) if type(x) is DynamicLayer else x for x in cache.layers]
+    return cache
+
+
+def _position_ids(mask: Tensor) -> Tensor:
+    """Positions of left-padded rows as ``generate`` derives them from the attention mask."""
+    pos = mask.long().cumsum(-1) - 1
+    return pos.masked_fill(mask == 0, 0)
+
+
+def _prefill_shared(
+    model: Any, cache: Any, cache_kwarg: str, ids: Tensor, mask: Tensor, rows: Tensor, use_mask: bool
+) -> None:
+    """Run the distinct prompts `ids`/`mask` [U, P] without their last token into `cache`, then repeat
+    the cache rows to the batch (row i answers prompt rows[i]); ``generate`` runs the last prompt
+    token of every row from there. `use_mask` False drops an all-ones mask, as ``generate`` does, so
+    the prefill takes the attention path (causal, no mask) ``generate``'s own prefill would."""
+    kwargs: dict[str, Any] = {cache_kwarg: cache, "use_cache": True}
+    if "logits_to_keep" in inspect.signature(_unwrapped(model).forward).parameters:
+        kwargs["logits_to_keep"] = 1  # the prefill's logits are never read
+    model(
+        input_ids=ids[:, :-1],
+        attention_mask=mask[:, :-1] if use_mask else None,
+        position_ids=_position_ids(mask)[:, :-1],
+        **kwargs,
+    )
+    cache.batch_select_indices(rows.to(ids.device))
+
+
+def generation_config(
+    temperature: float, top_p: float, top_k: int, max_new_tokens: int, eos_ids: Sequence[int], pad_id: int
+) -> Any:
+    """The `GenerationConfig` of `generate`: greedy at temperature 0, else plain sampling restricted
+    only by `top_p` and `top_k` (0 = off); every other processor of the model's own generation config
+    (repetition penalty, min_p, ...) is switched off."""
+    from transformers import GenerationConfig
+
+    greedy = temperature == 0
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=not greedy,
+        temperature=None if greedy else float(temperature),
+        top_p=None if greedy else float(top_p),
+        top_k=None if greedy else int(top_k),
+        min_p=None,
+        typical_p=1.0,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        num_beams=1,
+        num_return_sequences=1,
+        min_new_tokens=0,
+        eos_token_id=list(eos_ids),
+        pad_token_id=pad_id,
+        use_cache=True,
+    )
+
+
 def generate(
     model: Any,
     tokenizer: Any,
@@ -170,8 +340,6 @@ def generate(
     `add_special_tokens` (default: True unless the prompts already start with the BOS token)
     is passed to the tokenizer.
     """
-    from transformers import GenerationConfig
-
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     if max_new_tokens < 1:
@@ -195,24 +363,8 @@ def generate(
         bos = getattr(tokenizer, "bos_token", None)
         add_special_tokens = not (bos and all(p.startswith(bos) for p in prompts))
 
-    greedy = temperature == 0
-    gen_cfg = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=not greedy,
-        temperature=None if greedy else float(temperature),
-        top_p=None if greedy else float(top_p),
-        top_k=None if greedy else int(top_k),
-        min_p=None,
-        typical_p=1.0,
-        repetition_penalty=1.0,
-        no_repeat_ngram_size=0,
-        num_beams=1,
-        num_return_sequences=1,
-        min_new_tokens=0,
-        eos_token_id=eos_ids,
-        pad_token_id=pad_id,
-        use_cache=True,
-    )
+    gen_cfg = generation_config(temperature, top_p, top_k, max_new_tokens, eos_ids, pad_id)
+    cache_kwarg = _cache_kwarg(model)
 
     with _generation_mode(model, tokenizer, pad_id):
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)
@@ -228,7 +380,16 @@ def generate(
             for s in range(0, n, step):
                 ids = prompt_ids[s : s + step].to(device)
                 att = prompt_mask[s : s + step].to(device).long()
-                out = model.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg)
+                cache = _decode_cache(model, room=max_new_tokens + 1)
+                extra = {} if cache is None else {cache_kwarg: cache}
+                # Distinct prompts of this chunk (rows of a prompt are adjacent) and each row's one.
+                distinct, rows = torch.unique_consecutive(prompt_index[s : s + step], return_inverse=True)
+                if cache is not None and len(distinct) < len(rows) and ids.shape[1] > 1:
+                    # generate drops an all-ones mask (no padding): attention then runs causal without one.
+                    use_mask = not bool(att.all())
+                    d_ids, d_mask = p_ids[distinct].to(device), p_mask[distinct].to(device).long()
+                    _prefill_shared(model, cache, cache_kwarg, d_ids, d_mask, rows, use_mask)
+                out = model.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg, **extra)
                 chunks.append(out[:, ids.shape[1] :].to("cpu", torch.long))
 
     T = max(c.shape[1] for c in chunks)

@@ -294,7 +294,7 @@ def test_lora_wrapped_model(tiny):
 def test_append_layer_matches_dynamic_layer():
     from transformers.cache_utils import DynamicLayer
 
-    from tokencredit.rollout import _append_layer_class
+    from tokencredit.rollout.cache import _append_layer_class
 
     torch.manual_seed(0)
     ours, ref = _append_layer_class()(room=3), DynamicLayer()
@@ -328,7 +328,7 @@ def test_append_layer_matches_dynamic_layer():
 def test_append_layer_grows_geometrically():
     """Spare room as large as what is held (at most `room`): a long generation copies its cache
     O(log T) times, and memory stays within 2x of what it holds."""
-    from tokencredit.rollout import _append_layer_class
+    from tokencredit.rollout.cache import _append_layer_class
 
     layer = _append_layer_class()(room=1000)
     sizes = []

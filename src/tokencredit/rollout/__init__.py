@@ -28,8 +28,6 @@ can differ at float-rounding level.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +35,13 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from tokencredit.rollout.cache import cache_kwarg, decode_cache, prefill_shared
+
+__all__ = [
+    "PromptResponseLayout", "Rollouts", "generate", "generate_ids", "generation_config", "response_mask_from_ids",
+    "special_ids",
+]  # fmt: skip
 
 
 class PromptResponseLayout:
@@ -166,127 +171,6 @@ def _rng(seed: int | None, device: torch.device):
         yield
 
 
-@functools.cache
-def _append_layer_class() -> type:
-    """`_AppendLayer`, built on first use (importing transformers' cache module costs a second)."""
-    from transformers.cache_utils import DynamicLayer
-
-    class _AppendLayer(DynamicLayer):
-        """A `DynamicLayer` that appends new keys/values in place instead of ``torch.cat``.
-
-        ``keys``/``values`` [B, H, L, D] are views of buffers [B, H, L + spare, D]; an update writes at
-        position L of the buffers, and a full buffer is replaced by one twice as long (capped at
-        `room` spare positions). Anything that replaces ``keys`` by another tensor (batch selection,
-        beam reordering, offloading) is noticed at the next update, which copies it into fresh buffers;
-        a crop keeps the view, so the next update overwrites the cropped positions.
-        """
-
-        def __init__(self, room: int) -> None:
-            super().__init__()
-            self.room = room
-            self._kbuf: Tensor | None = None
-            self._vbuf: Tensor | None = None
-
-        def _owns_views(self) -> bool:
-            k, kb = self.keys, self._kbuf
-            return (
-                kb is not None
-                and k.dim() == 4
-                and k.data_ptr() == kb.data_ptr()
-                and k.stride() == kb.stride()
-                and k.shape[:2] == kb.shape[:2]
-                and self.values.data_ptr() == self._vbuf.data_ptr()
-            )
-
-        def update(
-            self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
-        ) -> tuple[Tensor, Tensor]:
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            length = self.keys.shape[-2] if self.keys.numel() else 0
-            new = key_states.shape[-2]
-            owned = length > 0 and self._owns_views()
-            if not owned or length + new > self._kbuf.shape[-2]:
-                batch, heads = key_states.shape[:2]
-                # Spare positions: as many as held (geometric growth, so the copies cost O(1) a token
-                # and memory stays within 2x of DynamicCache's), at most `room` (max_new_tokens).
-                size = length + new + min(self.room, max(length + new, 16))
-                kbuf = key_states.new_empty(batch, heads, size, key_states.shape[-1])
-                vbuf = value_states.new_empty(batch, heads, size, value_states.shape[-1])
-                if length:
-                    kbuf[:, :, :length].copy_(self.keys)
-                    vbuf[:, :, :length].copy_(self.values)
-                self._kbuf, self._vbuf = kbuf, vbuf
-            self._kbuf[:, :, length : length + new].copy_(key_states)
-            self._vbuf[:, :, length : length + new].copy_(value_states)
-            self.keys = self._kbuf[:, :, : length + new]
-            self.values = self._vbuf[:, :, : length + new]
-            return self.keys, self.values
-
-    return _AppendLayer
-
-
-def _unwrapped(model: Any) -> Any:
-    """The Hugging Face model under a peft wrapper (the model itself otherwise)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def _cache_kwarg(model: Any) -> str:
-    """Name of the forward/generate argument taking a `Cache`: ``cache`` from transformers 5.24 on,
-    ``past_key_values`` before (still accepted, with a deprecation warning, for now)."""
-    return (
-        "cache" if "cache" in inspect.signature(_unwrapped(model).forward).parameters else "past_key_values"
-    )
-
-
-def _decode_cache(model: Any, room: int) -> Any:
-    """The cache ``generate`` would build by default (`DynamicCache` from the model's config, one layer
-    class per layer type) with each plain `DynamicLayer` replaced by an `_AppendLayer` with `room` spare
-    positions. None where ``generate`` would build something else (its own cache class, an
-    encoder-decoder cache, a `cache_implementation` from the model's generation config): then
-    ``generate`` keeps its own."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    base = _unwrapped(model)
-    config = base.config
-    supports = getattr(base, "_supports_default_dynamic_cache", None)
-    wanted = getattr(getattr(base, "generation_config", None), "cache_implementation", None)
-    if config.is_encoder_decoder or wanted is not None or (supports is not None and not supports()):
-        return None
-    cache = DynamicCache(config=config.get_text_config(decoder=True))
-    if not getattr(cache, "layers", None):
-        return None
-    layer = _append_layer_class()
-    cache.layers = [layer(room) if type(x) is DynamicLayer else x for x in cache.layers]
-    return cache
-
-
-def _position_ids(mask: Tensor) -> Tensor:
-    """Positions of left-padded rows as ``generate`` derives them from the attention mask."""
-    pos = mask.long().cumsum(-1) - 1
-    return pos.masked_fill(mask == 0, 0)
-
-
-def _prefill_shared(
-    model: Any, cache: Any, cache_kwarg: str, ids: Tensor, mask: Tensor, rows: Tensor, use_mask: bool
-) -> None:
-    """Run the distinct prompts `ids`/`mask` [U, P] without their last token into `cache`, then repeat
-    the cache rows to the batch (row i answers prompt rows[i]); ``generate`` runs the last prompt
-    token of every row from there. `use_mask` False drops an all-ones mask, as ``generate`` does, so
-    the prefill takes the attention path (causal, no mask) ``generate``'s own prefill would."""
-    kwargs: dict[str, Any] = {cache_kwarg: cache, "use_cache": True}
-    if "logits_to_keep" in inspect.signature(_unwrapped(model).forward).parameters:
-        kwargs["logits_to_keep"] = 1  # the prefill's logits are never read
-    model(
-        input_ids=ids[:, :-1],
-        attention_mask=mask[:, :-1] if use_mask else None,
-        position_ids=_position_ids(mask)[:, :-1],
-        **kwargs,
-    )
-    cache.batch_select_indices(rows.to(ids.device))
-
-
 def generation_config(
     temperature: float, top_p: float, top_k: int, max_new_tokens: int, eos_ids: Sequence[int], pad_id: int
 ) -> Any:
@@ -315,6 +199,68 @@ def generation_config(
     )
 
 
+def generate_ids(
+    model: Any,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    num_samples: int,
+    *,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_new_tokens: int = 256,
+    seed: int | None = None,
+    batch_size: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Sample `num_samples` continuations of each left-padded prompt of token ids [U, P] (`prompt_mask`
+    marks the real tokens): (prompt_index [N], response_ids [N,T], response_mask [N,T], truncated [N]),
+    N = U x num_samples, responses right-padded with `pad_id`, valid up to and including the EOS.
+
+    The id-level core of `generate` (which tokenises text prompts and decodes the responses); the
+    Monte-Carlo oracle calls it on prompt + response prefixes, token for token. Batches of
+    `batch_size` sequences (all at once by default), one seeded RNG fork for the whole call.
+    """
+    gen_cfg = generation_config(temperature, top_p, top_k, max_new_tokens, eos_ids, pad_id)
+    kwarg = cache_kwarg(model)
+    device = next(model.parameters()).device
+    prompt_index = torch.arange(prompt_ids.shape[0]).repeat_interleave(num_samples)
+    ids_all = prompt_ids.to(torch.long).repeat_interleave(num_samples, dim=0)
+    mask_all = prompt_mask.to(torch.bool).repeat_interleave(num_samples, dim=0)
+    n = ids_all.shape[0]
+    step = n if batch_size is None else batch_size
+    chunks: list[Tensor] = []
+    with _rng(seed, device), torch.no_grad():
+        for s in range(0, n, step):
+            ids = ids_all[s : s + step].to(device)
+            att = mask_all[s : s + step].to(device).long()
+            cache = decode_cache(model, room=max_new_tokens + 1)
+            extra = {} if cache is None else {kwarg: cache}
+            # Distinct prompts of this chunk (rows of a prompt are adjacent) and each row's one.
+            distinct, rows = torch.unique_consecutive(prompt_index[s : s + step], return_inverse=True)
+            if cache is not None and len(distinct) < len(rows) and ids.shape[1] > 1:
+                # generate drops an all-ones mask (no padding): attention then runs causal without one.
+                use_mask = not bool(att.all())
+                d_ids, d_mask = prompt_ids[distinct].to(device).long(), prompt_mask[distinct].to(device).long()
+                prefill_shared(model, cache, kwarg, d_ids, d_mask, rows, use_mask)
+            out = model.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg, **extra)
+            chunks.append(out[:, ids.shape[1] :].to("cpu", torch.long))
+    width = max(c.shape[1] for c in chunks)
+    response_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((n, width), dtype=torch.bool)
+    truncated = torch.zeros(n, dtype=torch.bool)
+    row = 0
+    for c in chunks:
+        m, tr = response_mask_from_ids(c, eos_ids)
+        k, t = c.shape
+        response_mask[row : row + k, :t] = m
+        truncated[row : row + k] = tr
+        response_ids[row : row + k, :t] = torch.where(m, c, torch.full_like(c, pad_id))
+        row += k
+    return prompt_index, response_ids, response_mask, truncated
+
+
 def generate(
     model: Any,
     tokenizer: Any,
@@ -340,6 +286,44 @@ def generate(
     `add_special_tokens` (default: True unless the prompts already start with the BOS token)
     is passed to the tokenizer.
     """
+    _check_settings(num_samples, max_new_tokens, temperature, top_p, batch_size)
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("no prompts to generate from")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise ValueError(f"prompt {i}: expected a str, got {type(p).__name__}")
+    eos_ids, pad_id = special_ids(model, tokenizer, eos_token_id)
+    if add_special_tokens is None:
+        bos = getattr(tokenizer, "bos_token", None)
+        add_special_tokens = not (bos and all(p.startswith(bos) for p in prompts))
+    with _generation_mode(model, tokenizer, pad_id):
+        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)
+        p_ids, p_mask = enc["input_ids"].to(torch.long), enc["attention_mask"].to(torch.bool)
+        prompt_index, response_ids, response_mask, truncated = generate_ids(
+            model, p_ids, p_mask, num_samples, eos_ids=eos_ids, pad_id=pad_id, temperature=temperature,
+            top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, seed=_seed_from(seed, generator),
+            batch_size=batch_size,
+        )  # fmt: skip
+    texts = tokenizer.batch_decode(
+        [response_ids[i, response_mask[i]].tolist() for i in range(len(prompt_index))], skip_special_tokens=True
+    )
+    return Rollouts(
+        prompt_ids=p_ids.repeat_interleave(num_samples, dim=0),
+        prompt_mask=p_mask.repeat_interleave(num_samples, dim=0),
+        response_ids=response_ids,
+        response_mask=response_mask,
+        truncated=truncated,
+        texts=texts,
+        prompt_index=prompt_index,
+        pad_token_id=pad_id,
+        eos_token_ids=tuple(eos_ids),
+    )
+
+
+def _check_settings(
+    num_samples: int, max_new_tokens: int, temperature: float, top_p: float, batch_size: int | None
+) -> None:
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     if max_new_tokens < 1:
@@ -350,71 +334,3 @@ def generate(
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    prompts = list(prompts)
-    if not prompts:
-        raise ValueError("no prompts to generate from")
-    for i, p in enumerate(prompts):
-        if not isinstance(p, str):
-            raise ValueError(f"prompt {i}: expected a str, got {type(p).__name__}")
-    eos_ids, pad_id = special_ids(model, tokenizer, eos_token_id)
-    run_seed = _seed_from(seed, generator)
-    device = next(model.parameters()).device
-    if add_special_tokens is None:
-        bos = getattr(tokenizer, "bos_token", None)
-        add_special_tokens = not (bos and all(p.startswith(bos) for p in prompts))
-
-    gen_cfg = generation_config(temperature, top_p, top_k, max_new_tokens, eos_ids, pad_id)
-    cache_kwarg = _cache_kwarg(model)
-
-    with _generation_mode(model, tokenizer, pad_id):
-        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)
-        p_ids = enc["input_ids"].to(torch.long)
-        p_mask = enc["attention_mask"].to(torch.bool)
-        prompt_index = torch.arange(len(prompts)).repeat_interleave(num_samples)
-        prompt_ids = p_ids.repeat_interleave(num_samples, dim=0)
-        prompt_mask = p_mask.repeat_interleave(num_samples, dim=0)
-        n = prompt_ids.shape[0]
-        step = n if batch_size is None else batch_size
-        chunks: list[Tensor] = []
-        with _rng(run_seed, device), torch.no_grad():
-            for s in range(0, n, step):
-                ids = prompt_ids[s : s + step].to(device)
-                att = prompt_mask[s : s + step].to(device).long()
-                cache = _decode_cache(model, room=max_new_tokens + 1)
-                extra = {} if cache is None else {cache_kwarg: cache}
-                # Distinct prompts of this chunk (rows of a prompt are adjacent) and each row's one.
-                distinct, rows = torch.unique_consecutive(prompt_index[s : s + step], return_inverse=True)
-                if cache is not None and len(distinct) < len(rows) and ids.shape[1] > 1:
-                    # generate drops an all-ones mask (no padding): attention then runs causal without one.
-                    use_mask = not bool(att.all())
-                    d_ids, d_mask = p_ids[distinct].to(device), p_mask[distinct].to(device).long()
-                    _prefill_shared(model, cache, cache_kwarg, d_ids, d_mask, rows, use_mask)
-                out = model.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg, **extra)
-                chunks.append(out[:, ids.shape[1] :].to("cpu", torch.long))
-
-    T = max(c.shape[1] for c in chunks)
-    response_ids = torch.full((n, T), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((n, T), dtype=torch.bool)
-    truncated = torch.zeros(n, dtype=torch.bool)
-    row = 0
-    for c in chunks:
-        m, tr = response_mask_from_ids(c, eos_ids)
-        k, t = c.shape
-        response_mask[row : row + k, :t] = m
-        truncated[row : row + k] = tr
-        response_ids[row : row + k, :t] = torch.where(m, c, torch.full_like(c, pad_id))
-        row += k
-    texts = tokenizer.batch_decode(
-        [response_ids[i, response_mask[i]].tolist() for i in range(n)], skip_special_tokens=True
-    )
-    return Rollouts(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response_ids,
-        response_mask=response_mask,
-        truncated=truncated,
-        texts=texts,
-        prompt_index=prompt_index,
-        pad_token_id=pad_id,
-        eos_token_ids=tuple(eos_ids),
-    )

@@ -85,7 +85,7 @@ def point_table(point: dict[str, Any], ks: Sequence[int]) -> str:
 
 
 def _rho(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
+    return "n/a" if x is None else f"{round(x, 3) + 0.0:.3f}"  # + 0.0: no "-0.000"
 
 
 def _fidelity_row(name: str, r: dict[str, Any], ks: Sequence[int]) -> str:

@@ -420,3 +420,263 @@ def test_cli_errors(tmp_path, tiny_model_dir, capsys):
     assert probe.parse_checkpoint("step_000020") == probe.parse_checkpoint("20") == 20
     with pytest.raises(ConfigError):
         probe.parse_checkpoint("latest")
+
+
+# ------------------------------------------------------------------------------------ Monte-Carlo oracle (--oracle)
+def _oracle_credit(adv, se, mask, skipped, cost=None, rewards=None):
+    """A hand-made OracleCredit (values are not read by the fidelity scoring)."""
+    from tokencredit.oracle import OracleCost, OracleCredit
+
+    n, t = mask.shape
+    return OracleCredit(
+        advantages=torch.tensor(adv, dtype=torch.float32),
+        stderr=torch.tensor(se, dtype=torch.float32),
+        mask=mask,
+        skipped=skipped,
+        bound=torch.zeros(n, t),
+        values=torch.zeros(n, t + 1),
+        value_stderr=torch.zeros(n, t + 1),
+        known=torch.zeros(n, t + 1, dtype=torch.bool),
+        rewards=torch.zeros(n) if rewards is None else torch.tensor(rewards),
+        cost=cost
+        or OracleCost(states=5, continuations=10, generated_tokens=100, seconds=1.5, positions=9, skipped=1),
+    )
+
+
+def _hand_oracle():
+    """Oracle rows 0, 2, 3 of a 4-row batch (row 1 not estimated); significant A* (|A*| > 2 se):
+    row 0 tokens 0 and 3 (token 2 skipped), row 2 tokens 0 and 1, row 3 none. Targets: row 0 token 0,
+    row 2 token 1, row 3 none."""
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    skipped = torch.zeros(3, 4, dtype=torch.bool)
+    skipped[0, 2] = True
+    credit = _oracle_credit(
+        [[-0.5, 0.1, 0.0, 0.3], [0.2, -0.4, 0.05, 0.0], [0.1, -0.1, 0.0, 0.0]],
+        [[0.1, 0.1, 0.0, 0.1], [0.05, 0.1, 0.1, 0.0], [0.1, 0.1, 0.0, 0.0]],
+        mask,
+        skipped,
+        rewards=[0.0, 1.0, 0.0],
+    )
+    from tokencredit.oracle import oracle_targets
+
+    oracle = probe.ProbeOracle(torch.tensor([0, 2, 3]), credit, oracle_targets(credit, probe.ORACLE_Z))
+    # the method's credit on the whole batch; row 1 and the padding must not count
+    method = torch.tensor(
+        [[-2.0, 1.0, 0.0, 1.0], [9.0, 9.0, 9.0, 9.0], [-2.0, -2.0, 1.0, 5.0], [1.0, 2.0, 5.0, 5.0]]
+    )
+    return oracle, method
+
+
+def test_fidelity_scores_on_a_hand_made_oracle():
+    oracle, method = _hand_oracle()
+    assert oracle.targets.tolist() == [0, 1, -1]
+    s = probe.score_fidelity(method, oracle, (1, 2))
+    # pooled ranks over the 9 tokens (average ranks on ties): sum of centred products 15.5, squares 53 and 59.5
+    assert s["spearman"] == pytest.approx(15.5 / math.sqrt(53 * 59.5))
+    # per response: sqrt(0.9), 0 (a tie in Â against three distinct A*), -1
+    assert s["spearman_per_response"] == pytest.approx((math.sqrt(0.9) + 0.0 - 1.0) / 3)
+    assert s["responses"] == 3 and s["tokens"] == 9 and s["significant_tokens"] == 4
+    assert s["sign_agreement"] == pytest.approx(3 / 4)  # row 2 token 0: Â -2 against A* +0.2
+    assert s["significant_share"] == pytest.approx(7 / 12)  # |Â| 2 + 1 + 2 + 2 of 12
+    # blame vs A*: row 0's target is the unique minimum, row 2's is tied with token 0; row 3 has none
+    assert s["oracle_blame_rollouts"] == 2
+    assert s["oracle_blame@1"] == pytest.approx(0.75) and s["oracle_blame@1_se"] == pytest.approx(0.25)
+    assert s["oracle_blame@2"] == 1.0 and s["oracle_blame@2_se"] == 0.0
+    # by outcome: row 0 (reward 0) and row 2 (reward 1)
+    assert s["oracle_blame_by_outcome"] == {
+        "wrong": {"n": 1, "blame@1": 1.0, "blame@2": 1.0},
+        "correct": {"n": 1, "blame@1": 0.5, "blame@2": 1.0},
+    }
+    base = probe.fidelity_baselines(oracle, (1, 2), draws=3, seed=0)
+    u = base["uniform"]
+    assert u["spearman"] is None and u["spearman_per_response"] is None and u["responses"] == 0
+    assert u["sign_agreement"] == 0.5  # -1 agrees with the two negative significant A*
+    assert u["significant_share"] == pytest.approx(4 / 9)
+    assert u["oracle_blame@1"] == pytest.approx((1 / 4 + 1 / 3) / 2)
+    assert u["oracle_blame@2"] == pytest.approx((2 / 4 + 2 / 3) / 2)
+    r = base["random"]
+    assert -1.0 <= r["spearman"] <= 1.0 and 0.0 <= r["oracle_blame@1"] <= 1.0
+    assert isinstance(r["tokens"], int) and r["tokens"] == 9
+    assert r["oracle_blame_by_outcome"]["correct"]["n"] == 1
+    with pytest.raises(ValueError, match="response tokens"):
+        probe.score_fidelity(method[:, :3], oracle, (1,))
+
+
+def test_oracle_section_scores_methods_baselines_and_the_oracle_itself(toy_tok):
+    batch, truth, _ = _hand_batch(toy_tok)
+    rows = truth.mixed.nonzero().squeeze(1)
+    assert rows.tolist() == [0, 1, 2, 3]
+    m = truth.mask[rows]
+    # A* -1 at each wrong rollout's first wrong token, +1 at the correct one's answer, 0 elsewhere
+    adv = torch.zeros(m.shape)
+    adv[torch.arange(4), truth.target[rows]] = torch.tensor([1.0, -1.0, -1.0, -1.0])
+    se = torch.where(m, 0.1, 0.0)
+    from tokencredit.oracle import OracleCost, oracle_targets
+
+    cost = OracleCost(
+        states=40, continuations=80, generated_tokens=2000, seconds=3.0, positions=200, skipped=150
+    )
+    credit = _oracle_credit(adv.tolist(), se.tolist(), m, torch.zeros_like(m), cost)
+    oracle = probe.ProbeOracle(rows, credit, oracle_targets(credit))
+    assert oracle.targets.tolist() == [-1] + truth.target[1:4].tolist()
+    specs = resolve_methods(["grpo", "arca"])
+    got = probe.method_credits(batch, specs)
+    cfg = probe.ProbeConfig(oracle_k=2, ks=(1, 3), random_draws=2)
+    sec = probe.oracle_section(oracle, got, cfg, reward="the task's checker", truth=truth)
+    assert sec["status"] == "ok" and sec["k"] == 2 and sec["rollouts"] == 4 and sec["z"] == 2.0
+    assert sec["cost"]["continuations"] == 80 and sec["cost"]["skipped_share"] == 0.75
+    # the oracle's own A* against the checker: the first wrong token is its most negative token
+    assert sec["checker"]["blame@1"] == 1.0 and sec["checker"]["praise@1"] == 1.0
+    assert sec["methods"]["arca"]["status"] == "n/a" and sec["methods"]["arca"]["reason"] == probe.NA_LORA
+    grpo = sec["methods"]["grpo"]
+    assert grpo["status"] == "ok" and grpo["oracle_blame_rollouts"] == 3 and grpo["significant_tokens"] == 4
+    # GRPO's credit is uniform in a row: blame vs A* is at chance (1 / length), its sign is the outcome's
+    lengths = m.sum(1)[1:].double()
+    assert grpo["oracle_blame@1"] == pytest.approx(float((1 / lengths).mean()))
+    assert grpo["sign_agreement"] == 1.0 and grpo["spearman_per_response"] is None
+    assert sec["baselines"]["uniform"]["oracle_blame@1"] == pytest.approx(grpo["oracle_blame@1"])
+    table = probe.fidelity_table(sec, cfg.ks)
+    lines = table.splitlines()
+    assert lines[0].startswith("| credit | ρ pooled | ρ per response | sign agreement |")
+    assert lines[0].endswith("| blame@1 vs A* | blame@3 vs A* |")
+    assert "| *uniform (chance)* | n/a | n/a | " in table
+    assert "| arca | n/a (needs a LoRA-trained model) |" in table
+    assert lines[-1].startswith(
+        "| *Monte-Carlo oracle (K=2)* | cost: 40 states, 80 continuations, 2,000 generated"
+    )
+    assert all(line.count("|") == len(cfg.ks) + 6 for line in lines if not line.startswith("|---"))
+    empty = probe.oracle_section(None, got, cfg, reward="the task's checker", truth=truth)
+    assert empty["status"] == "n/a" and "mixed group" in empty["reason"]
+
+
+def test_probe_config_data_toy_hard_and_oracle_options(tmp_path):
+    from tokencredit.models import TOY_VARIANTS
+    from tokencredit.oracle import DEFAULT_DELTA
+    from tokencredit.train.config import TrainConfig
+
+    kw = dict(groups=2, group_size=2, seed=0, max_new_tokens=None, random_draws=1, batch_size=8, ks="1")
+    toy = probe.probe_config(None, None, model="toy", **kw)
+    assert (toy.data, toy.difficulty, toy.digits, toy.max_new_tokens, toy.oracle_k) == ("toy", 3, 2, 96, 0)
+    assert toy.synthetic and toy.oracle_delta == DEFAULT_DELTA
+    hard = probe.probe_config(None, None, model="toy-hard", **kw)
+    budget = TOY_VARIANTS["toy-hard"].max_new_tokens
+    assert hard.data == "toy-hard" and hard.difficulty == 6 and hard.max_new_tokens == budget >= 128
+    run = TrainConfig()
+    run.data.train = "toy-hard"
+    assert probe.probe_config(run, None, **kw).data == "toy-hard"
+    explicit = probe.probe_config(None, None, model="toy-hard", data="toy", **{**kw, "max_new_tokens": 40})
+    assert (explicit.data, explicit.difficulty, explicit.max_new_tokens) == ("toy", 3, 40)
+    bench = probe.probe_config(None, None, data="math500", oracle=4, oracle_delta=0.01, **kw)
+    assert not bench.synthetic and (bench.oracle_k, bench.oracle_delta) == (4, 0.01)
+    with pytest.raises(ConfigError, match="no checker truth.*--oracle K"):
+        probe.probe_config(None, None, data="math500", **kw)
+    with pytest.raises(ConfigError, match="--oracle must be 0"):
+        probe.probe_config(None, None, oracle=1, **kw)
+    with pytest.raises(ConfigError, match="--oracle-delta"):
+        probe.probe_config(None, None, oracle=2, oracle_delta=1.0, **kw)
+    with pytest.raises(ConfigError, match="closest: math500"):
+        probe.probe_config(None, None, data="math50", oracle=2, **kw)
+    with pytest.raises(ConfigError, match="--difficulty sets the task of --data toy"):
+        probe.probe_config(None, None, data="toy-hard", difficulty=3, **kw)
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?", "answer": "4"}\n')
+    cfg = probe.probe_config(None, None, data=str(data), oracle=2, **{**kw, "groups": 5})
+    assert [p.answer for p in probe.probe_problems(cfg)] == ["2", "4"]  # min(groups, all), in file order
+
+
+def _run_probe(tmp_path, name, args):
+    out = tmp_path / f"{name}.json"
+    assert cli.main(["probe", "--out", str(out)] + args) == 0
+    return json.loads(out.read_text()), out.with_suffix(".md").read_text()
+
+
+TOY_SMALL = ["--model", "toy", "--groups", "3", "--group-size", "4", "--random-draws", "2", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def toy_oracle_runs(tmp_path_factory):
+    """The toy warm start on 3 held-out problems x 4: without the oracle, with --oracle 2, and with
+    --oracle 2 on the same problems given as a data file (math verifier, no checker truth)."""
+    from tokencredit.models import toy_task
+
+    tmp = tmp_path_factory.mktemp("probe_oracle")
+    data = tmp / "arith.jsonl"
+    problems = toy_task(seed=0).sample(3, "heldout")
+    data.write_text(
+        "".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer}) + "\n" for p in problems)
+    )
+    methods = ["--methods", "grpo,ktae,surprisal,arca"]
+    return {
+        "off": _run_probe(tmp, "off", TOY_SMALL + methods + ["--oracle", "0"]),
+        "on": _run_probe(tmp, "on", TOY_SMALL + methods + ["--oracle", "2"]),
+        "data": _run_probe(tmp, "data", TOY_SMALL + methods + ["--oracle", "2", "--data", str(data)]),
+    }
+
+
+def test_cli_oracle_on_the_toy_warm_start(toy_oracle_runs):
+    (off, md_off), (on, md_on) = toy_oracle_runs["off"], toy_oracle_runs["on"]
+    assert on["command"].endswith("--oracle 2") and on["config"]["oracle_k"] == 2
+    pt = on["points"][0]
+    sec = pt["oracle"]
+    assert sec["status"] == "ok" and sec["reward"] == "the task's checker" and sec["k"] == 2
+    mixed = pt["rollouts"]["mixed_groups"] * 4
+    assert mixed > 0 and sec["rollouts"] == mixed
+    cost = sec["cost"]
+    assert cost["continuations"] == 2 * cost["states"] > 0 and 0 < cost["skipped_share"] < 1
+    assert set(sec["methods"]) == {"grpo", "ktae", "surprisal", "arca"}
+    assert sec["methods"]["arca"]["status"] == "n/a"
+    for name in ("grpo", "ktae", "surprisal"):
+        r = sec["methods"][name]
+        assert -1 <= r["spearman"] <= 1 and r["tokens"] == sec["baselines"]["uniform"]["tokens"]
+    assert sec["baselines"]["uniform"]["spearman"] is None
+    assert 0.0 <= sec["checker"]["blame@1"] <= 1.0
+    assert (
+        "### Credit fidelity against Monte-Carlo A*" in md_on
+        and "| *Monte-Carlo oracle (K=2)* | cost: " in md_on
+    )
+    # the oracle runs after sampling and scoring: the checker table is today's plus the oracle's row
+    table_on = [line for line in md_on.split("### Credit fidelity")[0].splitlines() if line.startswith("|")]
+    table_off = [line for line in md_off.splitlines() if line.startswith("|")]
+    assert table_on[:-1] == table_off and table_on[-1].startswith("| *Monte-Carlo oracle (K=2)* | ")
+    assert pt["methods"] == off["points"][0]["methods"] and pt["baselines"] == off["points"][0]["baselines"]
+
+
+def test_cli_oracle_off_leaves_the_output_unchanged(toy_oracle_runs, tmp_path):
+    off, md = toy_oracle_runs["off"]
+    assert set(off["points"][0]) == {"label", "source", "step", "rollouts", "methods", "baselines"}
+    assert "Monte-Carlo" not in md and "fidelity" not in md and "--oracle" not in off["command"]
+    assert md.startswith("# tokencredit probe: does the credit blame the first wrong token?")
+    assert (off["config"]["data"], off["config"]["max_new_tokens"]) == ("toy", 96)
+
+
+def test_cli_oracle_on_a_data_file_with_the_math_verifier(toy_oracle_runs):
+    on, _ = toy_oracle_runs["on"]
+    data, md = toy_oracle_runs["data"]
+    pt = data["points"][0]
+    assert "methods" not in pt and "baselines" not in pt  # no checker truth
+    assert "has no checker truth" in md and "| blame@1 | blame@3" not in md
+    sec, ref = pt["oracle"], on["points"][0]["oracle"]
+    assert sec["reward"] == "math verifier (math-verify)" and "checker" not in sec
+    # same problems, seeds and rollouts: the verifier agrees with the checker on these answers, so the
+    # continuations score alike and every figure matches the synthetic run's
+    assert pt["rollouts"]["accuracy"] == on["points"][0]["rollouts"]["accuracy"]
+    assert sec["methods"] == ref["methods"] and sec["baselines"] == ref["baselines"]
+    assert {k: v for k, v in sec["cost"].items() if k != "seconds"} == {
+        k: v for k, v in ref["cost"].items() if k != "seconds"
+    }
+
+
+def test_cli_benchmark_data_on_a_tiny_model(tmp_path, tiny_model_dir):
+    data, md = _run_probe(
+        tmp_path,
+        "bench",
+        ["--model", tiny_model_dir, "--data", "math500", "--oracle", "2", "--methods", "grpo"] + SMALL,
+    )
+    assert data["config"]["data"] == "math500" and "--data math500" in data["command"]
+    assert data["command"].endswith("--oracle 2")
+    pt = data["points"][0]
+    assert pt["rollouts"]["rollouts"] == 4 and pt["rollouts"]["groups"] == 2
+    # a random model never answers: no mixed group, nothing for the oracle to estimate, and it says so
+    assert pt["rollouts"]["accuracy"] == 0.0 and pt["oracle"]["status"] == "n/a"
+    assert "n/a: no rollout in a mixed group" in md
+    assert cli.main(["probe", "--model", tiny_model_dir, "--data", "math500"] + SMALL) == 2

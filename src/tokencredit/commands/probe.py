@@ -2,6 +2,7 @@
 
     tokencredit probe --model toy|PATH|RUN_DIR [--checkpoint step_N | --all-checkpoints]
                       [--methods grpo,ktae,delta,strace,arca,...] [--groups N] [--group-size G] [--seed S]
+                      [--data toy|toy-hard|BENCHMARK|FILE] [--oracle K [--oracle-delta D]]
 
 Parses the arguments, calls `tokencredit.report.probe` (points -> config -> methods -> probe ->
 report) and prints the Markdown; the JSON goes to --out and the Markdown beside it.
@@ -15,10 +16,14 @@ from pathlib import Path
 
 import torch
 
+from tokencredit.oracle import DEFAULT_DELTA
 from tokencredit.report.methods import resolve_methods
 from tokencredit.report.probe import (
     DEFAULT_KS,
+    DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_METHODS,
+    ProbeConfig,
+    default_max_new_tokens,
     default_output,
     markdown_report,
     probe_config,
@@ -29,6 +34,29 @@ from tokencredit.report.probe import (
 )
 
 __all__ = ["add_arguments", "run"]
+
+
+def _add_data_and_oracle_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data",
+        help="problems: 'toy' (the synthetic task), 'toy-hard', a benchmark name (math500, ...) or a data "
+        "file; benchmark data has no checker truth, only the --oracle metrics (default: the run's or the "
+        "toy model's synthetic task, else toy)",
+    )
+    parser.add_argument(
+        "--oracle",
+        type=int,
+        default=0,
+        metavar="K",
+        help="Monte-Carlo continuations per state for the ground-truth token advantages A*: adds the "
+        "'Credit fidelity against Monte-Carlo A*' table (default 0: off; e.g. 8)",
+    )
+    parser.add_argument(
+        "--oracle-delta",
+        type=float,
+        default=DEFAULT_DELTA,
+        help=f"the oracle skips tokens of probability >= 1 - delta (A* = 0, |A*| <= delta; default {DEFAULT_DELTA})",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,20 +81,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="problem sample, sampling and random baseline seed"
     )
-    parser.add_argument("--difficulty", type=int, help="arithmetic steps (default: the run's, else 3)")
+    _add_data_and_oracle_arguments(parser)
     parser.add_argument(
-        "--digits", type=int, help="digits of the running totals (default: the run's, else 2)"
+        "--difficulty", type=int, help="arithmetic steps of --data toy (default: the run's, else 3)"
+    )
+    parser.add_argument(
+        "--digits", type=int, help="digits of the running totals of --data toy (default: the run's, else 2)"
     )
     parser.add_argument(
         "--operand-digits",
         type=int,
-        help="digits of the added operands (default: the run's, else the task's)",
+        help="digits of the added operands of --data toy (default: the run's, else the task's)",
     )
     parser.add_argument("--template", help="prompt template (default: the run's, else qwen-math)")
     parser.add_argument(
         "--temperature", type=float, help="sampling temperature (default: the run's, else 1.0)"
     )
-    parser.add_argument("--max-new-tokens", type=int, default=96, help="generation limit (default 96)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help=f"generation limit (default {DEFAULT_MAX_NEW_TOKENS}; "
+        f"--data toy-hard: its budget, {default_max_new_tokens('toy-hard')})",
+    )
     parser.add_argument(
         "--advantage", help="group estimator for plain credit methods (default: the run's, else grpo)"
     )
@@ -83,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _command(args: argparse.Namespace) -> str:
+def _command(args: argparse.Namespace, cfg: ProbeConfig) -> str:
     """The command line that reproduces the run (options left at their defaults are omitted)."""
     parts = ["tokencredit probe", f"--model {args.model}"]
     if args.checkpoint:
@@ -92,14 +128,18 @@ def _command(args: argparse.Namespace) -> str:
         parts.append("--all-checkpoints")
     parts.append(f"--methods {args.methods}")
     parts += [f"--groups {args.groups}", f"--group-size {args.group_size}", f"--seed {args.seed}"]
-    for name in ("difficulty", "digits", "operand_digits", "template", "temperature", "advantage"):
+    for name in ("data", "difficulty", "digits", "operand_digits", "template", "temperature", "advantage"):
         value = getattr(args, name)
         if value is not None:
             parts.append(f"--{name.replace('_', '-')} {value}")
-    if args.max_new_tokens != 96:
-        parts.append(f"--max-new-tokens {args.max_new_tokens}")
+    if cfg.max_new_tokens != default_max_new_tokens(cfg.data):
+        parts.append(f"--max-new-tokens {cfg.max_new_tokens}")
     if args.ks != ",".join(map(str, DEFAULT_KS)):
         parts.append(f"--ks {args.ks}")
+    if args.oracle:
+        parts.append(f"--oracle {args.oracle}")
+        if args.oracle_delta != DEFAULT_DELTA:
+            parts.append(f"--oracle-delta {args.oracle_delta}")
     return " ".join(parts)
 
 
@@ -125,6 +165,10 @@ def run(args: argparse.Namespace) -> int:
         template=args.template,
         temperature=args.temperature,
         advantage=args.advantage,
+        model=args.model,
+        data=args.data,
+        oracle=args.oracle,
+        oracle_delta=args.oracle_delta,
     )
     specs = resolve_methods(
         args.methods.split(","),
@@ -134,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     )
     out_json = Path(args.out) if args.out else default_output(run_dir)
     results = probe_points(points, specs, cfg, log=lambda m: print(f"[probe] {m}", file=sys.stderr))
-    result = probe_result(_command(args), args.model, cfg, specs, results)
+    result = probe_result(_command(args, cfg), args.model, cfg, specs, results)
     md = markdown_report(result)
     out_md = write_report(result, md, out_json)
     print(md)

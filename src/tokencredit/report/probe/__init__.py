@@ -3,14 +3,18 @@
 Papers on token credit argue that their method finds the "key" tokens; none measures it against
 ground truth. On the embedded arithmetic task (`tokencredit.data.synthetic`) the truth is known,
 and the probe samples groups on held-out problems, computes every method's credit on the *same*
-rollouts, and scores it, without any training. One module per concern:
+rollouts, and scores it, without any training. With ``--oracle K`` a second ground truth is
+scored on the same rollouts: each token's Monte-Carlo advantage A* (`tokencredit.oracle`), which
+needs only a verifier and so also works on benchmark data (``--data math500``), where it is the
+only truth. One module per concern:
 
-    config    ProbeConfig: sampling and scoring settings, defaults from a probed run
+    config    ProbeConfig: data, sampling and scoring settings, defaults from a probed run or toy model
     sample    held-out problems, groups of rollouts and their signals (no truth, no scores)
     truth     the first wrong token and each token's label, mapped from characters to tokens
     metrics   blame@k, ranks and |Â| mass shares of a credit tensor (ties in expectation), baselines' credit
     score     the numbers of one credit tensor, the chance baselines, every `--methods` column on a batch
-    pipeline  sample -> truth -> score for one model (`probe_model`) and each probed point
+    fidelity  A* of the rollouts of mixed groups and each credit's fidelity to it (Spearman, signs, blame)
+    pipeline  sample -> truth -> score (-> oracle) for one model (`probe_model`) and each probed point
     points    which models: a model directory, the toy warm start, a run's final model or checkpoints
     render    the JSON payload and the Markdown tables
 
@@ -24,37 +28,64 @@ The command line is `tokencredit.commands.probe`.
 """
 
 from tokencredit.report.methods import NA_LORA
-from tokencredit.report.probe.config import DEFAULT_KS, DEFAULT_METHODS, ProbeConfig, parse_ks, probe_config
+from tokencredit.report.probe.config import (
+    DEFAULT_KS,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_METHODS,
+    ProbeConfig,
+    default_data,
+    default_max_new_tokens,
+    parse_ks,
+    probe_config,
+)
+from tokencredit.report.probe.fidelity import (
+    ORACLE_Z,
+    ProbeOracle,
+    fidelity_baselines,
+    oracle_cost,
+    oracle_section,
+    run_oracle,
+    score_fidelity,
+)
 from tokencredit.report.probe.metrics import (
     DEFAULT_RTOL,
     blame_hits,
     expected_hits,
     mass_shares,
+    mean_of,
     mean_rank,
     random_credit,
+    stderr_of,
     target_ranks,
     tie_counts,
     uniform_credit,
 )
-from tokencredit.report.probe.pipeline import probe_model, probe_points
+from tokencredit.report.probe.pipeline import REWARD_NAMES, probe_model, probe_points, verifier_summary
 from tokencredit.report.probe.points import ProbePoint, default_output, parse_checkpoint, resolve_points
 from tokencredit.report.probe.render import (
     evolution_table,
+    fidelity_table,
     markdown_report,
     point_table,
     probe_result,
     write_report,
 )
 from tokencredit.report.probe.sample import (
+    data_problems,
     heldout_problems,
+    probe_problems,
     rollout_batch,
     rollout_signals,
     sample_rollouts,
+    select_rollouts,
 )
 from tokencredit.report.probe.score import (
+    method_credits,
+    method_row,
     probe_batch,
     score_baselines,
     score_credit,
+    score_methods,
 )
 from tokencredit.report.probe.truth import (
     LABELS,
@@ -62,6 +93,8 @@ from tokencredit.report.probe.truth import (
     RolloutTruth,
     build_truth,
     char_to_token,
+    checker_reward,
+    mixed_rows,
     rollout_summary,
     rollout_truth,
     token_char_spans,
@@ -70,24 +103,40 @@ from tokencredit.report.probe.truth import (
 
 __all__ = [
     "DEFAULT_KS",
+    "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_METHODS",
     "DEFAULT_RTOL",
     "LABELS",
     "NA_LORA",
+    "ORACLE_Z",
     "ProbeConfig",
+    "ProbeOracle",
     "ProbePoint",
     "ProbeTruth",
+    "REWARD_NAMES",
     "RolloutTruth",
     "blame_hits",
     "build_truth",
     "char_to_token",
+    "checker_reward",
+    "data_problems",
+    "default_data",
+    "default_max_new_tokens",
     "default_output",
     "evolution_table",
     "expected_hits",
+    "fidelity_baselines",
+    "fidelity_table",
     "heldout_problems",
     "markdown_report",
     "mass_shares",
+    "mean_of",
     "mean_rank",
+    "method_credits",
+    "method_row",
+    "mixed_rows",
+    "oracle_cost",
+    "oracle_section",
     "parse_checkpoint",
     "parse_ks",
     "point_table",
@@ -95,6 +144,7 @@ __all__ = [
     "probe_config",
     "probe_model",
     "probe_points",
+    "probe_problems",
     "probe_result",
     "random_credit",
     "resolve_points",
@@ -102,13 +152,19 @@ __all__ = [
     "rollout_signals",
     "rollout_summary",
     "rollout_truth",
+    "run_oracle",
     "sample_rollouts",
     "score_baselines",
     "score_credit",
+    "score_fidelity",
+    "score_methods",
+    "select_rollouts",
+    "stderr_of",
     "target_ranks",
     "tie_counts",
     "token_char_spans",
     "token_labels",
     "uniform_credit",
+    "verifier_summary",
     "write_report",
 ]

@@ -1,24 +1,44 @@
-"""The probe's settings: how rollouts are sampled (task, template, temperature) and scored (k values,
-random draws), with the defaults a probed training run supplies."""
+"""The probe's settings: how rollouts are sampled (data, template, temperature) and scored (k values,
+random draws, the Monte-Carlo oracle), with the defaults a probed training run or toy model supplies.
+
+Data: "toy" (the synthetic task of `difficulty` / `digits` / `operand_digits`), "toy-hard" (the task
+of the hard toy warm start, `tokencredit.models.toy_task`), or a shipped benchmark name / data file
+as `tokencredit.evaluation.load_benchmark` reads it. Only the synthetic tasks have checker truth
+(the first wrong token); on other data only the oracle's metrics can be scored.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tokencredit import advantages
+from tokencredit.data import benchmarks
 from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError, closest
+from tokencredit.models import TOY_VARIANTS, toy_task
+from tokencredit.oracle import DEFAULT_DELTA
 from tokencredit.recipes import Recipe
 from tokencredit.train.config import TrainConfig
 
-__all__ = ["DEFAULT_KS", "DEFAULT_METHODS", "ProbeConfig", "parse_ks", "probe_config"]
+__all__ = [
+    "DEFAULT_KS",
+    "DEFAULT_MAX_NEW_TOKENS",
+    "DEFAULT_METHODS",
+    "ProbeConfig",
+    "default_data",
+    "default_max_new_tokens",
+    "parse_ks",
+    "probe_config",
+]
 
 DEFAULT_METHODS = (
     "grpo,ktae,delta,gspo,ptrace,strace,entropy-80-20,surprisal,entropy-reduction,gcpo,arca,policy-divergence"
 )
 DEFAULT_KS: tuple[int, ...] = (1, 3, 10)
+DEFAULT_MAX_NEW_TOKENS = 96
 
 
 @dataclass
@@ -39,6 +59,14 @@ class ProbeConfig:
     ks: tuple[int, ...] = DEFAULT_KS
     random_draws: int = 20
     batch_size: int = 64  # rows per forward for signals and per generate call
+    data: str = "toy"  # "toy" (the task above), "toy-hard", a benchmark name or a data file
+    oracle_k: int = 0  # Monte-Carlo continuations per state for A* (0: no oracle)
+    oracle_delta: float = DEFAULT_DELTA  # the oracle's skip: tokens of p >= 1 - delta get A* = 0
+
+    @property
+    def synthetic(self) -> bool:
+        """The data is a synthetic task, with checker truth (the first wrong token)."""
+        return self.data in TOY_VARIANTS
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
@@ -63,6 +91,96 @@ def _estimator(advantage: str | None, recipe: Recipe | None) -> str:
     return estimator
 
 
+def default_data(run_cfg: TrainConfig | None, model: str | None = None) -> str:
+    """The synthetic task a probed run or model implies: a run's `data.train` when it names a toy
+    task ("toy", "toy-hard"), else the toy model's own task ("toy-hard" for --model toy-hard), else "toy"."""
+    if run_cfg is not None:
+        return run_cfg.data.train if run_cfg.data.train in TOY_VARIANTS else "toy"
+    return model if model in TOY_VARIANTS else "toy"
+
+
+def default_max_new_tokens(data: str) -> int:
+    """The probe's generation limit on `data`: 96, or the toy task's own budget when that is longer
+    (toy-hard's six-step solutions need `TOY_VARIANTS["toy-hard"].max_new_tokens` = 128)."""
+    variant = TOY_VARIANTS.get(data)
+    return (
+        max(DEFAULT_MAX_NEW_TOKENS, variant.max_new_tokens) if variant is not None else DEFAULT_MAX_NEW_TOKENS
+    )
+
+
+def _check_data(data: str) -> None:
+    """A toy task, a shipped benchmark or an existing data file / directory (ConfigError otherwise)."""
+    if data in TOY_VARIANTS or data in benchmarks.COUNTS or Path(data).exists():
+        return
+    names = [*TOY_VARIANTS, *benchmarks.NAMES]
+    raise ConfigError(
+        f"--data: {data!r} is neither a toy task, a shipped benchmark nor an existing file{closest(data, names)}; "
+        f"one of {', '.join(names)}, or a .jsonl / .json / .parquet file or a datasets directory"
+    )
+
+
+def _task_settings(
+    data: str, run_cfg: TrainConfig | None, given: dict[str, int | None]
+) -> tuple[int, int, int | None]:
+    """(difficulty, digits, operand_digits) of the synthetic task: for "toy" the options in `given`,
+    else the run's toy settings, else the defaults; for "toy-hard" its warm start's (the options are
+    refused: they would make another task). Other data keep the defaults (unused)."""
+    if data != "toy":
+        named = [k for k, v in given.items() if v is not None]
+        if named:
+            raise ConfigError(
+                f"--{named[0].replace('_', '-')} sets the task of --data toy, not of --data {data}"
+            )
+        if data in TOY_VARIANTS:
+            task = toy_task(name=data)
+            return task.difficulty, task.digits, task.operand_digits
+        return 3, 2, None
+    run_task = run_cfg.data if run_cfg is not None and run_cfg.data.train == "toy" else None
+    return (
+        given["difficulty"] or (run_task.difficulty if run_task is not None else 3),
+        given["digits"] or (run_task.digits if run_task is not None else 2),
+        given["operand_digits"] or getattr(run_task, "operand_digits", None),
+    )
+
+
+def _check_counts(**counts: int) -> None:
+    for name, value in counts.items():
+        if value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if counts["group_size"] < 2:
+        raise ConfigError(f"--group-size must be >= 2 for a group baseline, got {counts['group_size']}")
+
+
+def _sampling(
+    run_cfg: TrainConfig | None, template: str | None, temperature: float | None
+) -> tuple[str, float]:
+    """(template, temperature): the options, else the run's, else qwen-math and 1.0 (checked)."""
+    tpl = template or (run_cfg.data.template if run_cfg is not None else "qwen-math")
+    temp = (
+        temperature
+        if temperature is not None
+        else (run_cfg.rollout.temperature if run_cfg is not None else 1.0)
+    )
+    check_template(tpl)
+    if temp <= 0:
+        raise ConfigError(f"--temperature must be > 0 (the probe samples groups), got {temp}")
+    return tpl, float(temp)
+
+
+def _check_oracle(data: str, k: int, delta: float) -> None:
+    if k != 0 and k < 2:
+        raise ConfigError(
+            f"--oracle must be 0 (off) or >= 2 continuations per state (a standard error), got {k}"
+        )
+    if not 0.0 <= delta < 1.0:
+        raise ConfigError(f"--oracle-delta must be in [0, 1), got {delta}")
+    if k == 0 and data not in TOY_VARIANTS:
+        raise ConfigError(
+            f"--data {data} has no checker truth (the first wrong token): only the Monte-Carlo oracle's "
+            "metrics can be scored there; pass --oracle K (e.g. 8)"
+        )
+
+
 def probe_config(
     run_cfg: TrainConfig | None,
     recipe: Recipe | None,
@@ -70,7 +188,7 @@ def probe_config(
     groups: int,
     group_size: int,
     seed: int,
-    max_new_tokens: int,
+    max_new_tokens: int | None,
     random_draws: int,
     batch_size: int,
     ks: str | Sequence[int],
@@ -80,39 +198,42 @@ def probe_config(
     template: str | None = None,
     temperature: float | None = None,
     advantage: str | None = None,
+    model: str | None = None,
+    data: str | None = None,
+    oracle: int = 0,
+    oracle_delta: float = DEFAULT_DELTA,
 ) -> ProbeConfig:
     """A checked ProbeConfig; options left None take the run's settings (its toy task, template,
-    temperature, estimator) when a run is probed, else the defaults. `ks` may be "1,3,10"."""
-    counts = (groups, group_size, max_new_tokens, batch_size, random_draws)
-    for name, value in zip(("groups", "group_size", "max_new_tokens", "batch_size", "random_draws"), counts):
-        if value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if group_size < 2:
-        raise ConfigError(f"--group-size must be >= 2 for a group baseline, got {group_size}")
-    estimator = _estimator(advantage, recipe)
-    toy_data = run_cfg is not None and run_cfg.data.train == "toy"
-    cfg = ProbeConfig(
+    temperature, estimator) when a run is probed, else the defaults (`data`: `default_data` of the
+    run or `model`; `max_new_tokens`: `default_max_new_tokens` of the data). `ks` may be "1,3,10"."""
+    data = data or default_data(run_cfg, model)
+    _check_data(data)
+    max_new_tokens = max_new_tokens if max_new_tokens is not None else default_max_new_tokens(data)
+    _check_counts(
+        groups=groups, group_size=group_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
+        random_draws=random_draws,
+    )  # fmt: skip
+    _check_oracle(data, oracle, oracle_delta)
+    task = _task_settings(
+        data, run_cfg, {"difficulty": difficulty, "digits": digits, "operand_digits": operand_digits}
+    )
+    template, temperature = _sampling(run_cfg, template, temperature)
+    return ProbeConfig(
         groups=groups,
         group_size=group_size,
         seed=seed,
-        difficulty=difficulty or (run_cfg.data.difficulty if toy_data else 3),
-        digits=digits or (run_cfg.data.digits if toy_data else 2),
-        operand_digits=operand_digits
-        or (getattr(run_cfg.data, "operand_digits", None) if toy_data else None),
-        template=template or (run_cfg.data.template if run_cfg is not None else "qwen-math"),
-        temperature=(
-            temperature
-            if temperature is not None
-            else (run_cfg.rollout.temperature if run_cfg is not None else 1.0)
-        ),
+        difficulty=task[0],
+        digits=task[1],
+        operand_digits=task[2],
+        template=template,
+        temperature=temperature,
         max_new_tokens=max_new_tokens,
-        advantage=estimator,
+        advantage=_estimator(advantage, recipe),
         advantage_params=dict(recipe.advantage_params) if recipe is not None and advantage is None else {},
         ks=parse_ks(ks) if isinstance(ks, str) else tuple(ks),
         random_draws=random_draws,
         batch_size=batch_size,
+        data=data,
+        oracle_k=oracle,
+        oracle_delta=float(oracle_delta),
     )
-    check_template(cfg.template)
-    if cfg.temperature <= 0:
-        raise ConfigError(f"--temperature must be > 0 (the probe samples groups), got {cfg.temperature}")
-    return cfg

@@ -10,6 +10,8 @@ token, or another oracle's choice of token).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -20,14 +22,26 @@ __all__ = [
     "blame_hits",
     "expected_hits",
     "mass_shares",
+    "mean_of",
     "mean_rank",
     "random_credit",
+    "stderr_of",
     "target_ranks",
     "tie_counts",
     "uniform_credit",
 ]
 
 DEFAULT_RTOL = 1e-6
+
+
+def mean_of(x: Tensor) -> float | None:
+    """Mean over rollouts of a per-rollout number (None when there is no rollout)."""
+    return float(x.double().mean()) if x.numel() else None
+
+
+def stderr_of(x: Tensor) -> float | None:
+    """Standard error of the mean over rollouts (None below 2 rollouts)."""
+    return float(x.double().std() / math.sqrt(x.numel())) if x.numel() >= 2 else None
 
 
 def _check_ranked(

@@ -1,30 +1,102 @@
 """The probe of one model, and of each probed point: sample -> ground truth -> scores.
 
-The three stages stay separate (`sample`, `truth`, `score`) so that another ground truth (e.g. a
-Monte-Carlo estimate of each token's advantage on a data set with a verifier) can be scored on
-the same sampled batch.
+The stages stay separate (`sample`, `truth`, `score`, `fidelity`) so that both ground truths are
+scored on the same sampled batch: the synthetic task's checker (the first wrong token) and, with
+`cfg.oracle_k` > 0, the Monte-Carlo estimate of each token's advantage A*, which needs only a
+verifier and so also works on benchmark data (where it is the only truth).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+import torch
+from torch import Tensor
+
 from tokencredit.models import special_token_ids
-from tokencredit.report.methods import MethodSpec, needed_signals
+from tokencredit.report.methods import MethodCredit, MethodSpec, needed_signals
 from tokencredit.report.probe.config import ProbeConfig
+from tokencredit.report.probe.fidelity import oracle_section, run_oracle
 from tokencredit.report.probe.points import ProbePoint
 from tokencredit.report.probe.sample import (
-    heldout_problems,
+    probe_problems,
     rollout_batch,
     rollout_signals,
     sample_rollouts,
 )
-from tokencredit.report.probe.score import probe_batch, score_baselines
-from tokencredit.report.probe.truth import build_truth, rollout_summary
+from tokencredit.report.probe.score import method_credits, score_baselines, score_methods
+from tokencredit.report.probe.truth import (
+    ProbeTruth,
+    build_truth,
+    checker_reward,
+    mixed_rows,
+    rollout_summary,
+)
+from tokencredit.rewards import Reward, check_rewards
+from tokencredit.rollout import Rollouts
 from tokencredit.signals import has_lora_adapter
 
-__all__ = ["probe_model", "probe_points"]
+__all__ = ["REWARD_NAMES", "probe_model", "probe_points", "verifier_summary"]
+
+REWARD_NAMES = {True: "the task's checker", False: "math verifier (math-verify)"}
+"""The reward of the rollouts and of the oracle's continuations, by `ProbeConfig.synthetic`."""
+
+
+def _reward(cfg: ProbeConfig) -> AbstractContextManager[Any]:
+    """The reward function: the synthetic task's checker, or the math verifier (closed on exit)."""
+    return nullcontext(checker_reward) if cfg.synthetic else Reward("math")
+
+
+def verifier_summary(group_ids: Tensor, scores: Tensor, mask: Tensor) -> dict[str, Any]:
+    """Counts of rollouts scored by a verifier only (no checker truth): rollouts, groups, accuracy
+    (mean reward), mixed groups and their rollouts, mean length."""
+    mixed = mixed_rows(group_ids, scores)
+    n = int(scores.numel())
+    return {
+        "rollouts": n,
+        "groups": int(torch.unique(group_ids).numel()),
+        "accuracy": float(scores.double().mean()) if n else 0.0,
+        "mixed_groups": int(torch.unique(group_ids[mixed]).numel()),
+        "mixed_rollouts": int(mixed.sum()),
+        "mean_length": float(mask.sum(1).double().mean()) if n else 0.0,
+    }
+
+
+def _checker_result(
+    truth: ProbeTruth, truths: Sequence[Any], got: dict[str, MethodCredit], cfg: ProbeConfig
+) -> dict[str, Any]:
+    """The checker's numbers: the rollout summary, every method's `score_credit` and the baselines'."""
+    return {
+        "rollouts": rollout_summary(truth, truths),
+        "methods": score_methods(got, truth, cfg.ks),
+        "baselines": score_baselines(truth, cfg.ks, draws=cfg.random_draws, seed=cfg.seed),
+    }
+
+
+def _sample(
+    model: Any, tokenizer: Any, needs: set[str], cfg: ProbeConfig, say: Callable[[str], None]
+) -> tuple[Rollouts, list[Any], dict[str, Tensor]]:
+    """(rollouts, each rollout's problem, signals) of the probe's problems."""
+    problems = probe_problems(cfg)
+    say(f"sampling {len(problems)} x {cfg.group_size} rollouts ...")
+    ro = sample_rollouts(model, tokenizer, problems, cfg)
+    rows = [problems[int(i)] for i in ro.prompt_index]
+    return ro, rows, rollout_signals(model, tokenizer, ro, rows, needs, cfg, log=say)
+
+
+def _judge(
+    cfg: ProbeConfig, reward: Any, ro: Rollouts, rows: Sequence[Any], tokenizer: Any
+) -> tuple[ProbeTruth | None, list[Any], Tensor, list[Any]]:
+    """(checker truth and each rollout's `RolloutTruth`, on the synthetic task only; scores [N]
+    float32, the reward; each rollout's gold for `reward`: its problem, or its answer on other data)."""
+    if cfg.synthetic:
+        truth, truths = build_truth(rows, ro.response_ids, ro.response_mask, ro.prompt_index, tokenizer)
+        return truth, truths, truth.correct.float(), list(rows)
+    golds = [p.answer for p in rows]
+    scores = check_rewards(reward(ro.texts, golds), len(rows), REWARD_NAMES[False])
+    return None, [], torch.tensor(scores, dtype=torch.float32), golds
 
 
 def probe_model(
@@ -35,27 +107,32 @@ def probe_model(
     *,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Sample `cfg.groups` x `cfg.group_size` rollouts of held-out synthetic problems with `model`,
+    """Sample `cfg.groups` x `cfg.group_size` rollouts of held-out problems (`cfg.data`) with `model`,
     compute every method's credit on them (signals in one pass) and score it; returns the point's
-    result: {"rollouts": summary, "methods": {...}, "baselines": {...}}."""
+    result: on the synthetic task {"rollouts": summary, "methods": {...}, "baselines": {...}}, on
+    other data {"rollouts": `verifier_summary`}; with `cfg.oracle_k` > 0 also "oracle"
+    (`fidelity.oracle_section`)."""
     say = log or (lambda _msg: None)
     lora = has_lora_adapter(model)
-    needs = needed_signals(specs, lora=lora)
-    problems = heldout_problems(cfg)
-    say(f"sampling {cfg.groups} x {cfg.group_size} rollouts ...")
-    ro = sample_rollouts(model, tokenizer, problems, cfg)
-    rows = [problems[int(i)] for i in ro.prompt_index]
-    signals = rollout_signals(model, tokenizer, ro, rows, needs, cfg, log=say)
-    truth, truths = build_truth(rows, ro.response_ids, ro.response_mask, ro.prompt_index, tokenizer)
-    batch = rollout_batch(ro, truth.correct.float(), signals)
-    say("scoring credit ...")
-    return {
-        "rollouts": rollout_summary(truth, truths),
-        "methods": probe_batch(
-            batch, truth, specs, ks=cfg.ks, lora=lora, special_ids=special_token_ids(tokenizer)
-        ),
-        "baselines": score_baselines(truth, cfg.ks, draws=cfg.random_draws, seed=cfg.seed),
-    }
+    ro, rows, signals = _sample(model, tokenizer, needed_signals(specs, lora=lora), cfg, say)
+    with _reward(cfg) as reward:
+        truth, truths, scores, golds = _judge(cfg, reward, ro, rows, tokenizer)
+        batch = rollout_batch(ro, scores, signals)
+        say("scoring credit ...")
+        got = method_credits(batch, specs, lora=lora, special_ids=special_token_ids(tokenizer))
+        out = (
+            _checker_result(truth, truths, got, cfg)
+            if truth is not None
+            else {"rollouts": verifier_summary(batch.group_ids, scores, batch.mask)}
+        )
+        if cfg.oracle_k:
+            say(f"Monte-Carlo A*: K = {cfg.oracle_k} continuations per state ...")
+            oracle = run_oracle(
+                model, tokenizer, ro, golds, reward, mixed_rows(batch.group_ids, scores), cfg,
+                old_log_probs=signals.get("old_log_probs"), log=say,
+            )  # fmt: skip
+            out["oracle"] = oracle_section(oracle, got, cfg, reward=REWARD_NAMES[cfg.synthetic], truth=truth)
+    return out
 
 
 def probe_points(

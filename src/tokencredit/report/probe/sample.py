@@ -1,4 +1,5 @@
-"""Sampling for the probe: held-out problems, groups of rollouts and their per-token signals.
+"""Sampling for the probe: held-out problems (of the synthetic task or a data set), groups of
+rollouts and their per-token signals.
 
 Nothing here knows the ground truth or the metrics: a rollout batch is sampled and its signals
 (one no-grad pass, only those the methods need) are computed; `tokencredit.report.probe.pipeline`
@@ -8,19 +9,31 @@ puts truth and scores on top.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.data.synthetic import ArithmeticTask
 from tokencredit.data.templates import render
+from tokencredit.errors import ConfigError
+from tokencredit.evaluation import load_benchmark
 from tokencredit.report.probe.config import ProbeConfig
 from tokencredit.rollout import Rollouts, generate
 from tokencredit.signals import compute_signals, negative_prompt_inputs
 
-__all__ = ["heldout_problems", "rollout_batch", "rollout_signals", "sample_rollouts"]
+__all__ = [
+    "data_problems",
+    "heldout_problems",
+    "probe_problems",
+    "rollout_batch",
+    "rollout_signals",
+    "sample_rollouts",
+    "select_rollouts",
+]
 
 
 def heldout_problems(cfg: ProbeConfig) -> list[Any]:
@@ -28,6 +41,22 @@ def heldout_problems(cfg: ProbeConfig) -> list[Any]:
     task_kw = {} if cfg.operand_digits is None else {"operand_digits": cfg.operand_digits}
     task = ArithmeticTask(difficulty=cfg.difficulty, digits=cfg.digits, seed=cfg.seed, **task_kw)
     return task.sample(cfg.groups, "heldout")
+
+
+def data_problems(cfg: ProbeConfig) -> list[Any]:
+    """min(`cfg.groups`, all) problems of the benchmark or data file `cfg.data`, drawn without
+    replacement (`cfg.seed` picks them), in file order."""
+    problems = load_benchmark(cfg.data, None)
+    if not problems:
+        raise ConfigError(f"--data {cfg.data}: no problems")
+    g = torch.Generator().manual_seed(cfg.seed)
+    keep = sorted(torch.randperm(len(problems), generator=g)[: cfg.groups].tolist())
+    return [problems[i] for i in keep]
+
+
+def probe_problems(cfg: ProbeConfig) -> list[Any]:
+    """The problems the probe samples: the synthetic task's held-out problems or `data_problems`."""
+    return heldout_problems(cfg) if cfg.synthetic else data_problems(cfg)
 
 
 def sample_rollouts(model: Any, tokenizer: Any, problems: Sequence[Any], cfg: ProbeConfig) -> Rollouts:
@@ -99,4 +128,19 @@ def rollout_batch(ro: Rollouts, scores: Tensor, signals: dict[str, Tensor]) -> R
         scores=scores,
         truncated=ro.truncated,
         **{k: v.cpu() for k, v in signals.items()},
+    )
+
+
+def select_rollouts(ro: Rollouts, rows: Tensor) -> Rollouts:
+    """The rollouts at indices `rows` [M] int64 (same padding widths), e.g. for the oracle to estimate."""
+    idx = rows.long().cpu()
+    return replace(
+        ro,
+        prompt_ids=ro.prompt_ids[idx],
+        prompt_mask=ro.prompt_mask[idx],
+        response_ids=ro.response_ids[idx],
+        response_mask=ro.response_mask[idx],
+        truncated=ro.truncated[idx],
+        texts=[ro.texts[i] for i in idx.tolist()],
+        prompt_index=ro.prompt_index[idx],
     )

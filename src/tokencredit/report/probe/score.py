@@ -20,36 +20,29 @@ same rollouts: "random" (i.i.d. N(0, 1) credit per token, averaged over ``draws`
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
-from tokencredit.report.methods import MethodSpec, method_credit
+from tokencredit.report.methods import MethodCredit, MethodSpec, method_credit
 from tokencredit.report.probe.config import DEFAULT_KS
 from tokencredit.report.probe.metrics import (
     blame_hits,
     expected_hits,
     mass_shares,
+    mean_of,
     random_credit,
+    stderr_of,
     target_ranks,
     uniform_credit,
 )
 from tokencredit.report.probe.truth import LABELS, ProbeTruth
 
-__all__ = ["probe_batch", "score_baselines", "score_credit"]
-
-
-def _mean(x: Tensor) -> float | None:
-    return float(x.double().mean()) if x.numel() else None
-
-
-def _stderr(x: Tensor) -> float | None:
-    """Standard error of the mean over rollouts (None below 2 rollouts)."""
-    return float(x.double().std() / math.sqrt(x.numel())) if x.numel() >= 2 else None
+__all__ = ["method_credits", "method_row", "probe_batch", "score_baselines", "score_credit", "score_methods"]
 
 
 def score_credit(credit: Tensor, truth: ProbeTruth, ks: Sequence[int] = DEFAULT_KS) -> dict[str, Any]:
@@ -80,18 +73,18 @@ def _blame_scores(c: Tensor, truth: ProbeTruth, ks: Sequence[int]) -> dict[str, 
     cb, mb, tb = c[b], truth.mask[b], truth.target[b]
     for k in ks:
         hits = blame_hits(cb, mb, tb, k)
-        out[f"blame@{k}"] = _mean(hits)
-        out[f"blame@{k}_se"] = _stderr(hits)
+        out[f"blame@{k}"] = mean_of(hits)
+        out[f"blame@{k}_se"] = stderr_of(hits)
     ranks = target_ranks(cb, mb, tb)
-    out["mean_rank"] = _mean(ranks)
-    out["mean_rank_frac"] = _mean(ranks / mb.sum(1).double())
+    out["mean_rank"] = mean_of(ranks)
+    out["mean_rank_frac"] = mean_of(ranks / mb.sum(1).double())
     kinds = [truth.kinds[i] for i in b.tolist()]
     by_kind: dict[str, dict[str, Any]] = {}
     for kind in sorted(set(kinds)):
         sel = torch.tensor([x == kind for x in kinds])
         entry: dict[str, Any] = {"n": int(sel.sum())}
         for k in ks:
-            entry[f"blame@{k}"] = _mean(blame_hits(cb[sel], mb[sel], tb[sel], k))
+            entry[f"blame@{k}"] = mean_of(blame_hits(cb[sel], mb[sel], tb[sel], k))
         by_kind[kind] = entry
     out["blame_by_kind"] = by_kind
     return out
@@ -104,7 +97,7 @@ def _praise_scores(c: Tensor, truth: ProbeTruth, ks: Sequence[int]) -> dict[str,
     out: dict[str, Any] = {"praise_rollouts": int(p.numel())}
     for k in ks:
         out[f"praise@{k}"] = (
-            _mean(expected_hits(c[p], m[p], truth.target[p], k, descending=True)) if p.numel() else None
+            mean_of(expected_hits(c[p], m[p], truth.target[p], k, descending=True)) if p.numel() else None
         )
     return out
 
@@ -115,7 +108,7 @@ def _mass_scores(c: Tensor, truth: ProbeTruth) -> dict[str, Any]:
     shares, defined = mass_shares(c[rows], truth.mask[rows], truth.labels[rows].clamp(min=0))
     out: dict[str, Any] = {"mass_rollouts": int(defined.sum())}
     for j, name in enumerate(LABELS):
-        out[f"mass_{name}"] = _mean(shares[defined, j])
+        out[f"mass_{name}"] = mean_of(shares[defined, j])
     return out
 
 
@@ -145,6 +138,31 @@ def score_baselines(
     return {"random": rand, "uniform": score_credit(uniform_credit(truth.mask), truth, ks)}
 
 
+def method_credits(
+    batch: RolloutBatch,
+    specs: Sequence[MethodSpec],
+    *,
+    lora: bool = False,
+    unavailable: Mapping[str, str] | None = None,
+    special_ids: Sequence[int] | None = None,
+) -> dict[str, MethodCredit]:
+    """{method name: `MethodCredit`} for `specs` on one batch, from the one pipeline
+    (`tokencredit.report.methods.method_credit`, with the tokenizer's `special_ids`)."""
+    return {
+        spec.name: method_credit(spec, batch, special_ids=special_ids, lora=lora, unavailable=unavailable)
+        for spec in specs
+    }
+
+
+def method_row(got: MethodCredit, numbers: Callable[[Tensor], dict[str, Any]]) -> dict[str, Any]:
+    """One method's result: kind, label and "status": "ok" with `numbers` of its effective credit, or
+    "n/a" with the "reason" it has no credit."""
+    base = {"kind": got.spec.kind, "label": got.spec.label}
+    if got.credit is None:
+        return {**base, "status": "n/a", "reason": got.reason}
+    return {**base, "status": "ok", **numbers(got.credit.effective())}
+
+
 def probe_batch(
     batch: RolloutBatch,
     truth: ProbeTruth,
@@ -164,14 +182,14 @@ def probe_batch(
     signal, or the error the method raised on this batch). `credits`, when given, receives each
     computed method's `TokenCredit` by name.
     """
-    out: dict[str, dict[str, Any]] = {}
-    for spec in specs:
-        base = {"kind": spec.kind, "label": spec.label}
-        got = method_credit(spec, batch, special_ids=special_ids, lora=lora, unavailable=unavailable)
-        if got.credit is None:
-            out[spec.name] = {**base, "status": "n/a", "reason": got.reason}
-            continue
-        if credits is not None:
-            credits[spec.name] = got.credit
-        out[spec.name] = {**base, "status": "ok", **score_credit(got.credit.effective(), truth, ks)}
-    return out
+    got = method_credits(batch, specs, lora=lora, unavailable=unavailable, special_ids=special_ids)
+    if credits is not None:
+        credits.update({name: g.credit for name, g in got.items() if g.credit is not None})
+    return score_methods(got, truth, ks)
+
+
+def score_methods(
+    got: Mapping[str, MethodCredit], truth: ProbeTruth, ks: Sequence[int] = DEFAULT_KS
+) -> dict[str, dict[str, Any]]:
+    """{method name: `method_row` with `score_credit`'s numbers} for credit already computed."""
+    return {name: method_row(g, partial(score_credit, truth=truth, ks=ks)) for name, g in got.items()}

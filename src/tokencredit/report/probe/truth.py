@@ -29,6 +29,8 @@ __all__ = [
     "RolloutTruth",
     "build_truth",
     "char_to_token",
+    "checker_reward",
+    "mixed_rows",
     "rollout_summary",
     "rollout_truth",
     "token_char_spans",
@@ -44,6 +46,23 @@ def _common_prefix_len(a: str, b: str) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def mixed_rows(group_ids: Tensor, scores: Tensor) -> Tensor:
+    """bool [N]: rows whose group (group_ids [N]) holds different scores [N] (bool or float), i.e. a
+    group advantage that is not 0 (for 0/1 rewards: both correct and wrong rollouts)."""
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inv.max()) + 1 if inv.numel() else 0
+    s = scores.double()
+    low = torch.full((n_groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, inv, s, "amin")
+    high = torch.full((n_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, inv, s, "amax")
+    return (low < high)[inv]
+
+
+def checker_reward(texts: Sequence[str], problems: Sequence[Any]) -> list[float]:
+    """The synthetic task's checker as a reward function: 1.0 where `check(problem, text)` holds, else 0.0
+    (the reward of the probe's rollouts and of the Monte-Carlo oracle's continuations)."""
+    return [1.0 if check(p, t) else 0.0 for t, p in zip(texts, problems, strict=True)]
 
 
 def token_char_spans(tokenizer: Any, token_ids: Sequence[int]) -> tuple[str, list[tuple[int, int]]]:
@@ -154,12 +173,7 @@ class ProbeTruth:
     @property
     def mixed(self) -> Tensor:
         """bool [N]: the row's group holds both correct and wrong rollouts (its advantage is not 0)."""
-        _, inv = torch.unique(self.group_ids, return_inverse=True)
-        n_groups = int(inv.max()) + 1 if inv.numel() else 0
-        c = self.correct.long()
-        n_correct = torch.zeros(n_groups, dtype=torch.long).index_add_(0, inv, c)
-        size = torch.zeros(n_groups, dtype=torch.long).index_add_(0, inv, torch.ones_like(c))
-        return ((n_correct > 0) & (n_correct < size))[inv]
+        return mixed_rows(self.group_ids, self.correct)
 
     @property
     def is_correct_kind(self) -> Tensor:

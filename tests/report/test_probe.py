@@ -680,3 +680,20 @@ def test_cli_benchmark_data_on_a_tiny_model(tmp_path, tiny_model_dir):
     assert pt["rollouts"]["accuracy"] == 0.0 and pt["oracle"]["status"] == "n/a"
     assert "n/a: no rollout in a mixed group" in md
     assert cli.main(["probe", "--model", tiny_model_dir, "--data", "math500"] + SMALL) == 2
+
+
+def test_cli_oracle_and_vineppo_recipe_columns(tmp_path):
+    """`--methods oracle,vineppo` sample their Monte-Carlo signals on the mixed groups' rollouts with the
+    trainer's default settings; with `--oracle 16` (the same K, delta and seed) the oracle column is the
+    probe's own A*, so its fidelity is perfect, and it blames the checker's first wrong token above chance."""
+    data, md = _run_probe(tmp_path, "mc", TOY_SMALL + ["--methods", "grpo,oracle,vineppo", "--oracle", "16"])
+    pt = data["points"][0]
+    mixed = pt["rollouts"]["mixed_groups"] * 4
+    mc = pt["mc_signals"]
+    assert mc["rows"] == mixed > 0 and mc["continuations"] > 0 and mc["generated_tokens"] > 0
+    assert "The oracle / vineppo columns are Monte-Carlo estimates" in md
+    fid = pt["oracle"]["methods"]["oracle"]
+    assert fid["spearman"] == pytest.approx(1.0) and fid["sign_agreement"] == pytest.approx(1.0)
+    assert pt["oracle"]["methods"]["vineppo"]["status"] != "n/a"
+    m, chance = pt["methods"], pt["baselines"]["random"]
+    assert m["oracle"]["blame@1"] > chance["blame@1"] and m["oracle"]["blame@3"] > chance["blame@3"]

@@ -15,12 +15,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tokencredit.batch import MC_SIGNALS
 from tokencredit.models import special_token_ids
 from tokencredit.report.methods import MethodCredit, MethodSpec, needed_signals
 from tokencredit.report.probe.config import ProbeConfig
 from tokencredit.report.probe.fidelity import oracle_section, run_oracle
 from tokencredit.report.probe.points import ProbePoint
 from tokencredit.report.probe.sample import (
+    mc_column_signals,
     probe_problems,
     rollout_batch,
     rollout_signals,
@@ -114,9 +116,18 @@ def probe_model(
     (`fidelity.oracle_section`)."""
     say = log or (lambda _msg: None)
     lora = has_lora_adapter(model)
-    ro, rows, signals = _sample(model, tokenizer, needed_signals(specs, lora=lora), cfg, say)
+    needs = needed_signals(specs, lora=lora)
+    ro, rows, signals = _sample(model, tokenizer, needs, cfg, say)
     with _reward(cfg) as reward:
         truth, truths, scores, golds = _judge(cfg, reward, ro, rows, tokenizer)
+        mc_cost = None
+        if needs & set(MC_SIGNALS):
+            say(f"Monte-Carlo signals of the {', '.join(sorted(needs & set(MC_SIGNALS)))} columns (expensive) ...")
+            mc, mc_cost = mc_column_signals(
+                model, tokenizer, ro, golds, reward, mixed_rows(ro.prompt_index, scores), needs, cfg,
+                old_log_probs=signals.get("old_log_probs"), log=say,
+            )  # fmt: skip
+            signals = {**signals, **mc}
         batch = rollout_batch(ro, scores, signals)
         say("scoring credit ...")
         got = method_credits(batch, specs, lora=lora, special_ids=special_token_ids(tokenizer))
@@ -125,6 +136,8 @@ def probe_model(
             if truth is not None
             else {"rollouts": verifier_summary(batch.group_ids, scores, batch.mask)}
         )
+        if mc_cost is not None:
+            out["mc_signals"] = mc_cost
         if cfg.oracle_k:
             say(f"Monte-Carlo A*: K = {cfg.oracle_k} continuations per state ...")
             oracle = run_oracle(

@@ -213,9 +213,24 @@ def _point_section(point: dict[str, Any], ks: Sequence[int]) -> list[str]:
         out += [f"{point['source']}. {_summary_line(point)}", "", point_table(point, ks)]
     else:
         out.append(f"{point['source']}. {_data_summary_line(point)}")
+    mc = point.get("mc_signals")
+    if mc:
+        out += ["", _mc_columns_line(mc)]
     if "oracle" in point:
         out += _fidelity_section(point["oracle"], ks)
     return out
+
+
+def _mc_columns_line(mc: dict[str, Any]) -> str:
+    """What the oracle / vineppo columns' Monte-Carlo signals were estimated on and what they cost."""
+    if not mc.get("rows"):
+        return "The oracle / vineppo columns are 0: no rollout of a mixed group to estimate values on."
+    return (
+        f"The oracle / vineppo columns are Monte-Carlo estimates (the trainer's default settings) on the "
+        f"{mc['rows']} rollouts of mixed groups (0 on the others): {mc['states']:,} states, "
+        f"{mc['continuations']:,} continuations, {mc['generated_tokens']:,} generated tokens, "
+        f"{mc['seconds']:.1f} s."
+    )
 
 
 def _preamble(result: dict[str, Any]) -> list[str]:

@@ -15,12 +15,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tokencredit.batch import RolloutBatch
+from tokencredit.batch import MC_SIGNALS, RolloutBatch
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.data.synthetic import ArithmeticTask
 from tokencredit.data.templates import render
 from tokencredit.errors import ConfigError
 from tokencredit.evaluation import load_benchmark
+from tokencredit.oracle import MCSettings, mc_signals
 from tokencredit.report.probe.config import ProbeConfig
 from tokencredit.rollout import Rollouts, generate
 from tokencredit.signals import compute_signals, negative_prompt_inputs
@@ -28,6 +29,7 @@ from tokencredit.signals import compute_signals, negative_prompt_inputs
 __all__ = [
     "data_problems",
     "heldout_problems",
+    "mc_column_signals",
     "probe_problems",
     "rollout_batch",
     "rollout_signals",
@@ -97,6 +99,7 @@ def rollout_signals(
 
     rows[i]: the problem of rollout i (for GCPO's negative prompt). Tensors stay on the model's device.
     """
+    needs = set(needs) - set(MC_SIGNALS)  # sampled, not a forward pass: `mc_column_signals`
     if not needs:
         return {}
     if log is not None:
@@ -144,3 +147,35 @@ def select_rollouts(ro: Rollouts, rows: Tensor) -> Rollouts:
         texts=[ro.texts[i] for i in idx.tolist()],
         prompt_index=ro.prompt_index[idx],
     )
+
+
+def mc_column_signals(
+    model: Any,
+    tokenizer: Any,
+    ro: Rollouts,
+    golds: Sequence[Any],
+    reward_fn: Callable[[Sequence[str], Sequence[Any]], Sequence[float]],
+    rows: Tensor,
+    needs: set[str],
+    cfg: ProbeConfig,
+    *,
+    old_log_probs: Tensor | None = None,
+    log: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The Monte-Carlo signals of the `oracle` / `vineppo` columns (`needs` & MC_SIGNALS), estimated
+    with the trainer's default settings (`MCSettings`) and the probe's sampling, on the rollouts where
+    `rows` (bool [N]) holds (the mixed groups the metrics score) and 0 on the others: ({name: [N,T]
+    float32}, cost with "rows"). golds[i]: rollout i's gold for `reward_fn`."""
+    wanted = set(needs) & set(MC_SIGNALS)
+    idx = rows.bool().cpu().nonzero().squeeze(1)
+    full = {s: torch.zeros(ro.response_ids.shape, dtype=torch.float32) for s in wanted}
+    if not wanted or not idx.numel():
+        return full, {"rows": 0}
+    got, cost = mc_signals(
+        model, tokenizer, select_rollouts(ro, idx), [golds[i] for i in idx.tolist()], reward_fn, wanted,
+        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, settings=MCSettings(batch_size=cfg.batch_size),
+        old_log_probs=None if old_log_probs is None else old_log_probs.cpu()[idx], seed=cfg.seed, log=log,
+    )  # fmt: skip
+    for s, v in got.items():
+        full[s][idx] = v
+    return full, {"rows": int(idx.numel()), **cost.as_dict()}

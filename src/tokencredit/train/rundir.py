@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from tokencredit.batch import MC_SIGNALS
 from tokencredit.errors import ConfigError, DiskFullError
 from tokencredit.recipes import Recipe, from_dict, resolve
 from tokencredit.train.config import TrainConfig, dump_toml, load_config
@@ -254,7 +255,8 @@ def rollout_records(
 ) -> list[dict[str, Any]]:
     """The saved form of a step's first `max_groups` groups (rollouts/step_N.jsonl, read by
     `tokencredit explain`): per completion its text, token ids and tokens, score, whether the
-    verifier timed out on it, sequence advantage A, per-token Â and the old policy's entropy and log-probs."""
+    verifier timed out on it, sequence advantage A, per-token Â, the old policy's entropy and log-probs, and
+    the Monte-Carlo signals (`batch.MC_SIGNALS`) when the recipe sampled them."""
     groups = torch.unique(ro.group_ids, sorted=True)[:max_groups]
     seq, tok = credit.seq_advantages, credit.token_advantages
     out = []
@@ -279,6 +281,8 @@ def rollout_records(
                     round(float(x), 5) for x in batch.old_log_probs[i, :n]
                 ],
                 "truncated": bool(ro.truncated[i]),
+                **{s: [round(float(x), 6) for x in getattr(batch, s)[i, :n]] for s in MC_SIGNALS
+                   if getattr(batch, s, None) is not None},
             })  # fmt: skip
         out.append({
             "step": step, "recipe": recipe.name, "credit": recipe.credit, "group": gid,

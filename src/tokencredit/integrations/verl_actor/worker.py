@@ -1,46 +1,9 @@
-"""verl actor extension: the per-token signals verl's actor does not compute, from its old-log-prob step.
-
-DelTA needs the final hidden state, ARCA the hidden state with and without the LoRA adapter, policy
-divergence the adapter-free log-probs, GCPO the log-probs of the response after a negative prompt.
-verl 0.9's actor (the FSDP engine behind ``ActorRolloutRefWorker.compute_log_prob``) returns only
-log-probs and entropy, so with the switch on this module adds, per micro-batch of that same call:
-
-- ``hidden``: the LM head's input captured (forward hook) during verl's own forward, so log-probs,
-  entropy and hidden states come from ONE forward; only the rows that predict response tokens are
-  kept, in the model's compute dtype (the LM head's input dtype; casting up adds nothing);
-- ``base_hidden`` / ``base_log_probs``: one more forward of the same micro-batch inside verl's
-  ``engine.disable_adapter()`` (LoRA only);
-- ``neg_log_probs``: one more forward of [negative prompt + the same response tokens]; the driver
-  builds the negative prompts (`negative_prompts`) from the chat messages verl keeps in
-  ``non_tensor_batch["raw_prompt"]``;
-- ``entropy`` (verl's own signal, which sets the kept set of the 80/20 rule and S-trace): in every
-  forward-only step that computes it, float32 from the same logits without cancellation
-  (`float32_entropy`); verl's formula returns exactly 0 for confident tokens, which ties most of a
-  late-training batch at 0. This part needs no request, so it also covers the v1 trainer.
-
-A signal is computed only when the selected ``tc_`` estimator needs it. Each is returned as a jagged
-tensor with one row per response token ([r_i] or [r_i, H], r_i = response length of sequence i), the
-driver pads it to [bs, T(, H)] with zeros outside ``response_mask`` and stores it under the batch
-key in `BATCH_KEYS` (``tc_hidden``, ``tc_base_hidden``, ``tc_base_log_probs``, ``tc_neg_log_probs``),
-where the estimators read it; the plugin drops those keys again after the advantage step, so they
-never travel to the actor update.
-
-The switch is the environment variable `SWITCH` (``TOKENCREDIT_VERL_ACTOR_SIGNALS=1``), read by
-`enabled`; it must be set in the driver and in the Ray workers. `tokencredit.integrations.verl`
-(which checks the verl version) imports this module and installs both halves: `wrap_forward_step`
-on ``FSDPEngineWithLMHead.forward_step`` (worker) and `requesting` around the legacy trainer's
-``_compute_old_log_prob`` (driver). `check_target` refuses a verl whose wrapped methods have another
-signature. Supported: the FSDP / FSDP2 engines, padded or remove-padding inputs, text-only models,
-the legacy trainer (``trainer.use_v1=False``); refused with a clear error: Ulysses sequence
-parallelism, fused-kernel LM heads (no LM-head call to hook), multi-modal inputs.
-"""
+"""Worker side of the actor extension: the extra signals computed inside verl's forward-only step."""
 
 from __future__ import annotations
 
 import functools
-import inspect
-import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -48,61 +11,23 @@ import torch
 from tensordict import TensorDict
 from torch import Tensor, nn
 
+from tokencredit.credit.entropy import entropy_from_logits
 from tokencredit.errors import ConfigError
+from tokencredit.integrations.verl_actor.keys import (
+    _BASE,
+    _NEG_IDS,
+    _NEG_LENS,
+    _REQUEST,
+    BATCH_KEYS,
+    SWITCH,
+    check_target,
+)
 
-__all__ = [
-    "BATCH_KEYS",
-    "SWITCH",
-    "check_target",
-    "collect",
-    "enabled",
-    "float32_entropy",
-    "negative_prompts",
-    "requested",
-    "requesting",
-    "wrap_forward_step",
-]
+__all__ = ["float32_entropy", "wrap_forward_step"]
 
-SWITCH = "TOKENCREDIT_VERL_ACTOR_SIGNALS"
-# Signal name (tokencredit.batch.SIGNALS) -> DataProto batch key / worker output key.
-BATCH_KEYS: dict[str, str] = {
-    "hidden": "tc_hidden",
-    "base_hidden": "tc_base_hidden",
-    "base_log_probs": "tc_base_log_probs",
-    "neg_log_probs": "tc_neg_log_probs",
-}
-_REQUEST = "tc_signals"  # non-tensor field of the worker batch: comma-separated signal names
-_NEG_IDS, _NEG_LENS = "tc_neg_prompt_ids", "tc_neg_prompt_lens"  # [bs, P'] right-padded, [bs]
-_BASE = ("base_hidden", "base_log_probs")
-# The verl methods wrapped here, with the parameters the wrappers rely on.
-_SIGNATURES = {
-    "forward_step": ("self", "micro_batch", "loss_function", "forward_only"),
-    "_compute_old_log_prob": ("self", "batch"),
-}
+# verl is imported inside the functions: an optional dependency, needed only once verl calls them.
 
 
-def enabled() -> bool:
-    """True iff the switch `SWITCH` is set to 1 / true / yes / on in this process's environment."""
-    return os.environ.get(SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def check_target(fn: Callable[..., Any], name: str) -> None:
-    """Raise ImportError unless `fn` takes the parameters this module's wrapper of `name` passes."""
-    params = tuple(inspect.signature(fn).parameters)
-    if params != _SIGNATURES[name]:
-        raise ImportError(
-            f"tokencredit's verl actor extension ({SWITCH}) wraps verl's {name}{_SIGNATURES[name]}, but this verl "
-            f"has {name}{params}; it supports verl 0.9.x only"
-        )
-
-
-def requested(needs: Iterable[str]) -> tuple[str, ...]:
-    """The signals among `needs` that only the actor extension provides, in a fixed order."""
-    needs = set(needs)
-    return tuple(name for name in BATCH_KEYS if name in needs)
-
-
-# ---------------------------------------------------------------------------------------------- worker side
 def _lm_head(module: nn.Module) -> nn.Module:
     """The LM head of verl's actor module (FSDP1 wrapper and peft wrapper looked through)."""
     inner = getattr(module, "_fsdp_wrapped_module", module)
@@ -260,7 +185,6 @@ def float32_entropy(engine: Any, micro_batch: TensorDict) -> Iterator[None]:
     from verl.utils import tensordict_utils as tu
     from verl.utils import torch_functional as verl_f
 
-    from tokencredit.credit.entropy import entropy_from_logits
 
     if not tu.get_non_tensor_data(data=micro_batch, key="calculate_entropy", default=False):
         yield
@@ -324,95 +248,3 @@ def _forward_only_step(original: Callable[..., Any], self: Any, micro_batch: Ten
 
     output["model_output"].update(extra)
     return loss, output
-
-
-# ---------------------------------------------------------------------------------------------- driver side
-def negative_prompts(
-    raw_prompts: Sequence[Any], tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None
-) -> tuple[Tensor, Tensor]:
-    """GCPO's negative prompts as token ids: ([bs, P'] int64 right-padded with 0, lengths [bs]).
-
-    Each prompt is verl's chat (``non_tensor_batch["raw_prompt"]``) with its last user message, taken as
-    the problem, replaced by `tokencredit.credit.gcpo.negative_prompt`; it is rendered with the tokenizer's
-    chat template and the generation prompt, as verl renders the real prompt.
-    """
-    from tokencredit.credit.gcpo import negative_prompt
-
-    encoded = []
-    for i, chat in enumerate(raw_prompts):
-        messages = [dict(m) for m in chat] if not isinstance(chat, str) else None
-        users = [m for m in messages or [] if m.get("role") == "user" and isinstance(m.get("content"), str)]
-        if not users:
-            raise ConfigError(
-                f"{SWITCH}: GCPO needs each prompt as chat messages with a text user message (data.return_raw_chat=True); "
-                f"prompt {i} has none"
-            )
-        users[-1]["content"] = negative_prompt(users[-1]["content"])
-        text = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
-        )
-        encoded.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-    lens = torch.tensor([len(e) for e in encoded], dtype=torch.long)
-    ids = torch.zeros(len(encoded), int(lens.max()) if encoded else 0, dtype=torch.long)
-    for i, e in enumerate(encoded):
-        ids[i, : len(e)] = torch.tensor(e, dtype=torch.long)
-    return ids, lens
-
-
-def collect(output: TensorDict, response_mask: Tensor, wanted: Sequence[str]) -> dict[str, Tensor]:
-    """The requested signals from the workers' output, padded to [bs, T(, H)] and 0 outside response_mask."""
-    from verl.utils import tensordict_utils as tu
-
-    mask = response_mask.bool()
-    out = {}
-    for name in wanted:
-        key = BATCH_KEYS[name]
-        value = tu.get(output, key)
-        if value is None:
-            raise ConfigError(
-                f"{SWITCH}: the actor workers returned no {key!r}. Set {SWITCH}=1 in the workers' environment too "
-                f"(+ray_kwargs.ray_init.runtime_env.env_vars.{SWITCH}=1) and use actor strategy fsdp or fsdp2"
-            )
-        size = (mask.shape[0], mask.shape[1], *value.shape[2:])
-        padded = torch.nested.to_padded_tensor(value, 0.0, output_size=size)
-        keep = mask.reshape(*mask.shape, *([1] * (padded.dim() - 2))).to(padded.device)
-        out[key] = torch.where(keep, padded, torch.zeros((), dtype=padded.dtype, device=padded.device))
-    return out
-
-
-@contextmanager
-def requesting(trainer: Any, batch: Any, wanted: Sequence[str]) -> Iterator[dict[str, Tensor]]:
-    """Within the block, the trainer's ``actor_rollout_wg.compute_log_prob`` asks for `wanted` and the yielded
-    dict is filled with the padded signals when the call returns (see `collect`)."""
-    group = trainer.actor_rollout_wg
-    call = group.compute_log_prob
-    own = "compute_log_prob" in vars(group)
-    negatives = None
-    if "neg_log_probs" in wanted:
-        if "raw_prompt" not in batch.non_tensor_batch:
-            raise ConfigError(
-                f"{SWITCH}: GCPO builds its negative prompt from the chat: set data.return_raw_chat=True"
-            )
-        data_cfg = trainer.config.get("data", {}) if hasattr(trainer.config, "get") else {}
-        kwargs = dict(data_cfg.get("apply_chat_template_kwargs", None) or {})
-        negatives = negative_prompts(list(batch.non_tensor_batch["raw_prompt"]), trainer.tokenizer, kwargs)
-    result: dict[str, Tensor] = {}
-
-    def compute_log_prob(data: TensorDict, *args: Any, **kwargs: Any) -> Any:
-        from verl.utils import tensordict_utils as tu
-
-        tu.assign_non_tensor(data, **{_REQUEST: ",".join(wanted)})
-        if negatives is not None:
-            data[_NEG_IDS], data[_NEG_LENS] = negatives
-        output = call(data, *args, **kwargs)
-        result.update(collect(output, data["response_mask"], wanted))
-        return output
-
-    group.compute_log_prob = compute_log_prob
-    try:
-        yield result
-    finally:
-        if own:
-            group.compute_log_prob = call
-        else:
-            del group.compute_log_prob

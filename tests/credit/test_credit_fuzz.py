@@ -42,6 +42,10 @@ def batches(draw):
     sig["base_hidden"] = sig["hidden"] + draw(st.sampled_from([0.0, 0.1])) * torch.randn(
         n, t, h, generator=gen
     )
+    # Monte-Carlo advantages: any finite values, 0 where the engine skipped a state
+    mc = torch.randn(n, t, generator=gen) * scale * (torch.rand(n, t, generator=gen) < 0.5)
+    sig["mc_advantages"] = mc * mask
+    sig["mc_step_advantages"] = mc.flip(-1) * mask
     assert set(sig) == set(SIGNALS)
     batch = RolloutBatch(ids, mask, torch.arange(n_groups).repeat_interleave(g), scores, **sig)
     adv = advantages.grpo(scores, batch.group_ids) * scale
@@ -58,8 +62,9 @@ def test_every_method_is_finite_zero_on_padding_and_detached(data, name):
     assert torch.isfinite(out).all()
     assert (out[~batch.mask] == 0).all()
     assert not out.requires_grad
-    # no rollout with A = 0 gets signed credit, except KTAE (additive key values) -- documented there
-    if name != "ktae":
+    # no rollout with A = 0 gets signed credit, except KTAE (additive key values, documented there) and
+    # the Monte-Carlo methods, whose credit is the sampled values' difference, not a share of A
+    if name not in ("ktae", "oracle", "vineppo"):
         zero = (adv == 0)[:, None] & batch.mask
         assert (out[zero] == 0).all()
 

@@ -41,6 +41,8 @@ def ragged_batch(seed: int = 0, n_groups: int = 3, g: int = 4, t: int = 9, h: in
         sum_sq_probs=(logp.exp() ** 2 + torch.rand(n, t, generator=gen) * (1 - logp.exp() ** 2)) * mask,
         truncated=torch.zeros(n, dtype=torch.bool),
         baseline_scores=torch.randint(0, 2, (n,), generator=gen).float(),
+        mc_advantages=torch.randn(n, t, generator=gen) * mask,
+        mc_step_advantages=torch.randn(n, t, generator=gen) * mask,
     )
 
 

@@ -186,6 +186,23 @@ def test_explain_of_a_run_from_a_newer_version(run, tmp_path, capsys):
     assert "strace" in page  # the recipe was still read
 
 
+def test_explain_of_a_lora_run_whose_newest_checkpoint_is_corrupt(tiny_model_dir, tmp_path, toy_rewards, capsys):
+    """ARCA reads the LoRA adapter, restored from the newest checkpoint: a corrupt one is said, and the
+    previous one is used."""
+    run = tmp_path / "lora"
+    sets = _micro_sets(tiny_model_dir, steps=2, **{"model.lora_rank": 4, "checkpoint.keep": 0})
+    assert cli.main(["train", "--recipe", "arca", "--out", str(run), *[a for s in sets for a in ("--set", s)]]) == 0
+    newest = RunDir(run).checkpoint_path(2)
+    newest.write_bytes(newest.read_bytes()[:-10])
+    page, err = explain(run, tmp_path / "e.html", capsys, "--methods", "arca")
+    assert err == [
+        f"tokencredit explain: checkpoint {newest} is unusable (digest mismatch (corrupt or truncated)); "
+        "trying the previous one"
+    ]
+    assert html.escape(err[0].removeprefix("tokencredit explain: ")) in page
+    assert "checkpoint step 1" in page  # the adapter of step 1 gave ARCA's signals
+
+
 # ---- compare --collect ----------------------------------------------------------------------------------
 
 

@@ -42,14 +42,18 @@ def _stopping(console: Console, signum: int) -> None:
     console.print(f"[yellow]{name}: stopping after the steps in progress ({name} again stops at once)")
 
 
+def _finished(plan: PlannedRun) -> bool:
+    summary = RunDir(plan.run_dir).read_summary()
+    return summary is not None and int(summary.get("steps", -1)) >= plan.cfg.run.steps
+
+
 def _stopped(signum: int, todo: list[tuple[PlannedRun, bool]]) -> Interrupted:
     """`Interrupted` saying where each planned run that has not finished stands on disk."""
     where = []
     for plan, _ in todo:
-        run = RunDir(plan.run_dir)
-        summary = run.read_summary()
-        if summary is not None and int(summary.get("steps", -1)) >= plan.cfg.run.steps:
+        if _finished(plan):
             continue
+        run = RunDir(plan.run_dir)
         steps = run.checkpoint_steps()
         at = f"checkpoint step {steps[-1]}" if steps else "step 0 (no checkpoint yet)"
         where.append(f"{plan.name} at {at}" if run.metrics.path.is_file() else f"{plan.name} not started")
@@ -63,10 +67,13 @@ def _stopped(signum: int, todo: list[tuple[PlannedRun, bool]]) -> Interrupted:
 
 # ------------------------------------------------------------------------------------------ in this process
 def _train_in_process(plan: PlannedRun, resume: bool, console: Console, stop: StopSignals) -> None:
+    """Train one plan; a stop signal the trainer received after its last step (while it wrote the
+    summary, so the run finished) is passed on to `stop`, so that the next run does not start."""
     trainer = Trainer(plan.cfg, plan.run_dir, resume=resume, console=console)
     try:
         if not stop.requested:  # a signal while the model loaded: do not start the run
             trainer.fit()
+            stop.signum = stop.signum or trainer.stopped_by
     finally:
         trainer.reward_fn.close()
         del trainer
@@ -95,7 +102,7 @@ def _run_sequential(todo: list[tuple[PlannedRun, bool]], console: Console) -> di
                     failed[str(plan.run_dir)] = f"{type(e).__name__}: {e}"
                     console.print(f"[red]FAILED {plan.name}: {failed[str(plan.run_dir)]}")
                     continue
-                if not stop.requested:
+                if _finished(plan):
                     console.print(f"finished {plan.name} in {time.perf_counter() - t0:.0f} s")
         except StopNow as e:  # a second signal outside a trainer's loop
             stop.signum = e.signum

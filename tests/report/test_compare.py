@@ -20,7 +20,6 @@ from tokencredit.report.compare import (
     markdown,
     mean_std,
     paired_t_test,
-    read_metrics,
     read_run,
     steps_to_target,
     t_two_sided_p,
@@ -225,15 +224,19 @@ def test_read_errors_name_the_file_and_line(tmp_path, fabricated):
     root, dirs = fabricated
     m = dirs[0] / "metrics.jsonl"
     lines = m.read_text().splitlines()
-    m.write_text("\n".join(lines) + '\n{"step": 3, "tor')  # a crash mid-line: dropped
-    assert len(read_metrics(m)) == len(lines)
-    m.write_text(lines[0] + "\nnot json\n" + lines[1] + "\n")
-    with pytest.raises(ConfigError, match=r"metrics.jsonl:2: invalid JSON"):
-        read_run(dirs[0])
+    m.write_text("\n".join(lines) + '\n{"step": 3, "tor')  # a crash mid-line: dropped, and said
+    run = read_run(dirs[0])
+    assert len(run.evals) + len(run.steps) == len(lines)
+    assert run.damaged == [
+        f"{m}:{len(lines) + 1}: cut-off last line skipped (not JSON: Unterminated string starting at, column 13); "
+        f"the rest is used ({len(lines)} lines; repair or delete that line, or copy the file again, to silence this)"
+    ]
+    m.write_text(lines[0] + "\nnot json\n" + lines[1] + "\n")  # a damaged line in the middle: skipped
+    assert [d.split(": ")[0] for d in read_run(dirs[0]).damaged] == [f"{m}:2"]
     with pytest.raises(ConfigError, match="no config.toml"):
         read_run(tmp_path)
     (dirs[1] / "summary.json").write_text("{")
-    with pytest.raises(ConfigError, match=r"summary.json:1: invalid JSON"):
+    with pytest.raises(ConfigError, match=r"summary.json:1: damaged, not JSON .*tokencredit train --resume"):
         read_run(dirs[1])
 
 

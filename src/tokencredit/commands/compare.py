@@ -9,13 +9,15 @@ import shlex
 
 from rich.console import Console
 
-from tokencredit.errors import ConfigError
+from tokencredit.errors import ConfigError, Interrupted
 from tokencredit.report.compare import (
     DEFAULT_RECIPES,
     DEFAULT_SEEDS,
     METRICS,
+    RunData,
     aggregate,
     collect_runs,
+    damaged_parts,
     execute,
     finished_runs,
     plan_runs,
@@ -124,6 +126,21 @@ def _check(args: argparse.Namespace) -> None:
             )
 
 
+def _train(args: argparse.Namespace, console: Console) -> tuple[list[RunData], dict[str, str]]:
+    """Train the planned runs that are not finished; (the finished runs, {run_dir: error} of the others).
+    Stopped by a signal, the runs in progress checkpoint their last step and the same command continues them."""
+    plans = plan_runs(args)
+    try:
+        failed = execute(plans, args.jobs, console)
+    except Interrupted as e:
+        raise Interrupted(
+            f"{e}; continue with: {command_line(args)} (finished runs are skipped, the others resume from "
+            "their checkpoints)",
+            e.signum,
+        ) from None
+    return finished_runs(plans, failed)
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console()
     _check(args)
@@ -132,13 +149,16 @@ def run(args: argparse.Namespace) -> int:
     if args.collect:
         runs, left_out = collect_runs(args.collect)
     else:
-        plans = plan_runs(args)
-        runs, failed = finished_runs(plans, execute(plans, args.jobs, console))
+        runs, failed = _train(args, console)
     for d in left_out:
         console.print(f"[yellow]left out {d['run_dir']}: {d['reason']}")
+    damaged = damaged_parts(runs)
+    for d in damaged:
+        console.print(d["reason"], style="yellow", markup=False, soft_wrap=True)
     result = aggregate(runs, baseline=args.baseline, target=args.target, metric=args.metric)
     result["failed"] = [{"run_dir": d, "reason": why} for d, why in failed.items()]
     result["left_out"] = left_out
+    result["damaged"] = damaged
     result["command"] = command_line(args)
     paths = write_report(result, args.out, band=args.band, smooth=args.smooth)
     console.print(rich_table(result))

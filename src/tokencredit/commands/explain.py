@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from tokencredit.report.explain import DEFAULT_METHODS, ExplainOptions, write_report
 
@@ -57,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
             temperature=args.temperature, device=args.device, batch_size=args.batch_size,
         )
     )  # fmt: skip
+    for line in result.damaged:  # what of a damaged run directory was left out (also on the page)
+        print(f"tokencredit explain: {line}", file=sys.stderr)
     skipped = f" (skipped: {', '.join(result.skipped)}; reasons on the page)" if result.skipped else ""
     print(f"wrote {result.path}{skipped}")
     return 0

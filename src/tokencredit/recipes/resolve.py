@@ -92,20 +92,24 @@ def validate(recipe: Recipe, overridden: Iterable[str] = ()) -> None:
             raise ConfigError(f"{where}: {rule}")
 
 
-def from_dict(data: Mapping[str, Any], where: str = "recipe") -> Recipe:
+def from_dict(data: Mapping[str, Any], where: str = "recipe", unknown: list[str] | None = None) -> Recipe:
     """A Recipe from its `to_dict()` form (a run's recipe.json), validated.
 
     Files written before policy losses were registered name REINFORCE as kernel "reinforce";
     that reads as loss "reinforce" with the per-token kernel. An unknown key is a ConfigError
-    naming it and `where`.
+    naming it and `where`; with `unknown` a list it is dropped instead and its name appended there
+    (a report reading a run written by a newer version: `RunDir.read_recipe(skipped=...)`).
     """
     d = dict(data)
     if d.get("kernel") == "reinforce":
         d.update(kernel="token", loss="reinforce")
-    unknown = [k for k in d if k not in Recipe.__dataclass_fields__]
-    if unknown:
+    names = [k for k in d if k not in Recipe.__dataclass_fields__]
+    if names and unknown is not None:
+        unknown += names
+        d = {k: v for k, v in d.items() if k not in names}
+    elif names:
         raise ConfigError(
-            f"{where}: unknown recipe field {unknown[0]!r}{closest(unknown[0], Recipe.__dataclass_fields__)} "
+            f"{where}: unknown recipe field {names[0]!r}{closest(names[0], Recipe.__dataclass_fields__)} "
             "(written by a newer tokencredit?)"
         )
     try:

@@ -182,11 +182,12 @@ def load_run_policy(
 ) -> tuple[Any, Any, str]:
     """(model, tokenizer, description) of a run's policy at checkpoint `step` (None: the newest good one).
 
-    The run's base model and LoRA configuration come from its config.toml; the checkpoint's
-    digest is verified first. The model is in eval mode.
+    The run's base model and LoRA configuration come from its config.toml (read leniently, as the
+    reports that call this read it: a key this version does not know is ignored; they say so); the
+    checkpoint's digest is verified first. The model is in eval mode.
     """
     rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    cfg = rd.read_config()
+    cfg = rd.read_config(skipped=[])
     if step is None:
         state = load_latest_checkpoint(rd, log=log)
         if state is None:

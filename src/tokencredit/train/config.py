@@ -1,8 +1,8 @@
 """Trainer configuration: dataclass sections, a TOML file, `--set section.key=value` overrides.
 
 Every key is read somewhere in the trainer; an unknown key is an error naming the closest valid
-ones. The resolved configuration is written to the run directory as `config.toml`, which
-`--resume` reads back.
+ones (a report reading a run directory may skip them instead: `load_config(..., unknown=[])`). The
+resolved configuration is written to the run directory as `config.toml`, which `--resume` reads back.
 """
 
 from __future__ import annotations
@@ -191,11 +191,16 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
-def apply_dict(cfg: TrainConfig, data: dict[str, Any], source: str) -> None:
-    """Merge a nested dict (from TOML) into cfg; unknown sections/keys are errors naming `source`."""
+def apply_dict(cfg: TrainConfig, data: dict[str, Any], source: str, unknown: list[str] | None = None) -> None:
+    """Merge a nested dict (from TOML) into cfg. An unknown section or key is an error naming `source`;
+    with `unknown` a list it is skipped instead and its name ("section" or "section.key") appended there
+    (a report reading a run written by another version: `RunDir.read_config(skipped=...)`)."""
     sections = {f.name: f for f in fields(cfg)}
     for sec, values in data.items():
         if sec not in sections:
+            if unknown is not None:
+                unknown.append(sec)
+                continue
             raise ConfigError(f"{source}: unknown section [{sec}]{closest(sec, sections)}")
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: [{sec}] must be a table")
@@ -203,6 +208,9 @@ def apply_dict(cfg: TrainConfig, data: dict[str, Any], source: str) -> None:
         keys = {f.name for f in fields(obj)}
         for key, value in values.items():
             if key not in keys:
+                if unknown is not None:
+                    unknown.append(f"{sec}.{key}")
+                    continue
                 raise ConfigError(f"{source}: unknown key {sec}.{key}{closest(key, keys)}; valid: {', '.join(sorted(keys))}")
             if sec == "algo" and key == "overrides":
                 obj.overrides = _merge(obj.overrides, value)
@@ -243,10 +251,16 @@ def shipped_configs() -> list[str]:
     return sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.toml"))
 
 
-def load_config(path: str | Path | None = None, sets: list[str] | None = None, recipe: str | None = None) -> TrainConfig:
+def load_config(
+    path: str | Path | None = None, sets: list[str] | None = None, recipe: str | None = None, *,
+    unknown: list[str] | None = None,
+) -> TrainConfig:
     """TrainConfig from defaults <- TOML file <- --recipe <- --set overrides (later wins).
 
-    `path` is a TOML file, or the name of a shipped config (`SHIPPED_CONFIGS`, e.g. "toy-hard").
+    `path` is a TOML file, or the name of a shipped config (`SHIPPED_CONFIGS`, e.g. "toy-hard"). An
+    unknown section or key in the file is an error (a typo in `tokencredit train --config` stops the
+    run before it starts); with `unknown` a list, the file's unknown names are skipped and appended
+    there (see `apply_dict`). --set overrides are always strict.
     """
     cfg = TrainConfig()
     if path is not None:
@@ -260,7 +274,7 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None, r
             data = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: invalid TOML: {e}") from None
-        apply_dict(cfg, data, str(p))
+        apply_dict(cfg, data, str(p), unknown)
     if recipe:
         cfg.algo.recipe = recipe
     for s in sets or []:

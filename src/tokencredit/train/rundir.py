@@ -17,6 +17,13 @@ the new one, never a torn one. `metrics.jsonl` is append-only; on resume, lines 
 checkpoint's step and a torn last line are dropped. A failed write (a full disk above all) leaves
 nothing behind: the temporary file is removed, a partly appended metrics line is cut off, and a
 full disk (ENOSPC, or EDQUOT for a quota) raises `DiskFullError` naming the file.
+
+Reading has two modes. Strict (the default, what `tokencredit train --resume` needs): a config key
+or recipe field this version does not know, or a saved-rollouts line that is not JSON, is an error
+naming the file. Lenient (the reports: explain, probe, compare): pass a list as `skipped`, and what
+is readable is used while each part left out (a damaged line, an unknown key or field) adds one line
+there naming file:line, what was skipped and what to do. `metrics.jsonl` always skips damaged lines
+(a run stopped mid-write leaves a cut-off last line), saying so when `skipped` is given.
 """
 
 from __future__ import annotations
@@ -37,11 +44,12 @@ from tokencredit.recipes import Recipe, from_dict, resolve
 from tokencredit.train.config import TrainConfig, dump_toml, load_config
 
 __all__ = [
-    "MetricsLog", "RunDir", "atomic_write_bytes", "atomic_write_text", "disk_full", "fsync_dir", "is_disk_full",
-    "rollout_records",
+    "MetricsLog", "RunDir", "atomic_write_bytes", "atomic_write_text", "damaged_line", "disk_full",
+    "fsync_dir", "is_disk_full", "parse_json_line", "rollout_records",
 ]  # fmt: skip
 
-_STEP_FILE = re.compile(r"^step_(\d+)\.(jsonl|pt)$")
+_STEP_FILE = re.compile(r"^step_(\d+)\.(jsonl|json|pt)$")
+_TODO = "repair or delete that line, or copy the file again, to silence this"
 
 
 def fsync_dir(d: Path) -> None:
@@ -110,7 +118,7 @@ class MetricsLog:
         """Keep only complete lines with step <= `step` (drops a torn tail and lines a crash will redo)."""
         if not self.path.exists():
             return
-        kept = [line for line, rec in self._lines() if int(rec.get("step", -1)) <= step]
+        kept = [line for _, line, rec, _ in self._lines() if rec is not None and rec["step"] <= step]
         atomic_write_text(self.path, "".join(k + "\n" for k in kept))
 
     def append(self, record: dict[str, Any]) -> None:
@@ -131,20 +139,63 @@ class MetricsLog:
         finally:
             os.close(fd)
 
-    def read(self) -> list[dict[str, Any]]:
-        """Every complete record (a torn or damaged line is skipped)."""
-        return [rec for _, rec in self._lines()]
+    def read(self, skipped: list[str] | None = None) -> list[dict[str, Any]]:
+        """Every whole record. A damaged line (cut off, not JSON, not an object with an integer "step")
+        is left out; with `skipped` a list, one line per damaged line is appended there."""
+        lines = list(self._lines())
+        records = [rec for _, _, rec, _ in lines if rec is not None]
+        if skipped is not None:
+            last = lines[-1][0] if lines else 0
+            bad = [(n, why) for n, _, rec, why in lines if rec is None]
+            skipped += [damaged_line(self.path, n, why, len(records), last=n == last) for n, why in bad]
+        return records
 
-    def _lines(self) -> Iterator[tuple[str, dict[str, Any]]]:
+    def _lines(self) -> Iterator[tuple[int, str, dict[str, Any] | None, str]]:
+        """(line number, line, record or None, why it is not one) of every non-blank line."""
         if not self.path.exists():
             return
-        for line in self.path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
+        for n, line in enumerate(self.path.read_text(errors="replace").splitlines(), 1):
+            if not line.strip():
                 continue
-            if isinstance(rec, dict):
-                yield line, rec
+            obj, why = parse_json_line(line)
+            step = obj.get("step") if isinstance(obj, dict) else None
+            if why is None and (isinstance(step, bool) or not isinstance(step, int)):
+                why = 'not a record with an integer "step"'
+            yield n, line, (obj if why is None else None), why or ""
+
+
+def parse_json_line(line: str) -> tuple[Any, str | None]:
+    """(value, None) for a line of JSON, else (None, why not)."""
+    try:
+        return json.loads(line), None
+    except json.JSONDecodeError as e:
+        return None, f"not JSON: {e.msg}, column {e.colno}"
+
+
+def damaged_line(path: Path, n: int, why: str, kept: int, *, last: bool = False, what: str = "line") -> str:
+    """The one line a lenient read adds to `skipped` for a damaged line of a JSONL file."""
+    cut = "cut-off last line" if last else f"damaged {what}"
+    return f"{path}:{n}: {cut} skipped ({why}); the rest is used ({kept} {what}{'' if kept == 1 else 's'}; {_TODO})"
+
+
+def _line_of(text: str, pattern: str, section: str | None = None) -> str:
+    """':N' for the first line of `text` matching regex `pattern` (in TOML [`section`] if given), else ''."""
+    current = None
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("[") and section is not None:
+            current = stripped.strip("[] ")
+        elif current == section and re.match(pattern, stripped):
+            return f":{n}"
+    return ""
+
+
+def _toml_line(text: str, name: str) -> str:
+    """':N' for the line of `[section]` (name "section") or of `key =` inside it ("section.key")."""
+    section, _, key = name.partition(".")
+    if not key:
+        return _line_of(text, rf"\[\s*{re.escape(section)}\s*\]")
+    return _line_of(text, rf'"?{re.escape(key)}"?\s*=', section)
 
 
 class RunDir:
@@ -174,26 +225,59 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.config_path, dump_toml(cfg))
 
-    def read_config(self) -> TrainConfig:
+    def read_config(self, skipped: list[str] | None = None) -> TrainConfig:
+        """The run's TrainConfig. A section or key this version does not know is an error (what
+        `tokencredit train --resume` needs); with `skipped` a list it is ignored and said there."""
         if not self.config_path.is_file():
             raise ConfigError(f"{self.path}: no config.toml (not a tokencredit run directory?)")
-        return load_config(self.config_path)
+        if skipped is None:
+            return load_config(self.config_path)
+        unknown: list[str] = []
+        cfg = load_config(self.config_path, unknown=unknown)
+        text = self.config_path.read_text(errors="replace") if unknown else ""
+        for name in unknown:
+            kind = "key" if "." in name else "section"
+            skipped.append(
+                f"{self.config_path}{_toml_line(text, name)}: unknown {kind} {name} ignored (written by a "
+                "newer tokencredit?); the run's other settings are used (upgrade tokencredit to read it)"
+            )
+        return cfg
 
     def write_recipe(self, recipe: Recipe) -> None:
         atomic_write_text(self.recipe_path, json.dumps(recipe.to_dict(), indent=2))
 
-    def read_recipe(self, cfg: TrainConfig | None = None) -> Recipe:
-        """The recipe the run trained with: recipe.json, else the one its config resolves to."""
+    def read_recipe(self, cfg: TrainConfig | None = None, skipped: list[str] | None = None) -> Recipe:
+        """The recipe the run trained with: recipe.json, else the one its config resolves to. A field this
+        version does not know is an error; with `skipped` a list it is dropped and said there, and a
+        recipe.json that is not JSON gives way to the config's recipe, said there too."""
         if not self.recipe_path.is_file():
-            cfg = cfg if cfg is not None else self.read_config()
+            cfg = cfg if cfg is not None else self.read_config(skipped)
             return resolve(cfg.algo.recipe, cfg.algo.overrides)
+        text = self.recipe_path.read_text(errors="replace")
         try:
-            data = json.loads(self.recipe_path.read_text())
+            data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"{self.recipe_path}: not a recipe ({e})") from None
+            if skipped is None:
+                raise ConfigError(f"{self.recipe_path}:{e.lineno}: not a recipe ({e.msg})") from None
+            cfg = cfg if cfg is not None else self.read_config(skipped)
+            skipped.append(
+                f"{self.recipe_path}:{e.lineno}: damaged, not read ({e.msg}); the recipe is resolved from "
+                f"config.toml ({cfg.algo.recipe!r} with its algo.overrides) instead (copy the file again)"
+            )
+            return resolve(cfg.algo.recipe, cfg.algo.overrides)
         if not isinstance(data, dict):
             raise ConfigError(f"{self.recipe_path}: not a recipe (a JSON object is expected)")
-        return from_dict(data, str(self.recipe_path))
+        if skipped is None:
+            return from_dict(data, str(self.recipe_path))
+        unknown: list[str] = []
+        recipe = from_dict(data, str(self.recipe_path), unknown)
+        for k in unknown:
+            where = _line_of(text, re.escape(json.dumps(k)) + r"\s*:")
+            skipped.append(
+                f"{self.recipe_path}{where}: unknown recipe field {k!r} ignored (written by a newer "
+                "tokencredit?); the recipe's other fields are used (upgrade tokencredit to read it)"
+            )
+        return recipe
 
     # ------------------------------------------------------------------ rollouts
     def rollout_path(self, step: int) -> Path:
@@ -202,6 +286,21 @@ class RunDir:
     def rollout_steps(self) -> list[int]:
         """Steps with saved rollouts, ascending."""
         return self._steps(self.rollouts_dir, "jsonl")
+
+    def read_rollouts(self, step: int, skipped: list[str] | None = None) -> list[tuple[int, Any]]:
+        """(line number, JSON value) of each saved group of `step`. A line that is not JSON is an error
+        naming file:line; with `skipped` a list it is left out and said there."""
+        path = self.rollout_path(step)
+        lines = [(n, x) for n, x in enumerate(path.read_text(errors="replace").splitlines(), 1) if x.strip()]
+        parsed = [(n, *parse_json_line(x)) for n, x in lines]
+        bad = [(n, why) for n, _, why in parsed if why is not None]
+        if bad and skipped is None:
+            raise ConfigError(f"{path}:{bad[0][0]}: damaged saved rollouts ({bad[0][1]})")
+        out = [(n, obj) for n, obj, why in parsed if why is None]
+        if skipped is not None:
+            last = lines[-1][0]
+            skipped += [damaged_line(path, n, why, len(out), last=n == last, what="group") for n, why in bad]
+        return out
 
     def write_rollouts(self, step: int, records: list[dict[str, Any]]) -> Path:
         """One JSON line per saved group."""
@@ -218,6 +317,10 @@ class RunDir:
         """Steps with a checkpoint file, ascending (their digests are checked when they are loaded)."""
         return self._steps(self.checkpoints_dir, "pt")
 
+    def digest_steps(self) -> list[int]:
+        """Steps with a checkpoint digest (step_N.json), ascending (without its .pt: a lost checkpoint)."""
+        return self._steps(self.checkpoints_dir, "json")
+
     # ------------------------------------------------------------------ outputs
     def has_final_model(self) -> bool:
         """True once the trainer exported the final model (a Hugging Face directory) to final/."""
@@ -233,12 +336,19 @@ class RunDir:
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.summary_path, json.dumps(summary, indent=2))
 
-    def read_summary(self) -> dict[str, Any] | None:
+    def read_summary(self, strict: bool = False) -> dict[str, Any] | None:
+        """summary.json, None when there is none. A damaged one reads as None, or with `strict` is an error
+        naming file:line (`tokencredit compare` must not take it for an unfinished run and train it again)."""
         if not self.summary_path.is_file():
             return None
         try:
-            data = json.loads(self.summary_path.read_text())
-        except json.JSONDecodeError:
+            data = json.loads(self.summary_path.read_text(errors="replace"))
+        except json.JSONDecodeError as e:
+            if strict:
+                raise ConfigError(
+                    f"{self.summary_path}:{e.lineno}: damaged, not JSON ({e.msg}); "
+                    f"`tokencredit train --resume {self.path}` writes it again"
+                ) from None
             return None
         return data if isinstance(data, dict) else None
 

@@ -108,6 +108,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step_done = 0
+        self.stopped_by: int | None = None  # the stop signal fit() received, if any
         self.metrics = self.run.metrics
         self.history: list[dict[str, Any]] = []
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -357,6 +358,7 @@ class Trainer:
         return self.summarize(self._time_offset + time.perf_counter() - self._t_session)
 
     def _on_signal(self, signum: int) -> None:
+        self.stopped_by = signum  # also when it lands after the last step: a caller running several runs stops
         name = signal_name(signum)
         self.console.print(f"[yellow]{name}: stopping after the step in progress ({name} again stops at once)")
 

@@ -8,8 +8,11 @@ sampling draws extra prompts from that stream when a group is uninformative; the
 generation rounds per step so that difference in budget stays visible.
 
 Compare is resumable: a run with a `summary.json` for the planned number of steps is not rerun; an
-unfinished run resumes from its last checkpoint. `--collect` only aggregates existing run
-directories, grouping them by recipe (recipe.json) and LoRA rank (config.toml).
+unfinished run resumes from its last checkpoint. SIGINT / SIGTERM stop every run in progress after its
+step, with a checkpoint of it (subprocesses get the signal forwarded), and the same command continues.
+`--collect` only aggregates existing run directories, grouping them by recipe (recipe.json) and LoRA
+rank (config.toml); damaged parts of a run (a cut-off metrics line, an unknown config key or recipe
+field) are skipped and listed, and a run with a file that cannot be read at all is left out.
 
 Outputs in OUT: `compare.md` (the table, the command that made it and the settings),
 `compare.json`, `accuracy.png` (held-out accuracy vs step, mean over seeds with a band per
@@ -24,18 +27,18 @@ Modules, one concern each (execution and statistics never import each other):
     runs       reading run directories (through tokencredit.train.rundir.RunDir) into RunData
     aggregate  groups of runs by recipe, curves over seeds, the result dict
     render     Markdown and rich tables, plots, writing compare.md / compare.json / the plots
-    execute    planning the runs, their state on disk, training them in-process or as subprocesses
+    plan       planning the runs (one TrainConfig per recipe and seed), their state on disk
+    execute    training the unfinished ones in-process or as subprocesses; stopping them on a signal
 The command line is `tokencredit.commands.compare`.
 """
 
 from tokencredit.report.compare.aggregate import METRICS, Group, aggregate, final_accuracy, group_runs
-from tokencredit.report.compare.execute import (
+from tokencredit.report.compare.execute import execute, finished_runs
+from tokencredit.report.compare.plan import (
     DEFAULT_RECIPES,
     DEFAULT_SEEDS,
     PlannedRun,
     PlanOptions,
-    execute,
-    finished_runs,
     plan_runs,
     plan_state,
 )
@@ -47,7 +50,7 @@ from tokencredit.report.compare.render import (
     table_rows,
     write_report,
 )
-from tokencredit.report.compare.runs import RunData, collect_runs, expand_run_dirs, read_metrics, read_run
+from tokencredit.report.compare.runs import RunData, collect_runs, damaged_parts, expand_run_dirs, read_run
 from tokencredit.report.compare.stats import (
     PairedTest,
     mean_std,
@@ -58,7 +61,7 @@ from tokencredit.report.compare.stats import (
 
 __all__ = [
     "DEFAULT_RECIPES", "DEFAULT_SEEDS", "METRICS", "Group", "PairedTest", "PlanOptions", "PlannedRun", "RunData", "aggregate",
-    "collect_runs", "execute", "expand_run_dirs", "final_accuracy", "finished_runs", "group_runs", "markdown",
-    "mean_std", "paired_t_test", "plan_runs", "plan_state", "plot_accuracy", "plot_concentration", "read_metrics",
+    "collect_runs", "damaged_parts", "execute", "expand_run_dirs", "final_accuracy", "finished_runs", "group_runs", "markdown",
+    "mean_std", "paired_t_test", "plan_runs", "plan_state", "plot_accuracy", "plot_concentration",
     "read_run", "rich_table", "steps_to_target", "t_two_sided_p", "table_rows", "write_report",
 ]  # fmt: skip

@@ -1,149 +1,79 @@
-"""Planning and running the trainer runs of a comparison: one `PlannedRun` per (recipe, seed), its
-state on disk (new, resume, finished), and training the unfinished ones, one after another in this
-process or `jobs` at a time as `tokencredit train` subprocesses. Nothing here aggregates: what the
-runs wrote is read back by `runs.read_run`."""
+"""Training the unfinished runs of a comparison (`plan.plan_runs` / `plan.plan_state`), one after another
+in this process or `jobs` at a time as `tokencredit train` subprocesses. Nothing here aggregates: what the
+runs wrote is read back by `runs.read_run`.
+
+SIGINT (Ctrl-C) / SIGTERM stop a comparison as they stop one run (`tokencredit.train.stop`): in this
+process the trainer finishes its step, checkpoints it and ends; subprocesses (each in its own process
+group, so a terminal's Ctrl-C reaches them only through compare) get the signal forwarded and do the
+same, and compare waits for them. No new run starts; `execute` then raises `Interrupted` saying where
+each unfinished run stopped, and the same `tokencredit compare` command continues (finished runs are
+skipped, the others resume from their checkpoints). A second signal is forwarded too: the steps in
+progress are abandoned and the runs resume from their previous checkpoints."""
 
 from __future__ import annotations
 
 import gc
-import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Protocol
+from typing import IO
 
 from rich.console import Console
 
-from tokencredit.errors import ConfigError, TrainingError
-from tokencredit.recipes import requires_lora, resolve
-from tokencredit.report.compare.runs import RUNTIME_KEYS, RunData, flat_config, read_run, read_summary
-from tokencredit.train.config import TrainConfig, load_config
+from tokencredit.errors import ConfigError, Interrupted, TrainingError
+from tokencredit.report.compare.plan import PlannedRun, plan_state
+from tokencredit.report.compare.runs import RunData, read_run
 from tokencredit.train.rundir import RunDir
-from tokencredit.train.trainer import Trainer, resolve_recipe
+from tokencredit.train.stop import StopNow, StopSignals, signal_name
+from tokencredit.train.trainer import Trainer
 
-__all__ = [
-    "DEFAULT_RECIPES", "DEFAULT_SEEDS", "PlanOptions", "PlannedRun", "execute", "finished_runs", "plan_runs",
-    "plan_state",
-]  # fmt: skip
+__all__ = ["execute", "finished_runs"]
 
-DEFAULT_RECIPES = "grpo,dapo,dapo+ktae,delta,strace,arca"
-DEFAULT_SEEDS = "0,1,2"
-# The child's stdout and stderr in its run directory (a file of compare's, not the trainer's).
+# A child these signals end exits with 128 + s (-s when one lands before its handlers are set).
+_STOP_CODES = (signal.SIGINT, signal.SIGTERM)
 
 
-class PlanOptions(Protocol):
-    """What planning reads: the parsed `tokencredit compare` arguments (an argparse.Namespace) or any
-    object with these attributes. `recipes` / `seeds` are comma-separated; None means the defaults."""
-
-    recipes: str | None
-    seeds: str | None
-    config: str | None
-    set: list[str]
-    lora_rank: int | None
-    lora_only_rank: int
-    out: str
+# ------------------------------------------------------------------------------------------ stopping
+def _stopping(console: Console, signum: int) -> None:
+    name = signal_name(signum)
+    console.print(f"[yellow]{name}: stopping after the steps in progress ({name} again stops at once)")
 
 
-@dataclass
-class PlannedRun:
-    recipe: str
-    seed: int
-    run_dir: Path
-    cfg: TrainConfig
-
-    @property
-    def name(self) -> str:
-        return f"{self.recipe} seed {self.seed}"
+def _finished(plan: PlannedRun) -> bool:
+    summary = RunDir(plan.run_dir).read_summary()
+    return summary is not None and int(summary.get("steps", -1)) >= plan.cfg.run.steps
 
 
-def _split(text: str, what: str) -> list[str]:
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    if not items:
-        raise ConfigError(f"--{what}: empty list")
-    if len(set(items)) != len(items):
-        raise ConfigError(f"--{what}: duplicate entries in {text!r}")
-    return items
-
-
-def _check_recipes(names: list[str]) -> None:
-    """Each --recipes name read by the project's one name rule (`tokencredit.recipes.resolve`): an unknown
-    name, or two names of the same recipe (`grpo` and `recipe:grpo`), is an error before anything runs."""
-    seen: dict[str, str] = {}
-    for name in names:
-        key = json.dumps(resolve(name).to_dict(), sort_keys=True)
-        if key in seen:
-            raise ConfigError(f"--recipes: {seen[key]!r} and {name!r} name the same recipe")
-        seen[key] = name
-
-
-def _seeds(text: str) -> list[int]:
-    try:
-        return [int(s) for s in _split(text, "seeds")]
-    except ValueError:
-        raise ConfigError(f"--seeds expects comma-separated integers, got {text!r}") from None
-
-
-def plan_runs(args: PlanOptions) -> list[PlannedRun]:
-    """One TrainConfig per (recipe, seed): the config file, then --set, then the seed, the recipe and the LoRA rank."""
-    recipes = _split(args.recipes or DEFAULT_RECIPES, "recipes")
-    seeds = _seeds(args.seeds or DEFAULT_SEEDS)
-    for s in args.set:
-        key = s.split("=", 1)[0].strip()
-        if key in ("run.seed", "algo.recipe"):
-            raise ConfigError(
-                f"--set {key}=...: compare sets it per run; use --{'seeds' if 'seed' in key else 'recipes'}"
-            )
-    _check_recipes(recipes)
-    if (args.lora_rank is not None and args.lora_rank < 0) or args.lora_only_rank < 1:
-        raise ConfigError("--lora-rank must be >= 0 and --lora-only-rank >= 1")
-    runs = Path(args.out) / "runs"
-    plans = []
-    for r in recipes:
-        for s in seeds:
-            cfg = load_config(args.config, [*args.set, f"run.seed={s}"], recipe=r)
-            if args.lora_rank is not None:
-                cfg.model.lora_rank = args.lora_rank
-            if cfg.model.lora_rank <= 0 and requires_lora(resolve_recipe(cfg)):
-                cfg.model.lora_rank = args.lora_only_rank
-            cfg.run.name = f"{r}-s{s}"
-            cfg.run.out_dir = str(runs)
-            plans.append(PlannedRun(r, s, runs / cfg.run.name, cfg))
-    return plans
-
-
-def plan_state(plan: PlannedRun) -> str:
-    """'new', 'finished' or 'resume'; a run directory made with other settings is an error."""
-    run = RunDir(plan.run_dir)
-    if not run.config_path.is_file():
-        return "new"
-    old = flat_config(run.read_config())
-    new = flat_config(plan.cfg)
-    free = RUNTIME_KEYS | {"run.steps"}  # run.steps may grow: the run is extended from its last checkpoint
-    diff = [k for k in sorted(set(old) | set(new)) if k not in free and old.get(k) != new.get(k)]
-    if diff:
-        shown = "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in diff[:4])
-        raise ConfigError(
-            f"{run.path} was made with other settings ({shown}); use another --out or remove that run directory"
-        )
-    if int(old["run.steps"]) > plan.cfg.run.steps:
-        raise ConfigError(
-            f"{run.path} was planned for run.steps={old['run.steps']}, more than {plan.cfg.run.steps} now; "
-            "use another --out or the same run.steps"
-        )
-    summary = read_summary(run)
-    if summary is not None and int(summary.get("steps", -1)) >= plan.cfg.run.steps:
-        return "finished"
-    return "resume"
+def _stopped(signum: int, todo: list[tuple[PlannedRun, bool]]) -> Interrupted:
+    """`Interrupted` saying where each planned run that has not finished stands on disk."""
+    where = []
+    for plan, _ in todo:
+        if _finished(plan):
+            continue
+        run = RunDir(plan.run_dir)
+        steps = run.checkpoint_steps()
+        at = f"checkpoint step {steps[-1]}" if steps else "step 0 (no checkpoint yet)"
+        where.append(f"{plan.name} at {at}" if run.metrics.path.is_file() else f"{plan.name} not started")
+    done = len(todo) - len(where)
+    return Interrupted(
+        f"stopped by {signal_name(signum)} ({done} of {len(todo)} runs to train finished; "
+        f"{', '.join(where) or 'none left'})",
+        signum,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ in this process
-def _train_in_process(plan: PlannedRun, resume: bool, console: Console) -> None:
+def _train_in_process(plan: PlannedRun, resume: bool, console: Console, stop: StopSignals) -> None:
+    """Train one plan; a stop signal the trainer received after its last step (while it wrote the
+    summary, so the run finished) is passed on to `stop`, so that the next run does not start."""
     trainer = Trainer(plan.cfg, plan.run_dir, resume=resume, console=console)
     try:
-        trainer.fit()
+        if not stop.requested:  # a signal while the model loaded: do not start the run
+            trainer.fit()
+            stop.signum = stop.signum or trainer.stopped_by
     finally:
         trainer.reward_fn.close()
         del trainer
@@ -151,20 +81,33 @@ def _train_in_process(plan: PlannedRun, resume: bool, console: Console) -> None:
 
 
 def _run_sequential(todo: list[tuple[PlannedRun, bool]], console: Console) -> dict[str, str]:
-    """Train the plans one after another in this process; {run_dir: error} for the failures."""
+    """Train the plans one after another in this process; {run_dir: error} for the failures. A stop
+    signal ends the run in progress after its step (the trainer's own handling) and raises `Interrupted`."""
     failed = {}
-    for i, (plan, resume) in enumerate(todo, 1):
-        console.rule(f"[{i}/{len(todo)}] {plan.name}{' (resuming)' if resume else ''} -> {plan.run_dir}")
-        t0 = time.perf_counter()
+    with StopSignals(lambda signum: _stopping(console, signum)) as stop:
         try:
-            _train_in_process(plan, resume, console)
-        except (TrainingError, RuntimeError, ValueError) as e:
-            if isinstance(e, ConfigError):
-                raise
-            failed[str(plan.run_dir)] = f"{type(e).__name__}: {e}"
-            console.print(f"[red]FAILED {plan.name}: {failed[str(plan.run_dir)]}")
-            continue
-        console.print(f"finished {plan.name} in {time.perf_counter() - t0:.0f} s")
+            for i, (plan, resume) in enumerate(todo, 1):
+                if stop.requested:
+                    break
+                console.rule(f"[{i}/{len(todo)}] {plan.name}{' (resuming)' if resume else ''} -> {plan.run_dir}")
+                t0 = time.perf_counter()
+                try:
+                    _train_in_process(plan, resume, console, stop)
+                except Interrupted as e:  # the trainer's handlers caught the signal and saved the step
+                    stop.signum = e.signum
+                    break
+                except (TrainingError, RuntimeError, ValueError) as e:
+                    if isinstance(e, ConfigError):
+                        raise
+                    failed[str(plan.run_dir)] = f"{type(e).__name__}: {e}"
+                    console.print(f"[red]FAILED {plan.name}: {failed[str(plan.run_dir)]}")
+                    continue
+                if _finished(plan):
+                    console.print(f"finished {plan.name} in {time.perf_counter() - t0:.0f} s")
+        except StopNow as e:  # a second signal outside a trainer's loop
+            stop.signum = e.signum
+    if stop.signum is not None:
+        raise _stopped(stop.signum, todo)
     return failed
 
 
@@ -175,6 +118,7 @@ class _Child:
     proc: subprocess.Popen
     log: IO[str]
     t0: float
+    signals: int = 0  # stop signals forwarded to it
 
 
 def _child_command(plan: PlannedRun, resume: bool) -> list[str]:
@@ -198,22 +142,39 @@ def _start(plan: PlannedRun, resume: bool, env: dict[str, str]) -> _Child:
     """Write the planned config into the run directory and start `tokencredit train` on it, logging to RunDir.log_path."""
     RunDir(plan.run_dir).write_config(plan.cfg)
     log = open(RunDir(plan.run_dir).log_path, "a")  # noqa: SIM115 - closed when the child ends
-    proc = subprocess.Popen(_child_command(plan, resume), stdout=log, stderr=subprocess.STDOUT, env=env)
+    # its own process group: a terminal's Ctrl-C reaches it only once, forwarded by compare
+    proc = subprocess.Popen(
+        _child_command(plan, resume), stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0
+    )
     return _Child(plan, proc, log, time.perf_counter())
 
 
-def _finish(child: _Child, console: Console) -> str | None:
-    """Close an ended child's log and report it; its error (exit status, last log line) or None."""
+def _finish(child: _Child, console: Console, stopping: bool) -> str | None:
+    """Close an ended child's log and report it; its error (exit status, last log line) or None. While
+    compare stops, a child that a stop signal ended is reported as stopped, not failed."""
     child.log.close()
-    plan = child.plan
-    if child.proc.returncode == 0:
+    plan, code = child.plan, child.proc.returncode
+    if code == 0:
         console.print(f"finished {plan.name} in {time.perf_counter() - child.t0:.0f} s")
+        return None
+    if stopping and code in {128 + s for s in _STOP_CODES} | {-s for s in _STOP_CODES}:
+        steps = RunDir(plan.run_dir).checkpoint_steps()
+        console.print(f"[yellow]stopped {plan.name} (newest checkpoint: {steps[-1] if steps else 'none'})")
         return None
     log = RunDir(plan.run_dir).log_path
     tail = log.read_text().strip().splitlines()[-1:] or [""]
-    error = f"exit status {child.proc.returncode}: {tail[0]} (see {log})"
+    error = f"exit status {code}: {tail[0]} (see {log})"
     console.print(f"[red]FAILED {plan.name}: {error}")
     return error
+
+
+def _forward(running: list[_Child], signum: int, times: int) -> None:
+    """Send `signum` to every running child that has had fewer than `times` (each stops as `tokencredit
+    train` does: the first finishes the step, the second abandons it)."""
+    for child in list(running):
+        if child.signals < times and child.proc.poll() is None:
+            child.proc.send_signal(signum)
+            child.signals += 1
 
 
 class _Eta:
@@ -255,35 +216,49 @@ def _clock(seconds: float) -> str:
 def _run_parallel(todo: list[tuple[PlannedRun, bool]], jobs: int, console: Console) -> dict[str, str]:
     """Run plans as `tokencredit train` subprocesses, `jobs` at a time (a new one starts as soon as one
     ends, so `jobs` cores stay busy); {run_dir: error} for the failures. Each child reads the planned
-    config from its run directory (written here first). On any exception here (Ctrl-C included) the
-    running children are stopped; their checkpoints let them resume."""
+    config from its run directory (written here first). A stop signal is forwarded to the children,
+    which finish their step and checkpoint it; compare waits for them and raises `Interrupted`. On any
+    other exception here the running children are stopped the same way; their checkpoints let them resume."""
     env = _child_env()
     pending, running, failed = list(todo), [], {}
     total, started = len(todo), 0
     eta = _Eta([p for p, _ in todo])
-    try:
-        while pending or running:
-            while pending and len(running) < jobs:
-                child = _start(*pending.pop(0), env)
-                running.append(child)
-                started += 1
-                console.print(
-                    f"[{started}/{total}] started {child.plan.name} (pid {child.proc.pid}) -> {child.plan.run_dir}"
-                )
-            time.sleep(0.5)
-            for child in [c for c in running if c.proc.poll() is not None]:
-                running.remove(child)
-                error = _finish(child, console)
-                if error is not None:
-                    failed[str(child.plan.run_dir)] = error
-                eta.last_print = 0.0  # a run ended: print the progress now
-            eta.maybe_print(console, len(running))
-    finally:
-        for child in running:
-            if child.proc.poll() is None:
-                child.proc.terminate()
+
+    def on_signal(signum: int) -> None:
+        _stopping(console, signum)
+        _forward(running, signum, 1)
+
+    with StopSignals(on_signal) as stop:
+        try:
+            while running or (pending and not stop.requested):
+                while pending and len(running) < jobs and not stop.requested:
+                    child = _start(*pending.pop(0), env)
+                    running.append(child)
+                    started += 1
+                    console.print(
+                        f"[{started}/{total}] started {child.plan.name} (pid {child.proc.pid}) -> {child.plan.run_dir}"
+                    )
+                if stop.signum is not None:
+                    _forward(running, stop.signum, 1)  # a child started while the signal was handled
+                time.sleep(0.5)
+                for child in [c for c in running if c.proc.poll() is not None]:
+                    running.remove(child)
+                    error = _finish(child, console, stop.requested)
+                    if error is not None:
+                        failed[str(child.plan.run_dir)] = error
+                    eta.last_print = 0.0  # a run ended: print the progress now
+                eta.maybe_print(console, len(running))
+        except StopNow as e:  # a second signal: the children abandon their steps at once
+            stop.signum = e.signum
+            _forward(running, e.signum, 2)
+        finally:
+            if not stop.requested:  # an error here: stop the children as a signal would
+                _forward(running, signal.SIGTERM, 1)
+            for child in running:
                 child.proc.wait()
-            child.log.close()
+                child.log.close()
+    if stop.signum is not None:
+        raise _stopped(stop.signum, todo)
     return failed
 
 

@@ -91,7 +91,7 @@ def _fmt_paired(t: dict[str, Any] | None, effect: bool = True) -> list[str]:
 
 
 def _notes(result: dict[str, Any]) -> list[str]:
-    """compare.md below the table: how to read it, LoRA, the settings, failed and left-out runs."""
+    """compare.md below the table: how to read it, LoRA, the settings, failed and left-out runs, damaged parts."""
     lines = [
         f"Final held-out accuracy: `{result['metric']}` at each run's last evaluation, mean ± sample std over "
         "seeds, and its 95% t-interval. Δ and p: paired t-test (two-sided) against "
@@ -122,7 +122,11 @@ def _notes(result: dict[str, Any]) -> list[str]:
             lines.append(
                 f"- `{k}`: " + ", ".join(f"{Path(d).name} = {json.dumps(v)}" for d, v in vals.items())
             )
-    for title, items in (("Failed runs", result.get("failed")), ("Left out", result.get("left_out"))):
+    sections = (
+        ("Failed runs", result.get("failed")), ("Left out", result.get("left_out")),
+        ("Damaged parts skipped (the rest of each run is used)", result.get("damaged")),
+    )  # fmt: skip
+    for title, items in sections:
         if items:
             lines += ["", f"**{title}:**", ""] + [f"- `{x['run_dir']}`: {x['reason']}" for x in items]
     return lines

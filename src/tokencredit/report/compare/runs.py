@@ -1,14 +1,16 @@
 """Reading trainer runs for a comparison. Every file of a run directory that compare reads is read
 here, at paths given by `tokencredit.train.rundir.RunDir` (the one owner of the layout).
 
-A damaged file is an error naming it (and the line, for metrics.jsonl), except a torn last line of
-metrics.jsonl (a crash mid-write), which is dropped as the trainer's own resume drops it.
+Damaged parts are read leniently (`RunDir`'s lenient mode): a damaged metrics.jsonl line (cut off, not
+JSON), a config key or recipe field this version does not know is skipped, and one line naming file:line
+and what to do goes into `RunData.damaged` (printed by the command and listed in compare.md). A file that
+cannot be read at all (config.toml, summary.json) is an error naming it; `collect_runs` leaves that run
+out with the error as the reason and compares the others.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,7 @@ from tokencredit.train.config import TrainConfig
 from tokencredit.train.rundir import RunDir
 
 __all__ = [
-    "RUNTIME_KEYS", "RunData", "collect_runs", "expand_run_dirs", "flat_config", "read_json", "read_metrics",
-    "read_run", "read_summary",
+    "RUNTIME_KEYS", "RunData", "collect_runs", "damaged_parts", "expand_run_dirs", "flat_config", "read_run",
 ]  # fmt: skip
 
 # Keys that may differ between the runs of one comparison without changing what is compared.
@@ -39,6 +40,7 @@ class RunData:
     steps: list[dict[str, Any]]  # step records that trained (skipped steps left out)
     skipped_steps: int
     summary: dict[str, Any] | None
+    damaged: list[str] = field(default_factory=list)  # parts skipped, one line each (file:line, what to do)
 
     @property
     def finished(self) -> bool:
@@ -52,52 +54,27 @@ def flat_config(cfg: TrainConfig) -> dict[str, Any]:
     return {f"{sec}.{k}": v for sec, values in cfg.to_dict().items() for k, v in values.items()}
 
 
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Records of a metrics.jsonl; a torn last line (a crash mid-write) is dropped, any other bad line is an error."""
-    lines = path.read_text().splitlines() if path.is_file() else []
-    out = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == len(lines):
-                continue
-            raise ConfigError(f"{path}:{i}: invalid JSON ({e.msg})") from None
-        if not isinstance(rec, dict) or "step" not in rec:
-            raise ConfigError(f"{path}:{i}: expected an object with a 'step' field")
-        out.append(rec)
-    return out
-
-
-def read_summary(run: RunDir) -> dict[str, Any] | None:
-    """summary.json, None when there is none. Unlike `RunDir.read_summary`, a damaged file is an error:
-    compare must not take a damaged summary for an unfinished run and train it again."""
-    return read_json(run.summary_path) if run.summary_path.is_file() else None
-
-
 def read_run(run_dir: str | Path) -> RunData:
-    """A run directory written by the trainer: config.toml, recipe.json, metrics.jsonl, summary.json."""
+    """A run directory written by the trainer: config.toml, recipe.json, metrics.jsonl, summary.json,
+    read leniently (see the module docstring)."""
     run = RunDir(run_dir)
-    cfg = run.read_config()
+    damaged: list[str] = []
+    cfg = run.read_config(damaged)
     config = flat_config(cfg)
-    recipe = run.read_recipe(cfg)
-    records = read_metrics(run.metrics.path)
+    recipe = run.read_recipe(cfg, damaged)
+    records = run.metrics.read(damaged)
     evals = sorted((r for r in records if r.get("type") == "eval"), key=lambda r: r["step"])
     trained = [r for r in records if r.get("type") != "eval" and "skipped" not in r]
     skipped = sum(1 for r in records if r.get("type") != "eval" and "skipped" in r)
     return RunData(
         run.path, recipe.name, int(config["run.seed"]), int(config["model.lora_rank"]), recipe.to_dict(),
-        config, evals, sorted(trained, key=lambda r: r["step"]), skipped, read_summary(run),
+        config, evals, sorted(trained, key=lambda r: r["step"]), skipped, run.read_summary(strict=True), damaged,
     )  # fmt: skip
+
+
+def damaged_parts(runs: list[RunData]) -> list[dict[str, str]]:
+    """{"run_dir", "reason"} for every part of `runs` that was skipped as damaged (compare.json's "damaged")."""
+    return [{"run_dir": str(r.run_dir), "reason": note} for r in runs for note in r.damaged]
 
 
 def expand_run_dirs(paths: list[str]) -> list[Path]:
@@ -116,10 +93,15 @@ def expand_run_dirs(paths: list[str]) -> list[Path]:
 
 
 def collect_runs(paths: list[str]) -> tuple[list[RunData], list[dict[str, str]]]:
-    """The finished runs under `paths` (see `expand_run_dirs`), and {"run_dir", "reason"} for each left out."""
+    """The finished runs under `paths` (see `expand_run_dirs`), and {"run_dir", "reason"} for each left
+    out: unfinished, or a file of it that cannot be read at all (the reason names it)."""
     runs, left_out = [], []
     for d in expand_run_dirs(paths):
-        r = read_run(d)
+        try:
+            r = read_run(d)
+        except ConfigError as e:
+            left_out.append({"run_dir": str(d), "reason": str(e)})
+            continue
         if r.finished:
             runs.append(r)
         else:

@@ -4,20 +4,22 @@ A JSONL file holds one group per line: ``{"prompt" | "problem": str, "completion
 "rewards": [float, ...], "answer": optional}``, or a line in the run-directory schema
 (completions as objects with "text" / "token_ids" and "score", optionally the old policy's
 "entropy" / "old_log_probs" and raw "tokens"; see `tokencredit.train.rundir.rollout_records`).
-Every error names the file and line.
+Every error names the file and line. A run's saved rollouts can be read leniently (`skipped` a list):
+a damaged line or group is left out, with one line there naming file:line, and the other groups are used.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tokencredit.data.loaders import DataError
 from tokencredit.errors import ConfigError
-from tokencredit.train.rundir import RunDir
+from tokencredit.train.rundir import RunDir, damaged_line
 
 __all__ = [
     "DISPLAY_SIGNALS",
@@ -170,27 +172,58 @@ def _parse_group(obj: Any, where: str, default_id: int) -> GroupInput:
     )
 
 
-def read_groups(path: Path) -> list[GroupInput]:
-    """Every group of a JSONL file, in order; group ids must be unique (errors name file:line)."""
+def _groups(
+    lines: Iterable[tuple[int, Any]], path: Path, skipped: list[str] | None = None, *, run_schema: bool = False,
+    damaged: int = 0,
+) -> list[GroupInput]:
+    """GroupInputs of parsed JSONL lines ((line number, value)) of `path`, in order, with unique group ids
+    (and, for `run_schema`, token ids on every completion). A bad group is an error naming file:line, or
+    with `skipped` a list, left out and said there; `damaged`: lines already left out as not JSON."""
     groups: list[GroupInput] = []
     ids: dict[int, str] = {}
+    bad: list[tuple[int, str]] = []
+    for lineno, obj in lines:
+        where = f"{path}:{lineno}"
+        try:
+            g = _parse_group(obj, where, len(groups))
+            if g.group_id in ids:
+                raise _data_error(where, f"group id {g.group_id} repeats the one at {ids[g.group_id]}")
+            missing = [i for i, c in enumerate(g.completions) if c.token_ids is None] if run_schema else []
+            if missing:
+                raise _data_error(
+                    where, f"completions[{missing[0]}] has no token_ids (not a file written by the trainer?)"
+                )
+        except DataError as e:
+            if skipped is None:
+                raise
+            bad.append((lineno, str(e).removeprefix(f"{where}: ")))
+            continue
+        ids[g.group_id] = where
+        groups.append(g)
+    if skipped is not None:
+        skipped += [damaged_line(path, n, why, len(groups), what="group") for n, why in bad]
+    if not groups and (bad or damaged):
+        raise _data_error(
+            str(path), f"no readable group in the file ({len(bad) + damaged} damaged line(s)); explain another "
+            "saved step (--step) or copy the file again",
+        )  # fmt: skip
+    if not groups:
+        raise _data_error(str(path), "no group in the file")
+    return groups
+
+
+def read_groups(path: Path) -> list[GroupInput]:
+    """Every group of a JSONL file, in order; group ids must be unique (errors name file:line)."""
+    lines = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
-                obj = json.loads(line)
+                lines.append((lineno, json.loads(line)))
             except json.JSONDecodeError as e:
-                raise _data_error(where, f"invalid JSON ({e.msg} at column {e.colno})") from None
-            g = _parse_group(obj, where, len(groups))
-            if g.group_id in ids:
-                raise _data_error(where, f"group id {g.group_id} repeats the one at {ids[g.group_id]}")
-            ids[g.group_id] = where
-            groups.append(g)
-    if not groups:
-        raise _data_error(str(path), "no group in the file")
-    return groups
+                raise _data_error(f"{path}:{lineno}", f"invalid JSON ({e.msg} at column {e.colno})") from None
+    return _groups(lines, path)
 
 
 def load_jsonl(path: str | Path) -> list[GroupInput]:
@@ -212,8 +245,11 @@ def saved_steps(run_dir: str | Path) -> list[int]:
     return RunDir(run_dir).rollout_steps()
 
 
-def load_run_rollouts(run_dir: str | Path, step: int | None = None) -> tuple[int, list[GroupInput]]:
-    """(step, groups) from a run's saved rollouts (the latest saved step by default)."""
+def load_run_rollouts(
+    run_dir: str | Path, step: int | None = None, skipped: list[str] | None = None
+) -> tuple[int, list[GroupInput]]:
+    """(step, groups) from a run's saved rollouts (the latest saved step by default). With `skipped` a
+    list, damaged lines and groups are left out and said there (see the module docstring)."""
     run = RunDir(run_dir)
     if not run.path.is_dir():
         raise ConfigError(f"run directory not found: {run.path}")
@@ -229,11 +265,10 @@ def load_run_rollouts(run_dir: str | Path, step: int | None = None) -> tuple[int
         raise ConfigError(
             f"{run.path}: no rollouts saved at step {step}; saved steps: {', '.join(map(str, steps))}"
         )
-    groups = read_groups(run.rollout_path(step))
-    for g in groups:
-        for i, c in enumerate(g.completions):
-            if c.token_ids is None:
-                raise _data_error(
-                    g.where, f"completions[{i}] has no token_ids (not a file written by the trainer?)"
-                )
-    return step, groups
+    before = len(skipped) if skipped is not None else 0
+    try:
+        lines = run.read_rollouts(step, skipped)
+    except ConfigError as e:
+        raise DataError(str(e)) from None
+    damaged = len(skipped) - before if skipped is not None else 0
+    return step, _groups(lines, run.rollout_path(step), skipped, run_schema=True, damaged=damaged)

@@ -72,6 +72,8 @@ class Source:
     cfg: TrainConfig | None = None  # the run's
     recipe: Recipe | None = None  # the run's resolved recipe
     notes: list[str] = field(default_factory=list)
+    # parts of the run directory skipped as damaged, one line each naming file:line (also in `notes`)
+    damaged: list[str] = field(default_factory=list)
 
 
 def _jsonl_source(opts: ExplainOptions) -> Source:
@@ -89,15 +91,18 @@ def _jsonl_source(opts: ExplainOptions) -> Source:
 
 
 def _run_source(opts: ExplainOptions) -> Source:
+    """The run's saved rollouts with its settings, read leniently: a damaged rollouts line or group, an
+    unknown config key or recipe field is skipped and said in `Source.damaged` (and on the page)."""
     run = RunDir(str(opts.run_dir))
-    step, groups = load_run_rollouts(run.path, opts.step)
+    damaged: list[str] = []
+    step, groups = load_run_rollouts(run.path, opts.step, damaged)
     notes = []
     if run.config_path.is_file():
-        cfg = run.read_config()
+        cfg = run.read_config(damaged)
     else:
         cfg = TrainConfig()
         notes.append(f"{run.config_path} not found: trainer defaults assumed (template, temperature, LoRA)")
-    recipe = run.read_recipe(cfg)
+    recipe = run.read_recipe(cfg, damaged)
     return Source(
         groups=groups,
         template=opts.template or cfg.data.template,
@@ -111,7 +116,8 @@ def _run_source(opts: ExplainOptions) -> Source:
         run_dir=run.path,
         cfg=cfg,
         recipe=recipe,
-        notes=notes,
+        notes=damaged + notes,
+        damaged=damaged,
     )
 
 

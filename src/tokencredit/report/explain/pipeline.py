@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ _TITLE = "tokencredit explain: where does the credit go?"
 class ExplainResult:
     path: Path  # the HTML file written
     skipped: list[str]  # methods skipped (the reasons are on the page)
+    damaged: list[str] = field(default_factory=list)  # parts of the run skipped as damaged (file:line, what to do)
 
 
 def _shown_advantages(batch: RolloutBatch, src: Source, notes: list[str]) -> Tensor:
@@ -111,4 +112,4 @@ def write_report(opts: ExplainOptions) -> ExplainResult:
     )
     src.out.parent.mkdir(parents=True, exist_ok=True)
     src.out.write_text(build_report(data), encoding="utf-8")
-    return ExplainResult(src.out, [m.name for m in data.methods if m.skipped])
+    return ExplainResult(src.out, [m.name for m in data.methods if m.skipped], src.damaged)

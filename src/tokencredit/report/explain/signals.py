@@ -98,8 +98,13 @@ def _recompute_model(
     """
     lora_run = not src.model_given and src.cfg is not None and src.cfg.model.lora_rank > 0
     if wanted & _LORA_SIGNALS and lora_run and src.run_dir is not None:
+
+        def damaged(msg: str) -> None:  # a checkpoint that is unusable: on the page and on the console
+            notes.append(msg)
+            src.damaged.append(msg)
+
         try:
-            return load_run_policy(src.run_dir, None, device, log=notes.append)
+            return load_run_policy(src.run_dir, None, device, log=damaged)
         except (ConfigError, OSError, RuntimeError) as e:
             notes.append(f"could not restore the run's LoRA adapter ({e}); using {src.model_path}")
     try:

@@ -1,13 +1,18 @@
 """Which models the probe samples: a model directory, the toy warm start, or a training run's
 exported model, one checkpoint, or its start and every checkpoint (`ProbePoint`s, loaded lazily).
 
-A run directory is read only through `tokencredit.train.rundir.RunDir`, and a checkpoint's policy
-only through `tokencredit.train.checkpoint.load_run_policy`.
+A run directory is read only through `tokencredit.train.rundir.RunDir` (leniently: a config key or
+recipe field this version does not know is skipped and said), and a checkpoint's policy only through
+`tokencredit.train.checkpoint.load_run_policy`. Checkpoints are checked before anything is sampled: with
+--all-checkpoints one that is gone (a digest without its .pt) or unusable (no digest, a digest mismatch)
+is skipped and said, and the others are probed; a --checkpoint that is missing or unusable is an error
+saying which ones there are.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +21,7 @@ from typing import Any
 from tokencredit.errors import ConfigError
 from tokencredit.models import load_model, resolve_device
 from tokencredit.recipes import Recipe
-from tokencredit.train.checkpoint import load_run_policy
+from tokencredit.train.checkpoint import load_run_policy, verify_checkpoint
 from tokencredit.train.config import TrainConfig
 from tokencredit.train.rundir import RunDir
 
@@ -55,11 +60,53 @@ def _checkpoint_point(run: RunDir, base: str, step: int, device: Any) -> ProbePo
     )
 
 
-def _all_checkpoint_points(run: RunDir, base: str, device: Any) -> list[ProbePoint]:
-    """The run's starting model (step 0), then every saved checkpoint."""
-    steps = run.checkpoint_steps()
+def _saved(run: RunDir) -> str:
+    return ", ".join(f"step_{s}" for s in run.checkpoint_steps()) or "none"
+
+
+def _checked_checkpoint(run: RunDir, step: int) -> int:
+    """`step` when its checkpoint is there and its digest verifies, else a ConfigError saying what to do."""
+    path = run.checkpoint_path(step)
+    if not path.is_file():
+        raise ConfigError(
+            f"{path}: no checkpoint at step {step}; probe a saved one with --checkpoint step_N "
+            f"(saved: {_saved(run)})"
+        )
+    ok, why = verify_checkpoint(path)
+    if not ok:
+        raise ConfigError(
+            f"{path}: checkpoint step {step} is unusable ({why}); probe another with --checkpoint step_N "
+            f"(saved: {_saved(run)}) or --all-checkpoints, which skips unusable ones"
+        )
+    return step
+
+
+def _usable_checkpoints(run: RunDir, log: Callable[[str], None]) -> list[int]:
+    """The steps whose checkpoint verifies; one line to `log` for each one gone or unusable."""
+    usable, bad = [], []
+    for step in sorted(set(run.checkpoint_steps()) | set(run.digest_steps())):
+        path = run.checkpoint_path(step)
+        if not path.is_file():
+            bad.append(f"{path.with_suffix('.json')}: checkpoint step {step} is gone (no {path.name})")
+            continue
+        ok, why = verify_checkpoint(path)
+        if ok:
+            usable.append(step)
+        else:
+            bad.append(f"{path}: checkpoint step {step} is unusable ({why})")
+    for line in bad:
+        log(f"{line}; skipped, the other {len(usable)} checkpoint(s) are probed (restore it from a copy to probe it)"
+            if usable else f"{line}; skipped")
+    return usable
+
+
+def _all_checkpoint_points(
+    run: RunDir, base: str, device: Any, log: Callable[[str], None]
+) -> list[ProbePoint]:
+    """The run's starting model (step 0), then every usable saved checkpoint."""
+    steps = _usable_checkpoints(run, log)
     if not steps:
-        raise ConfigError(f"{run.path}: no checkpoints in {run.checkpoints_dir}")
+        raise ConfigError(f"{run.path}: no usable checkpoint in {run.checkpoints_dir}")
     start = ProbePoint(
         "step 0 (start)", f"the run's starting model {base!r}", 0, lambda: load_model(base, device=device)
     )
@@ -89,25 +136,35 @@ def _final_point(run: RunDir, run_cfg: TrainConfig, device: Any) -> ProbePoint:
     )
 
 
+def _stderr(msg: str) -> None:
+    print(f"[probe] {msg}", file=sys.stderr)
+
+
 def resolve_points(
-    model: str, *, checkpoint: str | None = None, all_checkpoints: bool = False, device: str = "auto"
+    model: str, *, checkpoint: str | None = None, all_checkpoints: bool = False, device: str = "auto",
+    log: Callable[[str], None] = _stderr,
 ) -> tuple[list[ProbePoint], TrainConfig | None, Recipe | None, Path | None]:
     """(points to probe, run TrainConfig or None, run recipe or None, run directory or None).
 
     model: "toy", a model directory, or a run directory; with a run, `checkpoint` ("step_N") picks
-    one checkpoint and `all_checkpoints` the start and every checkpoint (default: its final/).
+    one checkpoint and `all_checkpoints` the start and every usable checkpoint (default: its final/).
+    What of a damaged run is skipped goes to `log`, one line each naming the file (and line).
     """
     dev = resolve_device(device, "--device")
     run = RunDir(Path(model).expanduser())
     if model != "toy" and run.is_run():
-        run_cfg = run.read_config()
-        recipe = run.read_recipe(run_cfg)
+        skipped: list[str] = []
+        run_cfg = run.read_config(skipped)
+        recipe = run.read_recipe(run_cfg, skipped)
+        for line in skipped:
+            log(line)
         if all_checkpoints and checkpoint:
             raise ConfigError("give --checkpoint step_N or --all-checkpoints, not both")
         if all_checkpoints:
-            points = _all_checkpoint_points(run, run_cfg.model.name, dev)
+            points = _all_checkpoint_points(run, run_cfg.model.name, dev, log)
         elif checkpoint:
-            points = [_checkpoint_point(run, run_cfg.model.name, parse_checkpoint(checkpoint), dev)]
+            step = _checked_checkpoint(run, parse_checkpoint(checkpoint))
+            points = [_checkpoint_point(run, run_cfg.model.name, step, dev)]
         else:
             points = [_final_point(run, run_cfg, dev)]
         return points, run_cfg, recipe, run.path

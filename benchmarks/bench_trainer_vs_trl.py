@@ -59,6 +59,7 @@ from _common import load_average
 HERE = Path(__file__).resolve().parent
 MODULE = Path(__file__).stem
 VARIANTS = ("ours", "ours-separate-pass", "trl")
+TARGET = 2.0  # issue 18: at least 2x TRL's steps/s on the same CPU work (issue 8 asked for parity)
 
 
 def toy_reward(completions: list[str], golds: list[Any], **_: Any) -> list[float]:
@@ -344,7 +345,7 @@ def main() -> None:
                 )
                 print(
                     f"ratio {v} / TRL steps/s: {ratio:.3f} (CPU-time ratio {cpu_ratio:.3f}; response tokens/s ratio "
-                    f"{tok_ratio:.3f}) -> {'PASS' if ratio >= 1.0 else 'FAIL'} (target >= 1.0)"
+                    f"{tok_ratio:.3f}) -> {'PASS' if ratio >= TARGET else 'FAIL'} (target >= {TARGET})"
                 )
         if args.profile:
             profile_ours(args, model_dir, work)

@@ -29,6 +29,11 @@ every layer is needed. Gemma-style `final_logit_softcapping` is applied; other c
 rescalings (`logits_scaling`, `logit_scale`, `output_multiplier`) are refused with a ConfigError
 rather than silently ignored.
 
+Shared prompts: the G rollouts of a group repeat one prompt, so every pass (and the training forward,
+under grad) runs each distinct prompt once into the model's KV cache and only [last prompt token +
+response] per row against it (`tokencredit.signals.prefix`): the same values and gradients up to
+float rounding, at about half the work of [N, P+T] for the toy task's ~120-token prompts.
+
 Memory: under no-grad at most two [chunk_size, V] float32 buffers (plus the LM head's output in
 the model dtype when that is not float32) exist at once. Under grad each chunk runs inside
 `torch.utils.checkpoint`, so its logits are freed after the forward and recomputed in the

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from tokencredit.signals.head import DEFAULT_CHUNK_SIZE, _chunked_stats
 from tokencredit.signals.model import _model_parts, _unwrap, position_ids_from_mask
+from tokencredit.signals.prefix import decoder_hidden
 
 
 def _check_layout(
@@ -79,7 +80,8 @@ def _forward_stats(
 
     Columns that cannot matter are dropped first: leading columns padded in every row (masked keys
     with mask-derived position ids contribute nothing), and the columns after the last valid
-    response token (causal attention); the final response token itself is never an input.
+    response token (causal attention); the final response token itself is never an input. Rows
+    that repeat a prompt share its forward (`tokencredit.signals.prefix.decoder_hidden`).
     """
     n, length = sequences.shape
     t = length - prompt_len
@@ -88,14 +90,8 @@ def _forward_stats(
     attended = attention_mask[:, :prompt_len].ne(0).any(0).nonzero()
     lead = min(int(attended[0]) if attended.numel() else prompt_len - 1, prompt_len - 1)
     end = prompt_len - 1 + t_keep
-    out = decoder(
-        input_ids=sequences[:, lead:end],
-        attention_mask=attention_mask[:, lead:end],
-        position_ids=position_ids[:, lead:end],
-        use_cache=False,
-    )
-    last = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    h = last[:, prompt_len - 1 - lead :]  # [n, t_keep, H]: h[:, t] predicts response token t
+    # [n, t_keep, H]: h[:, t] predicts response token t; each distinct prompt runs once where that is exact
+    h = decoder_hidden(decoder, sequences, attention_mask, position_ids, prompt_len, lead, end)
 
     mask = response_mask[:, :t_keep].bool()
     rows, cols = mask.nonzero(as_tuple=True)

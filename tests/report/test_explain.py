@@ -349,8 +349,9 @@ def test_cli_jsonl_recomputes_signals_with_the_model(tmp_path, tiny_model_dir):
     assert _explain("--jsonl", f) == 2  # --model is required
 
 
-def _write_run(run: Path, model_dir: Path | None, *, lora_rank: int = 0, steps=(1, 2)) -> None:
-    """A run directory as the trainer leaves it: config.toml, recipe.json, rollouts/, final/."""
+def _write_run(run: Path, model_dir: Path | None, *, lora_rank: int = 0, steps=(1, 2), mc: bool = False) -> None:
+    """A run directory as the trainer leaves it: config.toml, recipe.json, rollouts/, final/ (with `mc`,
+    completions carry the Monte-Carlo values an oracle / vineppo run saves)."""
     from tokencredit.train.config import TrainConfig, dump_toml
 
     cfg = TrainConfig()
@@ -380,6 +381,9 @@ def _write_run(run: Path, model_dir: Path | None, *, lora_rank: int = 0, steps=(
                     "entropy": [round(float(x), 5) for x in torch.rand(n, generator=gen) * 3],
                     "old_log_probs": [round(float(x), 5) for x in -torch.rand(n, generator=gen) * 4],
                     "truncated": False,
+                    **({"mc_advantages": [round(float(x), 6) for x in torch.randn(n, generator=gen)],
+                        "mc_step_advantages": [round(float(x), 6) for x in torch.randn(n, generator=gen)]}
+                       if mc else {}),
                 })  # fmt: skip
             lines.append(json.dumps({"step": step, "recipe": "strace", "credit": "uniform", "group": gid * 10,
                                      "id": f"p{gid}", "problem": f"Compute {gid} + {step}.", "answer": str(gid + step),
@@ -466,6 +470,49 @@ def test_cli_lora_run_restores_the_adapter_for_arca(tmp_path, tiny_model_dir):
     adv = page.data["rows"]["0"]["advantage"]
     assert sum(vals) / len(vals) == pytest.approx(adv, abs=1e-4)  # ARCA's Â keeps each row's mean at A
     assert max(vals) - min(vals) > 1e-4
+
+
+def test_cli_oracle_and_vineppo_use_the_values_a_run_saved(tmp_path):
+    # no model at all: the saved Monte-Carlo values are the columns' only source, nothing is sampled
+    run = tmp_path / "run"
+    _write_run(run, None, steps=(1,), mc=True)
+    assert _explain(run, "--methods", "oracle,vineppo,uniform", "--out", tmp_path / "o.html") == 0
+    page = Page((tmp_path / "o.html").read_text())
+    assert not {"oracle", "vineppo"} & set(page.skipped)
+    groups = load_run_rollouts(run)[1]
+    batch = assemble_batch(groups)
+    for name, field in (("oracle", "mc_advantages"), ("vineppo", "mc_step_advantages")):
+        eff = token_credit(RECIPES[name], batch).effective()
+        assert torch.equal(token_credit(RECIPES[name], batch).token_advantages, getattr(batch, field))
+        for (m, r, t), cell in page.tokens.items():
+            if m == name:
+                assert float(cell["a"]) == pytest.approx(float(eff[r, t]), abs=1e-6)
+    notes = (tmp_path / "o.html").read_text()
+    assert "the policy that sampled them): entropy, mc_advantages, mc_step_advantages, old_log_probs" in notes
+    assert "Monte-Carlo values sampled" not in notes
+
+
+def test_cli_jsonl_samples_the_oracles_values_with_the_model(tmp_path, tiny_model_dir):
+    # A* telescopes: sum_t A*_t = R - V(prompt), so a rewarded response's values sum to 1 - V0 > 0 and an
+    # unrewarded one's to -V0 <= 0; the random tiny model almost never answers right, so V0 is near 0
+    f = tmp_path / "in.jsonl"
+    f.write_text(
+        json.dumps({"problem": "What is 12+30?", "answer": "42",
+                    "completions": ["12+30=42 \\boxed{42}", "\\boxed{41}"], "rewards": [1.0, 0.0]}) + "\n"
+    )  # fmt: skip
+    out = tmp_path / "o.html"
+    assert _explain("--jsonl", f, "--model", tiny_model_dir, "--methods", "oracle", "--out", out) == 0
+    text = out.read_text()
+    page = Page(text)
+    assert "oracle" not in page.skipped
+    assert "Monte-Carlo values sampled" in text and "continuations" in text
+    right, wrong = (page.data["rows"][str(i)]["credit"]["oracle"] for i in (0, 1))
+    assert 0.5 < sum(right) <= 1.0 + 1e-6
+    assert -0.5 < sum(wrong) <= 1e-6
+    # without a gold answer the column is skipped with the reason, the page still written
+    f.write_text(json.dumps({"problem": "What is 1+1?", "completions": ["2", "3"], "rewards": [1.0, 0.0]}) + "\n")
+    assert _explain("--jsonl", f, "--model", tiny_model_dir, "--methods", "oracle,uniform", "--out", out) == 0
+    assert "'answer'" in Page(out.read_text()).skipped["oracle"]
 
 
 def test_cli_argument_errors(tmp_path, capsys):

@@ -44,6 +44,7 @@ __all__ = [
 ]  # fmt: skip
 
 
+@dataclass
 class PromptResponseLayout:
     """`sequences` / `attention_mask` of a batch held as left-padded prompts + right-padded responses
     (fields prompt_ids, prompt_mask, response_ids, response_mask)."""

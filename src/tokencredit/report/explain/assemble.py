@@ -10,7 +10,7 @@ from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
 from tokencredit.errors import ConfigError
-from tokencredit.report.explain.inputs import DISPLAY_SIGNALS, GroupInput
+from tokencredit.report.explain.inputs import SAVED_SIGNALS, GroupInput
 
 __all__ = ["assemble_batch", "padded", "with_signals"]
 
@@ -36,8 +36,8 @@ def assemble_batch(
     """A right-padded RolloutBatch of every completion of `groups` (rows in order, group ids from the groups).
 
     Completions without token_ids are tokenised with `tokenizer` (no special tokens added; the ids
-    are stored on the completion). The saved entropy / old_log_probs become batch signals when
-    every completion carries them.
+    are stored on the completion). The saved signals (entropy, old_log_probs, an oracle / VinePPO
+    run's Monte-Carlo values) become batch signals when every completion carries them.
     """
     rows: list[list[int]] = []
     for g in groups:
@@ -54,7 +54,7 @@ def assemble_batch(
     ids, mask = padded(rows, pad, torch.int64)
     signals: dict[str, Tensor] = {}
     if use_saved_signals:
-        for name in DISPLAY_SIGNALS:
+        for name in SAVED_SIGNALS:
             if all(getattr(c, name) is not None for c in comps):
                 signals[name] = padded([getattr(c, name) for c in comps], 0.0, torch.float32)[0]
     return RolloutBatch(

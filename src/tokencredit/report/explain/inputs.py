@@ -3,7 +3,8 @@
 A JSONL file holds one group per line: ``{"prompt" | "problem": str, "completions": [str, ...],
 "rewards": [float, ...], "answer": optional}``, or a line in the run-directory schema
 (completions as objects with "text" / "token_ids" and "score", optionally the old policy's
-"entropy" / "old_log_probs" and raw "tokens"; see `tokencredit.train.rundir.rollout_records`).
+"entropy" / "old_log_probs", an oracle / VinePPO run's Monte-Carlo "mc_advantages" /
+"mc_step_advantages", and raw "tokens"; see `tokencredit.train.rundir.rollout_records`).
 Every error names the file and line. A run's saved rollouts can be read leniently (`skipped` a list):
 a damaged line or group is left out, with one line there naming file:line, and the other groups are used.
 """
@@ -17,12 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tokencredit.batch import MC_SIGNALS
 from tokencredit.data.loaders import DataError
 from tokencredit.errors import ConfigError
 from tokencredit.train.rundir import RunDir, damaged_line
 
 __all__ = [
     "DISPLAY_SIGNALS",
+    "SAVED_SIGNALS",
     "CompletionInput",
     "GroupInput",
     "load_jsonl",
@@ -33,6 +36,9 @@ __all__ = [
 
 # the per-token signals a saved completion may carry (shown on the page, used when present)
 DISPLAY_SIGNALS = ("entropy", "old_log_probs")
+# every per-token signal a saved completion may carry: those shown, and the Monte-Carlo values an
+# oracle / vineppo run sampled (used for those columns instead of sampling them again)
+SAVED_SIGNALS = DISPLAY_SIGNALS + MC_SIGNALS
 
 
 @dataclass
@@ -44,6 +50,8 @@ class CompletionInput:
     truncated: bool = False
     entropy: list[float] | None = None
     old_log_probs: list[float] | None = None
+    mc_advantages: list[float] | None = None
+    mc_step_advantages: list[float] | None = None
     tokens: list[str] | None = None  # raw token strings as saved (display fallback without a tokenizer)
 
 
@@ -104,7 +112,7 @@ def _completion_object(c: Any, where: str, i: int) -> CompletionInput:
         raise _data_error(where, f"completions[{i}] has no score")
     n = len(ids) if ids is not None else -1
     signals = {}
-    for name in DISPLAY_SIGNALS:
+    for name in SAVED_SIGNALS:
         v = c.get(name)
         if v is not None and ids is None:
             raise _data_error(where, f"completions[{i}].{name} needs token_ids (values are per token)")

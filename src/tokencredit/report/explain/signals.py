@@ -5,6 +5,12 @@ are used, and a model is loaded only for the signals they lack (hidden states...
 or, for the LoRA signals of a LoRA run, the base model with the adapter from the newest checkpoint
 (`tokencredit.train.checkpoint.load_run_policy`). From a JSONL every signal is recomputed with
 the given model. A signal that cannot be had is reported with the reason, never faked.
+
+The Monte-Carlo values of the `oracle` / `vineppo` columns are the ones an oracle / vineppo run
+saved with its rollouts; otherwise they are sampled (`tokencredit.oracle.mc_signals`: expensive, the
+cost goes in the notes) with the model, each group's gold answer and the verifier: the run's reward
+function, sampling settings and [oracle] section, or the defaults for a JSONL (temperature as
+given, the default budget or the longest completion if longer, the math verifier).
 """
 
 from __future__ import annotations
@@ -15,16 +21,20 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tokencredit.batch import RolloutBatch
+from tokencredit.batch import MC_SIGNALS, RolloutBatch
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.data.templates import render
 from tokencredit.errors import ConfigError
 from tokencredit.models import load_model, load_tokenizer
+from tokencredit.oracle import MCSettings, mc_signals
 from tokencredit.report.explain.assemble import assemble_batch, padded, with_signals
 from tokencredit.report.explain.inputs import DISPLAY_SIGNALS, GroupInput
 from tokencredit.report.explain.options import Source
+from tokencredit.rewards import Reward
+from tokencredit.rollout import PromptResponseLayout
 from tokencredit.signals import compute_signals, has_lora_adapter, negative_prompt_inputs
 from tokencredit.train.checkpoint import load_run_policy
+from tokencredit.train.config import TrainConfig
 
 __all__ = ["batch_with_signals", "recompute_signals"]
 
@@ -42,6 +52,16 @@ def _prompt_texts(groups: Sequence[GroupInput], tokenizer: Any, template: str) -
     return [g.prompt if g.prompt is not None else render(template, g.problem, tokenizer) for g in groups]  # type: ignore[arg-type]
 
 
+def _layout(tokenizer: Any, groups: Sequence[GroupInput], batch: RolloutBatch, template: str) -> PromptResponseLayout:
+    """The batch's rows as left-padded prompts (rebuilt from the groups) + right-padded responses, on the CPU."""
+    pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    prompts = _prompt_texts(groups, tokenizer, template)
+    p_rows = [_bos_aware_ids(tokenizer, p) for g, p in zip(groups, prompts) for _ in g.completions]
+    p_ids, p_att = padded(p_rows, pad, torch.int64, left=True)
+    resp = torch.where(batch.mask, batch.token_ids, torch.full_like(batch.token_ids, pad))
+    return PromptResponseLayout(p_ids, p_att, resp.cpu(), batch.mask.cpu())
+
+
 def recompute_signals(
     model: Any,
     tokenizer: Any,
@@ -55,13 +75,9 @@ def recompute_signals(
 ) -> dict[str, Tensor]:
     """The signals `needs` for the batch's rows with `model` (prompts rebuilt from the groups), on the model's device."""
     device = next(model.parameters()).device
-    pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-    prompts = _prompt_texts(groups, tokenizer, template)
-    p_rows = [_bos_aware_ids(tokenizer, p) for g, p in zip(groups, prompts) for _ in g.completions]
-    p_ids, p_att = padded(p_rows, pad, torch.int64, left=True)
-    resp = torch.where(batch.mask, batch.token_ids, torch.full_like(batch.token_ids, pad))
-    seq = torch.cat([p_ids, resp.cpu()], 1).to(device)
-    att = torch.cat([p_att.long(), batch.mask.long().cpu()], 1).to(device)
+    layout = _layout(tokenizer, groups, batch, template)
+    p_ids, resp = layout.prompt_ids, layout.response_ids
+    seq, att = layout.sequences.to(device), layout.attention_mask.to(device)
     neg: dict[str, Any] = {}
     if "neg_log_probs" in needs:
         texts = [render(template, negative_prompt(g.problem), tokenizer) for g in groups for _ in g.completions]  # type: ignore[arg-type]
@@ -77,6 +93,32 @@ def recompute_signals(
         batch_size=batch_size,
         **neg,
     )
+
+
+def sample_mc_signals(
+    model: Any, tokenizer: Any, src: Source, batch: RolloutBatch, needs: set[str], notes: list[str]
+) -> dict[str, Tensor]:
+    """The Monte-Carlo signals `needs` of the batch's rows, sampled with `model` (module docstring), on
+    the CPU; their cost is appended to `notes`. Every group must carry its gold `answer`."""
+    cfg = src.cfg or TrainConfig()
+    q = cfg.oracle
+    settings = MCSettings(q.k, q.delta, q.vine_k, q.vine_max_steps, q.delimiter, q.batch_size)
+    budget = cfg.rollout.max_new_tokens if src.cfg else max(cfg.rollout.max_new_tokens, int(batch.mask.sum(1).max()))
+    golds = [g.answer for g in src.groups for _ in g.completions]
+    fn = cfg.reward.function
+    with Reward(fn, timeout=cfg.reward.timeout, retry_timeouts=cfg.reward.retry_timeouts) as reward:
+        got, cost = mc_signals(
+            model, tokenizer, _layout(tokenizer, src.groups, batch, src.template), golds, reward, needs,
+            temperature=src.temperature, max_new_tokens=budget, top_p=cfg.rollout.top_p, settings=settings,
+            seed=cfg.run.seed,
+        )  # fmt: skip
+    c = cost.as_dict()
+    notes.append(
+        f"Monte-Carlo values sampled ({', '.join(sorted(got))}; reward {fn}, budget {budget} tokens, K = {q.k} per "
+        f"token state, {q.vine_k} per VinePPO step): {c['continuations']} continuations, "
+        f"{c['generated_tokens']} tokens, {c['seconds']:.1f} s"
+    )
+    return got
 
 
 def _display_tokenizer(src: Source, notes: list[str]) -> Any:
@@ -143,6 +185,10 @@ def batch_with_signals(
     if "neg_log_probs" in wanted and any(g.problem is None for g in src.groups):
         wanted.discard("neg_log_probs")
         unavailable["neg_log_probs"] = "GCPO's negative prompt needs each group's 'problem' text"
+    for name in wanted & set(MC_SIGNALS):
+        if any(g.answer is None for g in src.groups):
+            wanted.discard(name)
+            unavailable[name] = "the Monte-Carlo values need each group's 'answer' for the verifier"
     if model is None and needs - saved:
         loaded = _recompute_model(src, wanted, device, notes, unavailable)
         if loaded is not None:
@@ -154,6 +200,11 @@ def batch_with_signals(
         for s in wanted & _LORA_SIGNALS:
             unavailable[s] = f"{why}; ARCA / policy-divergence read the adapter's effect"
         wanted -= _LORA_SIGNALS
+    sampled = wanted & set(MC_SIGNALS)  # sampled continuations, not a forward pass
+    wanted -= sampled
+    if sampled:
+        notes.append(f"Monte-Carlo values sampled with {model_desc} (expensive)")
+        batch = with_signals(batch, sample_mc_signals(model, tokenizer, src, batch, sampled, notes))
     if wanted:
         sig = recompute_signals(
             model, tokenizer, src.groups, batch, wanted, template=src.template, temperature=src.temperature,

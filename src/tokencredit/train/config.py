@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from tokencredit import models, recipes
 from tokencredit.errors import ConfigError, closest
 from tokencredit.models import resolve_device
 
@@ -372,3 +373,22 @@ def dump_toml(cfg: TrainConfig) -> str:
         lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def check_recipe(r: recipes.Recipe, c: TrainConfig) -> None:
+    """ConfigError when recipe `r` does not fit config `c` (overlong buffer, a toy task's budget or warm start, LoRA)."""
+    budget = c.rollout.max_new_tokens
+    if r.overlong_buffer and not 0 < r.overlong_buffer < budget:
+        raise ConfigError(f"recipe {r.name!r}: overlong_buffer={r.overlong_buffer} must be below "
+                          f"rollout.max_new_tokens={budget} (set algo.overlong_buffer)")  # fmt: skip
+    for spec in {c.data.train, c.data.eval} & set(models.TOY_VARIANTS):
+        need = models.TOY_VARIANTS[spec].max_new_tokens
+        if spec != "toy" and budget < need:
+            raise ConfigError(f"data {spec!r}: its solutions need rollout.max_new_tokens >= {need}, got "
+                              f"{budget} (use --config {spec}, which sets it)")  # fmt: skip
+    if c.model.name in models.TOY_VARIANTS and c.model.name != "toy" and c.data.train == "toy":
+        raise ConfigError(f"model {c.model.name!r} was warm-started on the {c.model.name!r} task, not "
+                          f"data.train='toy' (use --config {c.model.name})")  # fmt: skip
+    if recipes.requires_lora(r) and c.model.lora_rank <= 0:
+        raise ConfigError(f"recipe {r.name!r} (credit {r.credit!r}) needs a LoRA adapter: "
+                          "set model.lora_rank > 0 (e.g. --set model.lora_rank=8)")  # fmt: skip

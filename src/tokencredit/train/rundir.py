@@ -386,11 +386,10 @@ def rollout_records(
                 "verify_timeout": bool(ro.timed_out[i]),
                 "advantage": float(seq[i]),
                 "token_advantages": [round(float(x), 6) for x in tok[i, :n]],
-                "entropy": None if batch.entropy is None else [round(float(x), 5) for x in batch.entropy[i, :n]],
-                "old_log_probs": None if batch.old_log_probs is None else [
-                    round(float(x), 5) for x in batch.old_log_probs[i, :n]
-                ],
                 "truncated": bool(ro.truncated[i]),
+                # the old policy's signals (None when the recipe's pass did not compute them), MC values if sampled
+                **{s: None if getattr(batch, s) is None else [round(float(x), 5) for x in getattr(batch, s)[i, :n]]
+                   for s in ("entropy", "old_log_probs")},
                 **{s: [round(float(x), 6) for x in getattr(batch, s)[i, :n]] for s in MC_SIGNALS
                    if getattr(batch, s, None) is not None},
             })  # fmt: skip

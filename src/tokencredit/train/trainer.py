@@ -12,11 +12,11 @@ trainer only gathers inputs and calls the core's pure functions: `recipes.token_
 from __future__ import annotations
 
 import copy
-import math
 import os
 import shutil
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +28,14 @@ from tokencredit import models, recipes, signals
 from tokencredit.batch import MC_SIGNALS, BatchValidationError, RolloutBatch
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.data.templates import render
-from tokencredit.errors import ConfigError, DiskFullError, Interrupted, TrainingError
+from tokencredit.errors import DiskFullError, Interrupted, TrainingError
 from tokencredit.evaluation import evaluate
 from tokencredit.oracle import MCSettings, mc_signals
 from tokencredit.recipes import Recipe, TokenCredit
 from tokencredit.rewards import Reward
 from tokencredit.signals import negative_prompt_inputs
 from tokencredit.train import checkpoint as ckpt
-from tokencredit.train.config import TrainConfig, validate_config
+from tokencredit.train.config import TrainConfig, check_recipe, validate_config
 from tokencredit.train.progress import StepProgress
 from tokencredit.train.rundir import RunDir, disk_full, is_disk_full, rollout_records
 from tokencredit.train.sampling import (
@@ -50,7 +50,7 @@ from tokencredit.train.sampling import (
 )
 from tokencredit.train.stop import StopNow, StopSignals, signal_name, stopped_message
 from tokencredit.train.summary import plot_curves, run_summary, step_record, summary_table
-from tokencredit.train.update import can_fuse_old_pass, policy_update
+from tokencredit.train.update import can_fuse_old_pass, lr_factor, policy_update
 
 __all__ = ["StepResult", "Trainer", "resolve_recipe"]
 
@@ -81,7 +81,7 @@ class Trainer:
         self.console = console or Console()
         validate_config(cfg)  # value ranges first: every bad value is named before any model loads
         self.recipe = resolve_recipe(cfg)
-        self._check_recipe()
+        check_recipe(self.recipe, cfg)
         # Data and reward function before the model: a malformed file or a bad reward name is
         # reported in a second, not after loading a large checkpoint.
         self.train_problems = load_problems_for(cfg.data.train, cfg.data, split="train")
@@ -106,7 +106,7 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, o, cfg.run.steps))
         self.step_done = 0
         self.stopped_by: int | None = None  # the stop signal fit() received, if any
         self.metrics = self.run.metrics
@@ -121,31 +121,6 @@ class Trainer:
         self.run.write_recipe(self.recipe)
 
     # ------------------------------------------------------------------ setup helpers
-    def _check_recipe(self) -> None:
-        r, c = self.recipe, self.cfg
-        if r.overlong_buffer and not 0 < r.overlong_buffer < c.rollout.max_new_tokens:
-            raise ConfigError(
-                f"recipe {r.name!r}: overlong_buffer={r.overlong_buffer} must be below "
-                f"rollout.max_new_tokens={c.rollout.max_new_tokens} (set algo.overlong_buffer)"
-            )
-        for spec in {c.data.train, c.data.eval} & set(models.TOY_VARIANTS):
-            need = models.TOY_VARIANTS[spec].max_new_tokens
-            if spec != "toy" and c.rollout.max_new_tokens < need:
-                raise ConfigError(
-                    f"data {spec!r}: its solutions need rollout.max_new_tokens >= {need}, got "
-                    f"{c.rollout.max_new_tokens} (use --config {spec}, which sets it)"
-                )
-        if c.model.name in models.TOY_VARIANTS and c.model.name != "toy" and c.data.train == "toy":
-            raise ConfigError(
-                f"model {c.model.name!r} was warm-started on the {c.model.name!r} task, not data.train='toy' "
-                f"(use --config {c.model.name})"
-            )
-        if recipes.requires_lora(r) and c.model.lora_rank <= 0:
-            raise ConfigError(
-                f"recipe {r.name!r} (credit {r.credit!r}) needs a LoRA adapter: "
-                "set model.lora_rank > 0 (e.g. --set model.lora_rank=8)"
-            )
-
     def _restore(self) -> None:
         state = ckpt.load_latest_checkpoint(self.run, log=lambda m: self.console.print(f"[yellow]{m}"))
         if state is None:
@@ -157,18 +132,6 @@ class Trainer:
             self.metrics.truncate_after(self.step_done)
             self.console.print(f"resumed {self.run_dir} at step {self.step_done}")
         self.history = self.metrics.read()
-
-    def _lr_factor(self, step: int) -> float:
-        o = self.cfg.optim
-        if o.warmup_steps > 0 and step < o.warmup_steps:
-            return (step + 1) / o.warmup_steps
-        if o.schedule == "constant":
-            return 1.0
-        if o.schedule == "cosine":
-            span = max(1, self.cfg.run.steps - o.warmup_steps)
-            progress = min(1.0, (step - o.warmup_steps) / span)
-            return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-        raise ConfigError(f"optim.schedule must be 'constant' or 'cosine', got {o.schedule!r}")
 
     def _prompt_text(self, problem: str) -> str:
         return render(self.cfg.data.template, problem, self.tokenizer)

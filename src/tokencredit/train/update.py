@@ -12,6 +12,7 @@ and a separate no-grad pass would only repeat work (TRL skips it the same way).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from tokencredit import objectives
 from tokencredit.batch import RolloutBatch
-from tokencredit.errors import TrainingError
+from tokencredit.errors import ConfigError, TrainingError
 from tokencredit.recipes import TokenCredit
 from tokencredit.signals import token_log_probs
 from tokencredit.train.config import OptimConfig
@@ -141,3 +142,17 @@ def can_fuse_old_pass(model: torch.nn.Module, optim: OptimConfig, recipe: Any, c
         return False
     dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
     return not (dropout or getattr(getattr(model, "config", None), "attention_dropout", 0.0))
+
+
+def lr_factor(o: OptimConfig, total_steps: int, step: int) -> float:
+    """The learning-rate multiplier at `step` (a LambdaLR function): linear warm-up over
+    `o.warmup_steps`, then constant or cosine down to `o.min_lr_ratio` at `total_steps`."""
+    if o.warmup_steps > 0 and step < o.warmup_steps:
+        return (step + 1) / o.warmup_steps
+    if o.schedule == "constant":
+        return 1.0
+    if o.schedule == "cosine":
+        span = max(1, total_steps - o.warmup_steps)
+        progress = min(1.0, (step - o.warmup_steps) / span)
+        return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    raise ConfigError(f"optim.schedule must be 'constant' or 'cosine', got {o.schedule!r}")

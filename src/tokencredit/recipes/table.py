@@ -80,7 +80,7 @@ _TABLE: list[Recipe] = [
            notes="|pi - pi_old| trust region 0.15 per token, truncated IS at 20; Dr.GRPO baseline and norm (verl's example)"),
     Recipe("vespo", "VESPO (arXiv 2602.10693); TRL's loss_type='vespo'", loss="vespo",
            notes="-phi(w_seq) Â log pi with TRL's Gamma weights (k, lambda) = (2, 3) / (3, 2); token-mean as TRL"),
-    # -- the advantage estimators of verl 0.9.1's registry (tokencredit.estimators)
+    # -- the advantage estimators of verl 0.9.1's registry (tokencredit.advantages.estimators)
     Recipe("reinforce++", "Hu et al. 2025, REINFORCE++ (arXiv 2501.03262)", advantage="reinforce++",
            notes="token-level discounted return (gamma 1) whitened over the batch's tokens; PPO-clip 0.2, token-mean"),
     Recipe("remax", "Li et al. 2024, ReMax (arXiv 2310.10505)", advantage="remax",

@@ -74,6 +74,7 @@ def _default_gloo(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def initialize_global_process_group_ray(timeout_second: Any = None, backend: str | None = None) -> Any:
+        # verl is optional: these modules import it, so they load only when verl calls this hook
         from verl.plugin.platform import get_platform
 
         from tokencredit.integrations.verl_local.platform import PlatformCPU
@@ -96,6 +97,7 @@ def _register_rollout(module: Any) -> None:
 
 
 def _load_replica() -> type:
+    # verl is optional: rollout.py subclasses verl's classes, loaded when verl asks for the "hf" backend
     from tokencredit.integrations.verl_local.rollout import HFReplica
 
     return HFReplica
@@ -139,6 +141,7 @@ def _when_imported(name: str, callback: Callable[[Any], None]) -> None:
 
 def install() -> None:
     """Select the CPU platform and register the hf rollout backend and the fixes (module docstring); idempotent."""
+    # verl is optional: install() is the one entry that needs it (and the modules built on it)
     from verl.plugin.platform import platform_manager
     from verl.utils import distributed
 

@@ -16,7 +16,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from tokencredit.integrations.verl_local import ENGINE_DEVICE
+from tokencredit.integrations.verl_local import ENGINE_DEVICE, toy
+from tokencredit.models import TOY_ASSET_DIR
 
 __all__ = ["CPU_KEYS", "MODULE", "command", "environment", "main", "toy_keys"]
 
@@ -49,9 +50,6 @@ CPU_KEYS: dict[str, str] = {
 
 def toy_keys(data_dir: Path) -> dict[str, str]:
     """The toy model on the toy task in `data_dir` (written by `toy.write_parquet`): 2 steps of 4 prompts x 4."""
-    from tokencredit.integrations.verl_local import toy
-    from tokencredit.models import TOY_ASSET_DIR
-
     return {
         "data.train_files": str(data_dir / "train.parquet"),
         "data.val_files": str(data_dir / "val.parquet"),
@@ -106,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--print", action="store_true", help="print the command instead of running it")
     args, overrides = parser.parse_known_args(argv)
     if args.toy is not None:
-        from tokencredit.integrations.verl_local.toy import write_parquet
-
-        write_parquet(args.toy)
+        toy.write_parquet(args.toy)
     cmd = command(overrides, args.toy)
     env = environment(dict(os.environ))
     if args.print:

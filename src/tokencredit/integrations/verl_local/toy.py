@@ -13,6 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tokencredit.data.synthetic import extract_answer
+from tokencredit.data.templates import QWEN_MATH_SYSTEM
+from tokencredit.models import toy_task
+
 __all__ = ["DATA_SOURCE", "compute_score", "rows", "write_parquet"]
 
 DATA_SOURCE = "tokencredit/toy_arithmetic"
@@ -20,9 +24,6 @@ DATA_SOURCE = "tokencredit/toy_arithmetic"
 
 def rows(n: int, split: str = "train", seed: int = 0) -> list[dict[str, Any]]:
     """`n` verl dataset rows of the toy task (prompt messages, gold answer in reward_model.ground_truth)."""
-    from tokencredit.data.templates import QWEN_MATH_SYSTEM
-    from tokencredit.models import toy_task
-
     out = []
     for i, p in enumerate(toy_task(seed=seed).sample(n, split=split)):
         answer = str(p.answer[0] if isinstance(p.answer, list) else p.answer)
@@ -58,7 +59,5 @@ def compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **_: Any
 ) -> float:
     """verl custom reward: 1.0 iff the last ``\\boxed{}`` of the response is the gold integer."""
-    from tokencredit.data.synthetic import extract_answer
-
     got = extract_answer(solution_str)
     return float(got is not None and got == int(ground_truth))

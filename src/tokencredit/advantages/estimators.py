@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tokencredit.advantages import _group_stats, _warn_singletons, dr_grpo, register_estimator
+from tokencredit.advantages.core import _group_stats, _warn_singletons, dr_grpo, register_estimator
 from tokencredit.batch import BatchValidationError, RolloutBatch
 from tokencredit.errors import ConfigError
 

@@ -10,7 +10,7 @@ prompt), and whether they return a token-level A [N,T] (`token_level`; REINFORCE
 `estimate(name, batch, **params)` is the entry point the pipeline uses
 (`tokencredit.recipes.token_credit`); `compute(name, scores, group_ids, **params)` remains for
 the estimators that read only scores and group ids. The score-only functions (`grpo`, `rloo`,
-...) are public too. The batch-reading estimators live in `tokencredit.estimators` (the
+...) are public too. The batch-reading estimators live in `tokencredit.advantages.estimators` (the
 estimators of verl 0.9.1's registry, re-implemented; differences from verl are listed there).
 
 All statistics in float64; groups are found with `unique(return_inverse=True)` and reduced with
@@ -20,7 +20,6 @@ warning per process); a zero-variance group gets A = 0.
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -252,6 +251,3 @@ def estimate(name: str, batch: RolloutBatch, **params: Any) -> Tensor:
         raise FloatingPointError(f"advantage estimator {name!r} produced a non-finite advantage at {at}")
     return out.detach()
 
-
-# Estimators that read more than scores and group ids register themselves on import.
-importlib.import_module("tokencredit.estimators")

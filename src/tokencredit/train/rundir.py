@@ -43,13 +43,11 @@ from tokencredit.errors import ConfigError, DiskFullError
 from tokencredit.recipes import Recipe, from_dict, resolve
 from tokencredit.train.config import TrainConfig, dump_toml, load_config
 
-__all__ = [
-    "MetricsLog", "RunDir", "atomic_write_bytes", "atomic_write_text", "damaged_line", "disk_full",
-    "fsync_dir", "is_disk_full", "parse_json_line", "rollout_records",
-]  # fmt: skip
+__all__ = ["MetricsLog", "RunDir", "atomic_write_bytes", "atomic_write_text", "damaged_line", "disk_full",
+           "fsync_dir", "is_disk_full", "parse_json_line", "rollout_records"]  # fmt: skip
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.(jsonl|json|pt)$")
-_TODO = "repair or delete that line, or copy the file again, to silence this"
+_REMEDY = "repair or delete that line, or copy the file again, to silence this"
 
 
 def fsync_dir(d: Path) -> None:
@@ -175,7 +173,7 @@ def parse_json_line(line: str) -> tuple[Any, str | None]:
 def damaged_line(path: Path, n: int, why: str, kept: int, *, last: bool = False, what: str = "line") -> str:
     """The one line a lenient read adds to `skipped` for a damaged line of a JSONL file."""
     cut = "cut-off last line" if last else f"damaged {what}"
-    return f"{path}:{n}: {cut} skipped ({why}); the rest is used ({kept} {what}{'' if kept == 1 else 's'}; {_TODO})"
+    return f"{path}:{n}: {cut} skipped ({why}); the rest is used ({kept} {what}{'' if kept == 1 else 's'}; {_REMEDY})"
 
 
 def _line_of(text: str, pattern: str, section: str | None = None) -> str:

@@ -4,10 +4,7 @@ engine), applied right after each target module is first imported, so ``import v
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import inspect
-import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -17,6 +14,7 @@ from verl import DataProto
 from verl.trainer.ppo import core_algos
 
 from tokencredit.integrations import verl_actor
+from tokencredit.integrations._import_hooks import PENDING, PostImportPatcher, when_imported
 from tokencredit.integrations.verl.estimators import (
     _CONTEXT,
     _LEGACY_SPECIAL_IDS,
@@ -167,38 +165,8 @@ HOOK_TARGETS: dict[str, Callable[[ModuleType], None]] = {
 ACTOR_HOOK_TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "verl.workers.engine.fsdp.transformer_impl": _patch_fsdp_engine,
 }
-_PENDING: dict[str, Callable[[ModuleType], None]] = {}
-
-
-class _PostImportPatcher(importlib.abc.MetaPathFinder):
-    """Patches a pending verl module right after its code runs, so `import verl` stays light.
-
-    verl imports this plugin from its package __init__ (VERL_USE_EXTERNAL_MODULES), before any
-    trainer module exists; importing the trainers there would pull the whole training stack into
-    every Ray worker and risk import cycles. Instead the loader of each target is wrapped once.
-    """
-
-    def find_spec(
-        self, fullname: str, path: Any = None, target: Any = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in _PENDING:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                run = spec.loader.exec_module
-
-                def exec_module(module: ModuleType, run: Callable[[ModuleType], None] = run) -> None:
-                    run(module)
-                    patch = _PENDING.pop(fullname, None)
-                    if patch is not None:
-                        patch(module)
-
-                spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-                return spec
-        return None
+# the pending patches and the finder that applies them (`tokencredit.integrations._import_hooks`)
+_PENDING, _PostImportPatcher = PENDING, PostImportPatcher
 
 
 def install_hooks() -> list[str]:
@@ -210,12 +178,6 @@ def install_hooks() -> list[str]:
     """
     targets = {**HOOK_TARGETS, **(ACTOR_HOOK_TARGETS if verl_actor.enabled() else {})}
     for name, patch in targets.items():
-        module = sys.modules.get(name)
-        if module is not None:
-            patch(module)
-        else:
-            _PENDING[name] = patch
-    if _PENDING and not any(isinstance(f, _PostImportPatcher) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PostImportPatcher())
+        when_imported(name, patch)
     return list(targets)
 

@@ -37,6 +37,8 @@ from typing import Any
 
 from packaging.version import Version
 
+from tokencredit.integrations._import_hooks import when_imported
+
 try:
     import verl
 except ImportError as err:  # pragma: no cover - exercised only without the extra
@@ -103,42 +105,6 @@ def _load_replica() -> type:
     return HFReplica
 
 
-class _AfterImport:
-    """Meta-path finder that runs a callback right after a pending module executes: the rollout
-    registries live in modules that ``import verl`` does not load (about 3 s of imports per process)."""
-
-    pending: dict[str, Callable[[Any], None]] = {}
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname not in self.pending:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                run = spec.loader.exec_module
-
-                def exec_module(module: Any, run: Callable[[Any], None] = run) -> None:
-                    run(module)
-                    callback = self.pending.pop(fullname, None)
-                    if callback is not None:
-                        callback(module)
-
-                spec.loader.exec_module = exec_module
-                return spec
-        return None
-
-
-def _when_imported(name: str, callback: Callable[[Any], None]) -> None:
-    if name in sys.modules:
-        callback(sys.modules[name])
-        return
-    _AfterImport.pending[name] = callback
-    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
-
-
 def install() -> None:
     """Select the CPU platform and register the hf rollout backend and the fixes (module docstring); idempotent."""
     # verl is optional: install() is the one entry that needs it (and the modules built on it)
@@ -160,8 +126,8 @@ def install() -> None:
             workers.initialize_global_process_group_ray
         )
     install_trl_value_head_check()
-    _when_imported("verl.workers.rollout.replica", _register_rollout)
-    _when_imported("verl.workers.rollout.base", _register_rollout)
+    when_imported("verl.workers.rollout.replica", _register_rollout)
+    when_imported("verl.workers.rollout.base", _register_rollout)
 
 
 install()

@@ -49,15 +49,19 @@ def _finished(plan: PlannedRun) -> bool:
 
 def _stopped(signum: int, todo: list[tuple[PlannedRun, bool]]) -> Interrupted:
     """`Interrupted` saying where each planned run that has not finished stands on disk."""
-    where = []
+    where, waiting, done = [], 0, 0
     for plan, _ in todo:
         if _finished(plan):
+            done += 1
             continue
         run = RunDir(plan.run_dir)
+        if not run.metrics.path.is_file():
+            waiting += 1  # counted, not listed: a long plan would fill the screen
+            continue
         steps = run.checkpoint_steps()
-        at = f"checkpoint step {steps[-1]}" if steps else "step 0 (no checkpoint yet)"
-        where.append(f"{plan.name} at {at}" if run.metrics.path.is_file() else f"{plan.name} not started")
-    done = len(todo) - len(where)
+        where.append(f"{plan.name} at " + (f"checkpoint step {steps[-1]}" if steps else "step 0 (no checkpoint yet)"))
+    if waiting:
+        where.append(f"{waiting} not started")
     return Interrupted(
         f"stopped by {signal_name(signum)} ({done} of {len(todo)} runs to train finished; "
         f"{', '.join(where) or 'none left'})",

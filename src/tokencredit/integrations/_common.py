@@ -12,11 +12,24 @@ from typing import Any
 
 import numpy as np
 import torch
+from packaging.version import Version
 from torch import Tensor
 
 # Ratio kernels the engines' own losses already implement (verl: loss_mode vanilla / gspo; TRL:
 # importance_sampling_level="token" / "sequence"), so the plugins add only the trace kernels.
 ENGINE_KERNELS = ("token", "gspo", "gspo-token")
+
+# The verl releases the verl plugin and verl_local are tested with and accept (one range for both).
+VERL_VERSIONS = ">=0.9,<0.10"
+
+
+def check_supported(who: str, package: str, found: str, supported: str, tested: str, why: str) -> str:
+    """`found` if A <= found < B for `supported` = ">=A,<B" (packaging's version order), else an
+    ImportError saying that `who` supports `package` `supported` (tested with `tested`), and `why`."""
+    lo, hi = (Version(part.lstrip("<>=")) for part in supported.split(","))
+    if not lo <= Version(found) < hi:
+        raise ImportError(f"{who} supports {package} {supported} (tested with {tested}); found {package} {found}. {why}")
+    return found
 
 
 def slug(name: str) -> str:

@@ -29,7 +29,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from packaging.version import Version
 from torch import Tensor
 
 from tokencredit import advantages as adv_mod
@@ -37,7 +36,7 @@ from tokencredit import objectives
 from tokencredit.batch import MC_SIGNALS, RolloutBatch
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.errors import ConfigError
-from tokencredit.integrations._common import ENGINE_KERNELS
+from tokencredit.integrations._common import ENGINE_KERNELS, check_supported
 from tokencredit.models import special_token_ids
 from tokencredit.recipes import Recipe, credit_needs, resolve, token_credit
 from tokencredit.signals import compute_signals, negative_prompt_inputs
@@ -52,7 +51,6 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 __all__ = ["SUPPORTED_VERSIONS", "CreditGRPOTrainer", "check_version"]
 
 SUPPORTED_VERSIONS = ">=1.0,<2"
-_MIN_VERSION, _MAX_VERSION = Version("1.0.0"), Version("2.0.0")
 
 # TRL's scale_rewards -> the core's group baseline (TRL's eps is 1e-4).
 _TRL_BASELINES = {"group": "grpo", "batch": "grpo-batch", "none": "dr-grpo"}
@@ -61,14 +59,11 @@ _TRL_EPS = 1e-4
 
 def check_version(version: str | None = None) -> str:
     """Raise ImportError unless TRL's version is in SUPPORTED_VERSIONS."""
-    found = trl.__version__ if version is None else version
-    if not _MIN_VERSION <= Version(found) < _MAX_VERSION:
-        raise ImportError(
-            f"tokencredit.integrations.trl supports TRL {SUPPORTED_VERSIONS} (tested with 1.0.0 and 1.16.0); found TRL "
-            f"{found}. It overrides GRPOTrainer internals (_generate_and_score_completions, _calculate_rewards) "
-            "whose contract differs in other major versions."
-        )
-    return found
+    return check_supported(
+        "tokencredit.integrations.trl", "TRL", trl.__version__ if version is None else version, SUPPORTED_VERSIONS,
+        "1.0.0 and 1.16.0", "It overrides GRPOTrainer internals (_generate_and_score_completions, "
+        "_calculate_rewards) whose contract differs in other major versions.",
+    )  # fmt: skip
 
 
 check_version()

@@ -45,11 +45,9 @@ from __future__ import annotations
 
 import logging
 
-from packaging.version import Version
-
 from tokencredit import objectives
 from tokencredit.errors import ConfigError
-from tokencredit.integrations._common import ENGINE_KERNELS, slug
+from tokencredit.integrations._common import ENGINE_KERNELS, VERL_VERSIONS, check_supported, slug
 from tokencredit.recipes import RECIPES, known_names, resolve
 
 try:
@@ -60,20 +58,16 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         "pip install --no-deps 'verl>=0.9,<0.10' (see docs/integrations.md)"
     ) from err
 
-SUPPORTED_VERSIONS = ">=0.9,<0.10"
-_MIN_VERSION, _MAX_VERSION = Version("0.9.0"), Version("0.10.0")
+SUPPORTED_VERSIONS = VERL_VERSIONS
 
 
 def check_version(version: str | None = None) -> str:
     """Raise ImportError unless verl's version is in SUPPORTED_VERSIONS (the range we test)."""
-    found = verl.__version__ if version is None else version
-    if not _MIN_VERSION <= Version(found) < _MAX_VERSION:
-        raise ImportError(
-            f"tokencredit.integrations.verl supports verl {SUPPORTED_VERSIONS} (tested with 0.9.1); found verl "
-            f"{found}. Its hooks wrap verl-internal functions whose signatures change between releases, so "
-            "other versions are refused rather than silently mis-wired."
-        )
-    return found
+    return check_supported(
+        "tokencredit.integrations.verl", "verl", verl.__version__ if version is None else version, SUPPORTED_VERSIONS,
+        "0.9.1", "Its hooks wrap verl-internal functions whose signatures change between releases, so other "
+        "versions are refused rather than silently mis-wired.",
+    )  # fmt: skip
 
 
 # The version is checked before any verl-internal module is imported by the parts below.

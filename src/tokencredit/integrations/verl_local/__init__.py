@@ -35,8 +35,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from packaging.version import Version
-
+from tokencredit.integrations._common import VERL_VERSIONS, check_supported
 from tokencredit.integrations._import_hooks import when_imported
 
 try:
@@ -49,22 +48,17 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 
 __all__ = ["ENGINE_DEVICE", "SUPPORTED_VERSIONS", "check_version", "install"]
 
-# The range tokencredit.integrations.verl supports (tests check that the two agree).
-SUPPORTED_VERSIONS = ">=0.9,<0.10"
-_MIN_VERSION, _MAX_VERSION = Version("0.9.0"), Version("0.10.0")
+SUPPORTED_VERSIONS = VERL_VERSIONS  # the verl plugin's range (`integrations._common`)
 ENGINE_DEVICE = "cuda"  # verl registers its FSDP engine for "cuda" (and "npu") only
 
 
 def check_version(version: str | None = None) -> str:
     """Raise ImportError unless verl's version is in SUPPORTED_VERSIONS (tested with 0.9.1)."""
-    found = verl.__version__ if version is None else version
-    if not _MIN_VERSION <= Version(found) < _MAX_VERSION:
-        raise ImportError(
-            f"tokencredit.integrations.verl_local supports verl {SUPPORTED_VERSIONS} (tested with 0.9.1); found "
-            f"verl {found}. It implements verl-internal interfaces (platform, rollout replica and adapter) that "
-            "change between releases."
-        )
-    return found
+    return check_supported(
+        "tokencredit.integrations.verl_local", "verl", verl.__version__ if version is None else version,
+        SUPPORTED_VERSIONS, "0.9.1", "It implements verl-internal interfaces (platform, rollout replica and "
+        "adapter) that change between releases.",
+    )  # fmt: skip
 
 
 check_version()

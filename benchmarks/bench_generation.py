@@ -9,14 +9,18 @@ Qwen3, 0.65 M parameters, character tokenizer), CPU, 1 torch thread.
 - *eval*: 200 held-out problems decoded greedily, then 2 samples each at temperature 1, in the
   chunks `tokencredit.evaluation.evaluate` makes (64 rows per `generate` call).
 
-Paths, run alternately (hf, ours, hf, ours, ...; median over `--repeats`):
+Paths, run alternately (hf, repeated, ours, hf, ...; median over `--repeats`):
 
 - hf: plain ``model.generate`` on the left-padded rows with the same `GenerationConfig`
   (`tokencredit.rollout.generation_config`): transformers' `DynamicCache`, every row's prompt
   prefilled. This is what `generate` did before issue 18;
-- ours: `tokencredit.rollout.generate` (shared prompt prefill, append-in-place cache; see its docstring).
+- repeated (rollout round only): `tokencredit.rollout.generate(..., shared_attention=False)`: shared
+  prompt prefill and append-in-place cache, each row holding its own copy of the prompt's keys/values
+  (what `generate` did from the first issue-18 change until the shared-prefix attention);
+- ours: `tokencredit.rollout.generate` (shared prompt prefill, append-in-place cache, shared-prefix
+  attention; see its docstring).
 
-Both get the same seeds; the script checks that they return the same tokens.
+All get the same seeds; the script checks that they return the same tokens.
 
 Compute floors (no decoding overhead; measured, not estimated):
 
@@ -266,28 +270,36 @@ def main() -> None:
         return generate(model, tok, prompts, args.group_size, temperature=temp, top_p=top_p,
                         max_new_tokens=max_new, seed=seed)  # fmt: skip
 
+    def repeated(seed: int) -> Any:  # shared prefill + append cache, every row's own copy of the prompt
+        return generate(model, tok, prompts, args.group_size, temperature=temp, top_p=top_p,
+                        max_new_tokens=max_new, seed=seed, shared_attention=False)  # fmt: skip
+
     def hf(seed: int) -> torch.Tensor:
         return hf_generate(model, tok, prompts, args.group_size, temp, top_p, max_new, seed)
 
-    res = alternate({"hf": hf, "ours": ours}, args.repeats)
+    res = alternate({"hf": hf, "repeated": repeated, "ours": ours}, args.repeats)
     ro = res["ours"][2][-1]
     tokens = int(ro.response_mask.sum())
-    same = all(same_tokens(h, o, tok.eos_token_id) for h, o in zip(res["hf"][2], res["ours"][2]))
+    same = all(
+        same_tokens(h, o, tok.eos_token_id) and torch.equal(o.response_ids, p.response_ids)
+        for h, p, o in zip(res["hf"][2], res["repeated"][2], res["ours"][2])
+    )
     fa, fb = floors(model, tok, prompts, args.group_size, ro, args.repeats)
     print(
         f"\nrollout round: P={args.prompts} x G={args.group_size} = {n_rows} rows, prompt ~{plen:.0f} tokens, "
         f"{ro.response_ids.shape[1]} decoding steps, {tokens} sampled tokens, temperature {temp}, top_p {top_p}, "
         f"max_new_tokens {max_new}; median of {args.repeats} alternated runs"
     )
-    for name in ("hf", "ours"):
+    for name in ("hf", "repeated", "ours"):
         w, c, _ = res[name]
-        print(f"  {name:5s} {w:.3f} s wall, {c:.3f} s CPU, {tokens / w:,.0f} tokens/s, "
+        print(f"  {name:8s} {w:.3f} s wall, {c:.3f} s CPU, {tokens / w:,.0f} tokens/s, "
               f"{w / fa:.2f}x floor A, {w / fb:.2f}x floor B")  # fmt: skip
     print(f"  floor A (one forward of the finished [{n_rows}, {ro.sequences.shape[1]}] batch): {fa:.3f} s")
     print(f"  floor B (distinct prompts once + one forward of the [{n_rows}, {ro.response_ids.shape[1]}] "
           f"responses over the cache): {fb:.3f} s")  # fmt: skip
     print(f"  speed-up hf/ours {res['hf'][0] / res['ours'][0]:.2f}x wall, {res['hf'][1] / res['ours'][1]:.2f}x CPU; "
-          f"same tokens as hf under the same seeds: {'yes' if same else 'NO'}; load {load_average()}")  # fmt: skip
+          f"repeated/ours {res['repeated'][0] / res['ours'][0]:.2f}x wall; "
+          f"same tokens (hf, repeated, ours) under the same seeds: {'yes' if same else 'NO'}; load {load_average()}")  # fmt: skip
 
     # ---- eval decoding, in evaluate's chunks
     if not args.skip_eval:

@@ -65,7 +65,9 @@ def test_shapes_masks_and_eos(tiny):
     # every forward feeds one token per row and the cache (after the call) grows by one position.
     assert seen["calls"][0] == ((3, 13), 13)
     assert seen["calls"][1:] == [((6, 1), 14 + i) for i in range(len(seen["calls"]) - 1)]
-    assert seen["layers"] == {"_AppendLayer"}  # in-place appends, not DynamicCache's torch.cat
+    # Each prompt's 2 samples attend to its prompt part held once (shared-prefix attention), their own
+    # tokens appended in place (not DynamicCache's torch.cat).
+    assert seen["layers"] == {"CascadeLayer"}
     assert tok.padding_side == "right"
 
 

@@ -213,6 +213,9 @@ def test_unmatched_seeds_lora_groups_and_differing_settings(tmp_path):
     assert rows[0][6] == "not reached"
     md = markdown(res, "cmd")
     assert "Settings that differ between runs" in md and "`optim.lr`" in md
+    line = next(x for x in md.splitlines() if x.startswith("- `optim.lr`"))
+    # One entry per value, its runs folded per recipe and seed range.
+    assert line.count(" in 5 runs (") == 1 and line.endswith(f"0.01 in 1 run ({dirs[-1].name})")
     assert "`arca` (r=8)" in md
     with pytest.raises(ConfigError, match="baseline 'dapo' is not among"):
         aggregate([read_run(d) for d in dirs], baseline="dapo")

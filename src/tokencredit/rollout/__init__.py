@@ -6,7 +6,7 @@ with the KV cache on and finished sequences stopped at EOS. The output is right-
 rollout i, ``response_ids[i, :L_i]`` are the generated tokens up to and including the EOS that
 ended it, and ``response_mask`` marks exactly those.
 
-Two changes to what ``generate`` would do on its own make decoding cheaper without changing what it
+Three changes to what ``generate`` would do on its own make decoding cheaper without changing what it
 samples (benchmarks/bench_generation.py, BENCHMARKS.md section 6):
 
 - *Shared prompt prefill.* The `num_samples` copies of a prompt have the same keys and values, so the
@@ -18,18 +18,28 @@ samples (benchmarks/bench_generation.py, BENCHMARKS.md section 6):
   keeps the same keys/values in buffers with spare positions (doubling, at most `max_new_tokens`)
   and writes each step's entries in place; attention reads a view of the filled part, the same values.
 
-Both are the library's own mechanisms (a `Cache` passed to ``generate``, a `DynamicLayer`
-subclass); sampling, the logits processors and stopping stay ``generate``'s. Samples are the same
-as a plain ``model.generate`` call under the same seed as long as the forward computes the same
-logits for a row whatever the batch around it; on CPU (toy model, tiny Qwen3 in the tests) they are
-identical. A GPU library may pick different kernels for the smaller prefill batch, so there samples
-can differ at float-rounding level.
+- *Shared-prefix attention* (`tokencredit.rollout.cascade`). Where the rows come as G >= 2 adjacent
+  samples of each prompt and the model attends with ``sdpa``, the prompt part of the cache is not
+  repeated at all: each decoding step's G queries of a prompt read its keys/values once, in one
+  softmax with their own generated part. On the toy this halves the attention of a rollout round.
+
+All are the library's own mechanisms (a `Cache` passed to ``generate``, `DynamicLayer` subclasses, a
+function registered in `AttentionInterface`); sampling, the logits processors and stopping stay
+``generate``'s. Samples are the same as a plain ``model.generate`` call under the same seed as long
+as the forward computes the same logits for a row whatever the batch around it: the shared prefill
+gives the same keys and values; the shared-prefix attention equals SDPA's up to float rounding (it
+sums in another order), so a sampled token could in principle flip where a uniform draw falls within
+rounding of a boundary. On CPU (toy model, tiny Qwen3 in fp32 and bf16 with LoRA in the tests, and
+the default `tokencredit train` run, whose 43 metric records and saved rollouts are unchanged) every
+output was identical. A GPU library may pick other kernels for the smaller prefill batch, so there
+samples can differ at float-rounding level; `generate_ids(..., shared_attention=False)` turns the
+shared-prefix attention off.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +47,7 @@ import torch
 from torch import Tensor
 
 from tokencredit.rollout.cache import cache_kwarg, decode_cache, prefill_shared
+from tokencredit.rollout.cascade import cascade_decoding, cascade_supported, to_cascade
 
 __all__ = [
     "PromptResponseLayout", "Rollouts", "generate", "generate_ids", "generation_config", "response_mask_from_ids",
@@ -153,6 +164,15 @@ def response_mask_from_ids(response_ids: Tensor, eos_ids: Sequence[int]) -> tupl
     return mask, truncated
 
 
+def _equal_groups(rows: Tensor) -> int:
+    """G where `rows` is 0,..,0, 1,..,1, ..., U-1 (each prompt's G rows adjacent, G >= 2), else 0."""
+    n, u = rows.numel(), int(rows[-1]) + 1
+    if n % u or n // u < 2:
+        return 0
+    g = n // u
+    return g if torch.equal(rows, torch.arange(u).repeat_interleave(g)) else 0
+
+
 def _seed_from(seed: int | None, generator: torch.Generator | None) -> int | None:
     if seed is not None and generator is not None:
         raise ValueError("give either seed or generator, not both")
@@ -214,6 +234,7 @@ def generate_ids(
     max_new_tokens: int = 256,
     seed: int | None = None,
     batch_size: int | None = None,
+    shared_attention: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Sample `num_samples` continuations of each left-padded prompt of token ids [U, P] (`prompt_mask`
     marks the real tokens): (prompt_index [N], response_ids [N,T], response_mask [N,T], truncated [N]),
@@ -222,6 +243,8 @@ def generate_ids(
     The id-level core of `generate` (which tokenises text prompts and decodes the responses); the
     Monte-Carlo oracle calls it on prompt + response prefixes, token for token. Batches of
     `batch_size` sequences (all at once by default), one seeded RNG fork for the whole call.
+    `shared_attention` False keeps every row's own copy of its prompt in the cache (the shared-prefix
+    attention of `tokencredit.rollout.cascade` off).
     """
     gen_cfg = generation_config(temperature, top_p, top_k, max_new_tokens, eos_ids, pad_id)
     kwarg = cache_kwarg(model)
@@ -232,20 +255,26 @@ def generate_ids(
     n = ids_all.shape[0]
     step = n if batch_size is None else batch_size
     chunks: list[Tensor] = []
+    cascade = shared_attention and cascade_supported(model)
     with _rng(seed, device), torch.no_grad():
         for s in range(0, n, step):
             ids = ids_all[s : s + step].to(device)
             att = mask_all[s : s + step].to(device).long()
             cache = decode_cache(model, room=max_new_tokens + 1)
             extra = {} if cache is None else {kwarg: cache}
+            group = 0
             # Distinct prompts of this chunk (rows of a prompt are adjacent) and each row's one.
             distinct, rows = torch.unique_consecutive(prompt_index[s : s + step], return_inverse=True)
             if cache is not None and len(distinct) < len(rows) and ids.shape[1] > 1:
                 # generate drops an all-ones mask (no padding): attention then runs causal without one.
                 use_mask = not bool(att.all())
                 d_ids, d_mask = prompt_ids[distinct].to(device).long(), prompt_mask[distinct].to(device).long()
-                prefill_shared(model, cache, kwarg, d_ids, d_mask, rows, use_mask)
-            out = model.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg, **extra)
+                group = _equal_groups(rows) if cascade else 0
+                prefill_shared(model, cache, kwarg, d_ids, d_mask, rows, use_mask, keep_shared=group > 0)
+                if group:
+                    to_cascade(cache, room=max_new_tokens + 1, group=group)
+            with cascade_decoding(model, cache) if group else nullcontext():
+                out = model.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg, **extra)
             chunks.append(out[:, ids.shape[1] :].to("cpu", torch.long))
     width = max(c.shape[1] for c in chunks)
     response_ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -277,6 +306,7 @@ def generate(
     batch_size: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     add_special_tokens: bool | None = None,
+    shared_attention: bool = True,
 ) -> Rollouts:
     """Sample `num_samples` completions for each already-templated prompt.
 
@@ -285,7 +315,7 @@ def generate(
     `seed` (or a draw from `generator`) seeds sampling without disturbing the global RNG.
     `batch_size` caps the sequences per ``generate`` call (default: all in one call).
     `add_special_tokens` (default: True unless the prompts already start with the BOS token)
-    is passed to the tokenizer.
+    is passed to the tokenizer. `shared_attention`: see `generate_ids`.
     """
     _check_settings(num_samples, max_new_tokens, temperature, top_p, batch_size)
     prompts = list(prompts)
@@ -304,7 +334,7 @@ def generate(
         prompt_index, response_ids, response_mask, truncated = generate_ids(
             model, p_ids, p_mask, num_samples, eos_ids=eos_ids, pad_id=pad_id, temperature=temperature,
             top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, seed=_seed_from(seed, generator),
-            batch_size=batch_size,
+            batch_size=batch_size, shared_attention=shared_attention,
         )  # fmt: skip
     texts = tokenizer.batch_decode(
         [response_ids[i, response_mask[i]].tolist() for i in range(len(prompt_index))], skip_special_tokens=True

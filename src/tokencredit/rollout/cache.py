@@ -115,12 +115,14 @@ def position_ids(mask: Tensor) -> Tensor:
 
 
 def prefill_shared(
-    model: Any, cache: Any, cache_kwarg: str, ids: Tensor, mask: Tensor, rows: Tensor, use_mask: bool
+    model: Any, cache: Any, cache_kwarg: str, ids: Tensor, mask: Tensor, rows: Tensor, use_mask: bool,
+    keep_shared: bool = False,
 ) -> None:
     """Run the distinct prompts `ids`/`mask` [U, P] without their last token into `cache`, then repeat
     the cache rows to the batch (row i answers prompt rows[i]); ``generate`` runs the last prompt
     token of every row from there. `use_mask` False drops an all-ones mask, as ``generate`` does, so
-    the prefill takes the attention path (causal, no mask) ``generate``'s own prefill would."""
+    the prefill takes the attention path (causal, no mask) ``generate``'s own prefill would.
+    `keep_shared`: leave the cache at one row per distinct prompt (for `rollout.cascade.to_cascade`)."""
     kwargs: dict[str, Any] = {cache_kwarg: cache, "use_cache": True}
     if "logits_to_keep" in inspect.signature(_unwrapped(model).forward).parameters:
         kwargs["logits_to_keep"] = 1  # the prefill's logits are never read
@@ -130,4 +132,5 @@ def prefill_shared(
         position_ids=position_ids(mask)[:, :-1],
         **kwargs,
     )
-    cache.batch_select_indices(rows.to(ids.device))
+    if not keep_shared:
+        cache.batch_select_indices(rows.to(ids.device))

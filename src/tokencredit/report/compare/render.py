@@ -4,6 +4,7 @@ plots, and `write_report`, which puts compare.md, compare.json and the plots in 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,28 @@ def _fmt_paired(t: dict[str, Any] | None, effect: bool = True) -> list[str]:
     return ["n/a" if d.get("mean") is None else f"{d['mean']:+.3f}", holm_p]
 
 
+def _run_names(names: list[str]) -> str:
+    """Run directory names, those named RECIPE-sSEED folded per recipe: "grpo s0-s2+s5, oracle s1"."""
+    seeds: dict[str, list[int]] = {}
+    other = []
+    for name in names:
+        m = re.fullmatch(r"(.+)-s(\d+)", name)
+        if m:
+            seeds.setdefault(m.group(1), []).append(int(m.group(2)))
+        else:
+            other.append(name)
+    parts = []
+    for recipe, ss in seeds.items():
+        ss, spans = sorted(set(ss)), []
+        for x in ss:
+            if spans and x == spans[-1][1] + 1:
+                spans[-1][1] = x
+            else:
+                spans.append([x, x])
+        parts.append(f"{recipe} " + "+".join(f"s{a}" if a == b else f"s{a}-s{b}" for a, b in spans))
+    return ", ".join(parts + other)
+
+
 def _notes(result: dict[str, Any]) -> list[str]:
     """compare.md below the table: how to read it, LoRA, the settings, failed and left-out runs, damaged parts."""
     lines = [
@@ -119,8 +142,12 @@ def _notes(result: dict[str, Any]) -> list[str]:
     if result["differing_settings"]:
         lines += ["", "**Settings that differ between runs** (the comparison is not on equal terms):", ""]
         for k, vals in result["differing_settings"].items():
+            by_value: dict[str, list[str]] = {}
+            for d, v in vals.items():
+                by_value.setdefault(json.dumps(v), []).append(Path(d).name)
             lines.append(
-                f"- `{k}`: " + ", ".join(f"{Path(d).name} = {json.dumps(v)}" for d, v in vals.items())
+                f"- `{k}`: "
+                + "; ".join(f"{v} in {len(names)} run{'s' * (len(names) > 1)} ({_run_names(names)})" for v, names in by_value.items())
             )
     sections = (
         ("Failed runs", result.get("failed")), ("Left out", result.get("left_out")),

@@ -387,3 +387,21 @@ def test_parallel_jobs_in_subprocesses(tiny_model_dir, tmp_path, capsys):
         assert (d / "summary.json").is_file() and "curves:" in (d / "train.log").read_text()
     res = json.loads((out / "compare.json").read_text())
     assert res["recipes"][0]["seeds"] == [0, 1] and not res["failed"]
+
+
+def test_terminal_table_fits_the_console_width(tmp_path):
+    from rich.console import Console
+
+    from tokencredit.report.compare.render import rich_table
+
+    root = tmp_path / "r"
+    runs = [fake_run(root, r, s, [(10, 0.4 + 0.01 * s), (20, 0.5 + 0.02 * s)]) for r in ("grpo", "dapo") for s in (0, 1, 2)]
+    res = aggregate([read_run(d) for d in runs], baseline="grpo", target=0.5)
+    assert len(rich_table(res).columns) == 20 and rich_table(res).caption is None  # no width: everything
+    narrow = rich_table(res, width=80)
+    kept = [c.header for c in narrow.columns]
+    assert {"recipe", "final acc.", "Δ", "p Holm", "AUC", "p AUC"} <= set(kept) and len(kept) < 20
+    assert "tok/s" in narrow.caption and "compare.md" in narrow.caption
+    console = Console(width=80, record=True)
+    console.print(narrow)
+    assert max(len(x) for x in console.export_text().splitlines()) <= 80

@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     result["damaged"] = damaged
     result["command"] = command_line(args)
     paths = write_report(result, args.out, band=args.band, smooth=args.smooth)
-    console.print(rich_table(result))
+    console.print(rich_table(result, width=console.width))
     console.print(f"table: {paths['markdown']}   plots: {paths['accuracy']}, {paths['concentration']}")
     if failed:
         console.print(f"[red]{len(failed)} run(s) failed: " + ", ".join(failed))

@@ -186,16 +186,31 @@ def markdown(result: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
-def rich_table(result: dict[str, Any]) -> Table:
-    """The comparison table for the terminal (short column names; the rows of `table_rows`)."""
+# Terminal columns left out first when the table is wider than the terminal (compare.md keeps them all).
+_DROP_ORDER = ("tok/s", "rounds", "length", "Gini", "tokens", "LoRA", "Δ CI", "95% CI", "p", "Δ AUC", "s", "d_z")
+
+
+def rich_table(result: dict[str, Any], width: int | None = None) -> Table:
+    """The comparison table for the terminal (short column names; the rows of `table_rows`). With a
+    `width` (the console's), columns are left out in `_DROP_ORDER` until the rest fits, and the caption
+    names them."""
     _, rows = table_rows(result)
     cols = ["recipe", "LoRA", "n", "final acc.", "Δ", "p", f"steps→{result['target']:g}", "length", "tok/s",
             "Gini", "rounds", "95% CI", "Δ CI", "p Holm", "d_z", "AUC", "Δ AUC", "p AUC", "tokens", "s"]  # fmt: skip
-    t = Table(title=f"tokencredit compare (vs {result['baseline']}; columns as in compare.md)")
-    for i, c in enumerate(cols):
-        t.add_column(c, justify="left" if i == 0 else "right", overflow="fold")
+    keep = list(range(len(cols)))
+    need = {i: max(len(cols[i]), *(len(r[i]) for r in rows)) + 3 for i in keep}
+    dropped = []
+    for name in _DROP_ORDER:
+        if width is None or sum(need[i] for i in keep) + 1 <= width:
+            break
+        keep.remove(cols.index(name))
+        dropped.append(name)
+    caption = f"left out for the terminal's width: {', '.join(dropped)} (all in compare.md)" if dropped else None
+    t = Table(title=f"tokencredit compare (vs {result['baseline']}; columns as in compare.md)", caption=caption)
+    for i in keep:
+        t.add_column(cols[i], justify="left" if i == 0 else "right", overflow="fold")
     for r in rows:
-        t.add_row(*r)
+        t.add_row(*(r[i] for i in keep))
     return t
 
 

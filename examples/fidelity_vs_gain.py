@@ -4,7 +4,9 @@ start (`tokencredit probe --oracle K` JSON) and its gain over GRPO (`tokencredit
     python examples/fidelity_vs_gain.py runs/shootout/compare.json probe_warm.json
 
 A recipe is scored by the probe column of its credit: DAPO and GSPO by uniform credit (the probe's
-`grpo` / `gspo` columns), the KTAE recipes by `ktae`, the others by their own name.
+`grpo` / `gspo` columns), the KTAE recipes by `ktae`, the others by their own name. Several compare
+JSONs (e.g. a shoot-out and a separate run of the Monte-Carlo recipes) can be merged with
+`tokencredit compare --collect DIR1/runs DIR2/runs --out DIR` first.
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ from scipy.stats import spearmanr
 COLUMN = {
     "grpo": "grpo", "dapo": "grpo", "gspo": "gspo", "grpo+ktae": "ktae", "dapo+ktae": "ktae", "delta": "delta",
     "ptrace": "ptrace", "strace": "strace", "entropy-80-20": "entropy-80-20", "gcpo": "gcpo", "vineppo": "vineppo",
+    "grpo-lambda": "grpo-lambda", "entropy-advantage": "entropy-advantage",
+    "advantage-reweighting": "advantage-reweighting",
 }  # fmt: skip
+# Not scored: `oracle`, whose credit is A* itself (its fidelity would be A*'s agreement with an independent
+# estimate of A*, which the probe does not compute), and recipes without a probe column.
 
 
 def main(compare_json: str, probe_json: str) -> None:

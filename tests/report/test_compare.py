@@ -255,8 +255,9 @@ def test_collect_cli_writes_table_json_and_plots(fabricated, tmp_path, capsys):
     md = (out / "compare.md").read_text()
     assert f"tokencredit compare --collect {root} --target 0.5 --band minmax --out {out}" in md
     assert "**Left out:**" in md
-    for png in ("accuracy.png", "concentration.png"):
+    for png in ("accuracy.png", "concentration.png", "differences.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / png).stat().st_size > 10_000
+    assert "![paired differences from the baseline](differences.png)" in md
     assert "tokencredit compare" in capsys.readouterr().out
     assert cli.main(["compare", "--collect", str(root), "--out", str(out), "--baseline", "grpoo"]) == 2
     assert "closest: grpo" in capsys.readouterr().err
@@ -405,3 +406,44 @@ def test_terminal_table_fits_the_console_width(tmp_path):
     console = Console(width=80, record=True)
     console.print(narrow)
     assert max(len(x) for x in console.export_text().splitlines()) <= 80
+
+
+def test_difference_plot_marks_significant_recipes(tmp_path, monkeypatch):
+    from tokencredit.report.compare import render
+
+    root = tmp_path / "r"
+    # "gcpo" is 0.1 below grpo in every seed (significant); "dapo" differs by seed noise only.
+    runs = [fake_run(root, "grpo", s, [(0, 0.4), (10, 0.5), (20, 0.6 + 0.01 * s)]) for s in range(5)]
+    runs += [fake_run(root, "gcpo", s, [(0, 0.4), (10, 0.4), (20, 0.5 + 0.01 * s + 0.002 * (s % 2))]) for s in range(5)]
+    runs += [fake_run(root, "dapo", s, [(0, 0.4), (10, 0.5), (20, 0.6 + 0.01 * ((s * 3) % 5))]) for s in range(5)]
+    res = aggregate([read_run(d) for d in runs], baseline="grpo", target=0.5)
+    drawn = []
+    real = render._pyplot
+
+    def spying_pyplot():
+        plt = real()
+        orig = plt.subplots
+
+        def subplots(*a, **k):
+            fig, axes = orig(*a, **k)
+            for ax in axes:
+                eb = ax.errorbar
+
+                def spy(x, y, *ea, _eb=eb, **ek):
+                    drawn.append((y, x, ek.get("color")))
+                    return _eb(x, y, *ea, **ek)
+
+                ax.errorbar = spy
+            return fig, axes
+
+        monkeypatch.setattr(plt, "subplots", subplots)
+        return plt
+
+    monkeypatch.setattr(render, "_pyplot", spying_pyplot)
+    path = render.plot_differences(res, tmp_path / "d.png")
+    assert path.stat().st_size > 5_000
+    assert len(drawn) == 4  # two recipes x (final accuracy, AUC)
+    final = drawn[:2]  # left panel: final accuracy, rows sorted by the difference
+    assert [round(x, 2) for _, x, _ in final] == [-0.1, 0.0]
+    assert final[0][2] == "C3" and final[1][2] == "C0"  # significant after Holm vs not
+    assert drawn[2][0] == 0 and drawn[2][1] < 0  # AUC panel, same row order

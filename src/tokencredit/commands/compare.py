@@ -162,7 +162,9 @@ def run(args: argparse.Namespace) -> int:
     result["command"] = command_line(args)
     paths = write_report(result, args.out, band=args.band, smooth=args.smooth)
     console.print(rich_table(result, width=console.width))
-    console.print(f"table: {paths['markdown']}   plots: {paths['accuracy']}, {paths['concentration']}")
+    console.print(
+        f"table: {paths['markdown']}   plots: {paths['accuracy']}, {paths['differences']}, {paths['concentration']}"
+    )
     if failed:
         console.print(f"[red]{len(failed)} run(s) failed: " + ", ".join(failed))
         return 1

@@ -247,7 +247,6 @@ def generate_ids(
     attention of `tokencredit.rollout.cascade` off).
     """
     gen_cfg = generation_config(temperature, top_p, top_k, max_new_tokens, eos_ids, pad_id)
-    kwarg = cache_kwarg(model)
     device = next(model.parameters()).device
     prompt_index = torch.arange(prompt_ids.shape[0]).repeat_interleave(num_samples)
     ids_all = prompt_ids.to(torch.long).repeat_interleave(num_samples, dim=0)
@@ -260,21 +259,10 @@ def generate_ids(
         for s in range(0, n, step):
             ids = ids_all[s : s + step].to(device)
             att = mask_all[s : s + step].to(device).long()
-            cache = decode_cache(model, room=max_new_tokens + 1)
-            extra = {} if cache is None else {kwarg: cache}
-            group = 0
             # Distinct prompts of this chunk (rows of a prompt are adjacent) and each row's one.
             distinct, rows = torch.unique_consecutive(prompt_index[s : s + step], return_inverse=True)
-            if cache is not None and len(distinct) < len(rows) and ids.shape[1] > 1:
-                # generate drops an all-ones mask (no padding): attention then runs causal without one.
-                use_mask = not bool(att.all())
-                d_ids, d_mask = prompt_ids[distinct].to(device).long(), prompt_mask[distinct].to(device).long()
-                group = _equal_groups(rows) if cascade else 0
-                prefill_shared(model, cache, kwarg, d_ids, d_mask, rows, use_mask, keep_shared=group > 0)
-                if group:
-                    to_cascade(cache, room=max_new_tokens + 1, group=group)
-            with cascade_decoding(model, cache) if group else nullcontext():
-                out = model.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg, **extra)
+            shared = (prompt_ids[distinct].to(device).long(), prompt_mask[distinct].to(device).long(), rows)
+            out = _generate_chunk(model, ids, att, shared, gen_cfg, cascade)
             chunks.append(out[:, ids.shape[1] :].to("cpu", torch.long))
     width = max(c.shape[1] for c in chunks)
     response_ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -289,6 +277,30 @@ def generate_ids(
         response_ids[row : row + k, :t] = torch.where(m, c, torch.full_like(c, pad_id))
         row += k
     return prompt_index, response_ids, response_mask, truncated
+
+
+def _generate_chunk(
+    model: Any, ids: Tensor, att: Tensor, shared: tuple[Tensor, Tensor, Tensor], gen_cfg: Any, cascade: bool
+) -> Tensor:
+    """One ``generate`` call on rows `ids`/`att` [n, P] whose prompts are `shared` = (distinct prompt ids
+    and mask [U, P], each row's prompt [n]): the distinct prompts prefilled once into our cache, then
+    read once per prompt by the shared-prefix attention where `cascade` and the rows come in equal
+    adjacent groups (else repeated to the rows). Returns ``generate``'s [n, P + T] output."""
+    room = gen_cfg.max_new_tokens + 1
+    kwarg = cache_kwarg(model)
+    cache = decode_cache(model, room=room)
+    d_ids, d_mask, rows = shared
+    group = 0
+    if cache is not None and len(d_ids) < len(rows) and ids.shape[1] > 1:
+        # generate drops an all-ones mask (no padding): attention then runs causal without one.
+        use_mask = not bool(att.all())
+        group = _equal_groups(rows) if cascade else 0
+        prefill_shared(model, cache, kwarg, d_ids, d_mask, rows, use_mask, keep_shared=group > 0)
+        if group:
+            to_cascade(cache, room=room, group=group)
+    extra = {} if cache is None else {kwarg: cache}
+    with cascade_decoding(model, cache) if group else nullcontext():
+        return model.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg, **extra)
 
 
 def generate(

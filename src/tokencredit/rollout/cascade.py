@@ -83,31 +83,25 @@ def _cascade_layer_class() -> type:
             self.keys, self.values = pk, pv
             self._kbuf = self._vbuf = None  # the next update copies into fresh buffers
 
-        def crop(self, tokens_to_remove: int) -> None:
-            self.flatten()
-            super().crop(tokens_to_remove)
-
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            self.flatten()
-            super().batch_repeat_interleave(repeats)
-
-        def batch_select_indices(self, indices: Tensor) -> None:
-            self.flatten()
-            super().batch_select_indices(indices)
-
-        def reorder_cache(self, beam_idx: Tensor) -> None:
-            self.flatten()
-            super().reorder_cache(beam_idx)
-
-        def offload(self) -> None:
-            self.flatten()
-            super().offload()
-
         def reset(self) -> None:
             self.prefix_keys = self.prefix_values = None
             super().reset()
 
+    # Whatever reorders, crops or moves rows first turns the layer into plain repeated rows.
+    for name in ("crop", "batch_repeat_interleave", "batch_select_indices", "reorder_cache", "offload"):
+        setattr(CascadeLayer, name, _flattening(getattr(CascadeLayer, name)))
     return CascadeLayer
+
+
+def _flattening(method: Any) -> Any:
+    """`method` of a cache layer, run after the layer's `flatten`."""
+
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self.flatten()
+        return method(self, *args, **kwargs)
+
+    return run
 
 
 def _sdpa(*args: Any, **kwargs: Any) -> tuple[Tensor, None]:

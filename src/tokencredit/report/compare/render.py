@@ -14,7 +14,9 @@ from tokencredit.report.compare.aggregate import METRICS
 from tokencredit.report.compare.stats import t_quantile
 from tokencredit.train.rundir import atomic_write_text
 
-__all__ = ["markdown", "plot_accuracy", "plot_concentration", "rich_table", "table_rows", "write_report"]
+__all__ = [
+    "markdown", "plot_accuracy", "plot_concentration", "plot_differences", "rich_table", "table_rows", "write_report",
+]  # fmt: skip
 
 ACCURACY_PNG, CONCENTRATION_PNG, DIFFERENCES_PNG = "accuracy.png", "concentration.png", "differences.png"
 
@@ -200,7 +202,7 @@ def rich_table(result: dict[str, Any], width: int | None = None) -> Table:
     cols = ["recipe", "LoRA", "n", "final acc.", "Δ", "p", f"steps→{result['target']:g}", "length", "tok/s",
             "Gini", "rounds", "95% CI", "Δ CI", "p Holm", "d_z", "AUC", "Δ AUC", "p AUC", "tokens", "s"]  # fmt: skip
     keep = list(range(len(cols)))
-    need = {i: max(len(cols[i]), *(len(r[i]) for r in rows)) + 3 for i in keep}
+    need = {i: max([len(cols[i]), *(len(r[i]) for r in rows)]) + 3 for i in keep}  # + borders and padding
     dropped = []
     for name in _DROP_ORDER:
         if width is None or sum(need[i] for i in keep) + 1 <= width:

@@ -183,6 +183,7 @@ def test_group_size_not_dividing_a_flat_batch():
         ("optim.grad_clip=-1", "optim.grad_clip must be >= 0"),
         ("reward.timeout=0", "reward.timeout must be > 0 seconds"),
         ("eval.samples=-1", "eval.samples must be >= 0"),
+        ("eval.batch_size=0", "eval.batch_size must be >= 1"),
         ("checkpoint.every=-2", "checkpoint.every must be >= 0"),
         ("run.steps=-1", "run.steps must be >= 0"),
         ("run.device=tpu", "run.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),

@@ -17,6 +17,7 @@ from tokencredit.rollout.cascade import (
     _shared_prefix_attention,
     cascade_decoding,
     cascade_supported,
+    common_prefix,
 )  # fmt: skip
 
 PROMPTS = ["Hi", "Hello", "A long prompt."]
@@ -29,32 +30,41 @@ def tiny():
     return model.eval(), tok
 
 
-def _case(u=3, g=4, h=4, hk=2, p=7, t=5, d=8, dtype=torch.float32, seed=0):
+def _case(u=3, g=4, h=4, hk=2, p=7, t=5, d=8, dtype=torch.float32, seed=0, common=0):
+    """Queries of u x g rows, prompt part [u, hk, p, d] (prompt 0 and 2 left-padded), own part [u*g, hk, t, d];
+    with `common` > 0 a first level [1, hk, common, d] shared by all rows (the padding then sits between
+    the levels, where `prefill_common` puts it)."""
     gen = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=gen).to(dtype)  # noqa: E731
     pk, pv, k, v, q = r(u, hk, p, d), r(u, hk, p, d), r(u * g, hk, t, d), r(u * g, hk, t, d), r(u * g, h, 1, d)
     prompt_mask = torch.ones(u, p, dtype=torch.bool)
     prompt_mask[0, :3] = False  # left padding of prompt 0
     prompt_mask[2, :1] = False
+    levels = [(pk, pv, g)]
     mask = torch.cat([prompt_mask.repeat_interleave(g, 0), torch.ones(u * g, t, dtype=torch.bool)], 1)
-    layer = _cascade_layer_class()(room=8, prefix_keys=pk, prefix_values=pv, group=g)
-    return q, pk, pv, k, v, mask[:, None, None, :], layer
+    if common:
+        ck, cv = r(1, hk, common, d), r(1, hk, common, d)
+        levels.insert(0, (ck, cv, u * g))
+        mask = torch.cat([torch.ones(u * g, common, dtype=torch.bool), mask], 1)
+    layer = _cascade_layer_class()(room=8, levels=levels)
+    return q, levels, k, v, mask[:, None, None, :], layer
 
 
-def _reference(q, pk, pv, k, v, mask, g):
-    """SDPA over every row's own copy of its prompt's keys/values (what the plain cache holds)."""
+def _reference(q, levels, k, v, mask):
+    """SDPA over every row's own copy of its levels' keys/values (what the plain cache holds)."""
     module = torch.nn.Module()
-    module.num_key_value_groups = q.shape[1] // pk.shape[1]
-    keys = torch.cat([pk.repeat_interleave(g, 0), k], dim=2)
-    values = torch.cat([pv.repeat_interleave(g, 0), v], dim=2)
+    module.num_key_value_groups = q.shape[1] // k.shape[1]
+    keys = torch.cat([lk.repeat_interleave(g, 0) for lk, _, g in levels] + [k], dim=2)
+    values = torch.cat([lv.repeat_interleave(g, 0) for _, lv, g in levels] + [v], dim=2)
     return sdpa_attention_forward(module, q, keys, values, mask, scaling=q.shape[-1] ** -0.5)[0]
 
 
+@pytest.mark.parametrize("common", [0, 6], ids=["prompt-level", "common+prompt-levels"])
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("h, hk", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa2", "mqa"])
-def test_same_attention_as_sdpa_over_repeated_rows(dtype, tol, h, hk):
-    q, pk, pv, k, v, mask, layer = _case(h=h, hk=hk, dtype=dtype)
-    ref = _reference(q, pk, pv, k, v, mask, layer.group)
+def test_same_attention_as_sdpa_over_repeated_rows(dtype, tol, h, hk, common):
+    q, levels, k, v, mask, layer = _case(h=h, hk=hk, dtype=dtype, common=common)
+    ref = _reference(q, levels, k, v, mask)
     out = _shared_prefix_attention(q, layer, k, v, mask, q.shape[-1] ** -0.5)
     assert out.shape == ref.shape == (12, 1, h, 8) and out.dtype == dtype
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
@@ -62,39 +72,44 @@ def test_same_attention_as_sdpa_over_repeated_rows(dtype, tol, h, hk):
     no_pad = torch.ones_like(mask)
     torch.testing.assert_close(
         _shared_prefix_attention(q, layer, k, v, None, q.shape[-1] ** -0.5).float(),
-        _reference(q, pk, pv, k, v, no_pad, layer.group).float(), atol=tol, rtol=tol,
+        _reference(q, levels, k, v, no_pad).float(), atol=tol, rtol=tol,
     )  # fmt: skip
     additive = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, float("-inf"))
     torch.testing.assert_close(_shared_prefix_attention(q, layer, k, v, additive, q.shape[-1] ** -0.5), out)
 
 
-def test_layer_counts_the_prompt_and_flattens_to_plain_rows():
-    q, pk, pv, k, v, mask, layer = _case()
-    assert layer.cascading and layer.get_seq_length() == 0 + 7
+def test_layer_counts_the_levels_and_flattens_to_plain_rows():
+    q, levels, k, v, mask, layer = _case(common=6)
+    assert layer.cascading and layer.get_seq_length() == 6 + 7
     own_k, own_v = layer.update(k[:, :, :4], v[:, :, :4])
     assert torch.equal(own_k, k[:, :, :4]) and own_k is layer.keys  # the own part only
     layer.update(k[:, :, 4:], v[:, :, 4:])
-    assert layer.get_seq_length() == 7 + 5 and layer.get_mask_sizes(1) == (13, 0)
-    full_k = torch.cat([pk.repeat_interleave(4, 0), k], 2)
-    full_v = torch.cat([pv.repeat_interleave(4, 0), v], 2)
+    assert layer.get_seq_length() == 6 + 7 + 5 and layer.get_mask_sizes(1) == (19, 0)
+    full_k = torch.cat([lk.repeat_interleave(g, 0) for lk, _, g in levels] + [k], 2)
+    full_v = torch.cat([lv.repeat_interleave(g, 0) for _, lv, g in levels] + [v], 2)
     # A batch selection (or any reordering) first turns the layer into plain repeated rows.
     idx = torch.tensor([11, 0, 5])
     layer.batch_select_indices(idx)
-    assert not layer.cascading and layer.get_seq_length() == 12
+    assert not layer.cascading and layer.get_seq_length() == 18
     assert torch.equal(layer.keys, full_k[idx]) and torch.equal(layer.values, full_v[idx])
     extra = torch.randn(3, 2, 1, 8)
     keys, _ = layer.update(extra, extra)  # and keeps appending as a plain layer
     assert torch.equal(keys, torch.cat([full_k[idx], extra], 2))
-    # A crop of a cascading layer keeps the prompt and the uncropped own tokens.
-    _, pk2, _, k2, v2, _, layer2 = _case(seed=1)
+    # A crop of a cascading layer keeps the levels and the uncropped own tokens.
+    _, levels2, k2, v2, _, layer2 = _case(seed=1)
     layer2.update(k2, v2)
     layer2.crop(-2)
     assert layer2.get_seq_length() == 7 + 3
-    assert torch.equal(layer2.keys, torch.cat([pk2.repeat_interleave(4, 0), k2[:, :, :3]], 2))
+    assert torch.equal(layer2.keys, torch.cat([levels2[0][0].repeat_interleave(4, 0), k2[:, :, :3]], 2))
+    # A layer with levels and no own part yet flattens to the levels alone.
+    _, levels3, _, _, _, layer3 = _case(seed=2, common=3)
+    layer3.flatten()
+    assert layer3.get_seq_length() == 3 + 7 and layer3.keys.shape == (12, 2, 10, 8)
 
 
 def test_outside_a_cascade_it_is_sdpa_itself():
-    q, pk, pv, k, v, mask, _ = _case()
+    q, levels, k, v, mask, _ = _case()
+    pk, pv, _ = levels[0]
     keys, values = torch.cat([pk.repeat_interleave(4, 0), k], 2), torch.cat([pv.repeat_interleave(4, 0), v], 2)
     module = torch.nn.Module()
     module.layer_idx, module.num_key_value_groups = 0, 2
@@ -102,17 +117,39 @@ def test_outside_a_cascade_it_is_sdpa_itself():
     assert torch.equal(got, sdpa_attention_forward(module, q, keys, values, mask, scaling=0.3)[0])
 
 
-def test_multi_token_query_on_a_shared_cache_is_refused():
-    q, pk, pv, k, v, mask, layer = _case()
+def test_multi_token_query_is_sdpa_over_the_expanded_levels():
+    """The prefill of `prefill_common` (several query tokens on a layer with levels): SDPA over the levels
+    repeated to the rows; without a mask (SDPA would align its causal mask top-left) it is refused."""
+    _, levels, k, v, _, layer = _case(common=6)
     cache = type("C", (), {"layers": [layer]})()
     own_k, own_v = layer.update(k, v)
+    q = torch.randn(12, 4, 3, 8)
+    causal = torch.ones(3, 13 + 5, dtype=torch.bool).tril(diagonal=13 + 5 - 3)
+    mask = causal[None, None].expand(12, 1, 3, 18).clone()
+    mask[0, :, :, 6:9] = False  # padding
     module = torch.nn.Module()
-    module.layer_idx = 0
+    module.layer_idx, module.num_key_value_groups = 0, 2
     with cascade_decoding(tiny_qwen3(50), cache):
         out = _attention(module, q, own_k, own_v, mask, scaling=0.3)[0]
-        assert out.shape == (12, 1, 4, 8)
-        with pytest.raises(RuntimeError, match="query length 2"):
-            _attention(module, torch.cat([q, q], 2), own_k, own_v, None, scaling=0.3)
+        keys = torch.cat([lk.repeat_interleave(g, 0) for lk, _, g in levels] + [k], 2)
+        values = torch.cat([lv.repeat_interleave(g, 0) for _, lv, g in levels] + [v], 2)
+        ref = sdpa_attention_forward(module, q, keys, values, mask, scaling=0.3)[0]
+        assert torch.equal(out, ref) and layer.cascading
+        with pytest.raises(RuntimeError, match="query length 3"):
+            _attention(module, q, own_k, own_v, None, scaling=0.3)
+
+
+def test_common_prefix_of_left_padded_rows():
+    pad = 0
+    rows = [[5, 6, 7, 8, 9], [5, 6, 7, 2], [5, 6, 7, 8, 3, 4]]
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = ids != pad
+    assert common_prefix(ids, mask) == 3  # 5 6 7, then 8 / 2 differ
+    assert common_prefix(ids[[0, 2]], mask[[0, 2]]) == 4
+    # Never the whole of the shortest prompt: its last token is generate's first input.
+    assert common_prefix(ids[[1, 1]], mask[[1, 1]]) == 3
+    assert common_prefix(torch.tensor([[4, 5], [3, 5]]), torch.ones(2, 2, dtype=torch.bool)) == 0
 
 
 def test_used_for_equal_groups_and_implementation_restored(tiny):
@@ -178,3 +215,34 @@ def test_switched_off_keeps_repeated_rows(tiny):
         handle.remove()
     assert seen == {"_AppendLayer", "CascadeLayer"}
     assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+def test_common_beginning_held_once(tiny):
+    """Prompts that share a chat-template beginning: it becomes a level of its own (one copy for the
+    batch), each prompt's rest a second level for its equal adjacent group, else the rows' own part."""
+    from test_rollout import TEMPLATED
+
+    model, tok = tiny
+    seen: list[tuple[int, ...]] = []
+
+    def hook(mod, args, kwargs, out):
+        layer = kwargs["cache"].layers[0]
+        if kwargs["input_ids"].shape[1] == 1 and getattr(layer, "cascading", False):
+            seen.append(tuple(lk.shape[0] for lk, _, _ in layer.levels) + (layer.get_seq_length(),))
+
+    handle = model.register_forward_hook(hook, with_kwargs=True)
+    try:
+        common = len(tok("<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\n")["input_ids"])
+        longest = max(len(tok(p)["input_ids"]) for p in TEMPLATED)
+        generate(model, tok, TEMPLATED, 3, max_new_tokens=4, seed=0, eos_token_id=[BYTE_EOS])
+        # After the first decoding step: one copy of the beginning, 3 of the rests, the longest prompt cached.
+        assert seen[0] == (1, 3, longest), seen[0]
+        seen.clear()
+        generate(model, tok, TEMPLATED, 1, max_new_tokens=4, seed=0, eos_token_id=[BYTE_EOS], temperature=0.0)
+        assert seen[0] == (1, longest)  # distinct prompts: the rests are the rows' own part
+        seen.clear()  # groups split across calls (prompts 0,0,0,1,1 | 1,2,2,2): rests repeated to rows
+        generate(model, tok, TEMPLATED, 3, max_new_tokens=4, seed=0, eos_token_id=[BYTE_EOS], batch_size=5)
+        assert seen[0] == (1, common + len("Hello")) and all(x[0] == 1 for x in seen)
+    finally:
+        handle.remove()
+    assert common >= 16 and model.config._attn_implementation == "sdpa"

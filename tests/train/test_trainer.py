@@ -160,3 +160,26 @@ def test_remax_baseline_is_the_greedy_rollouts_score(tiny_model_dir, tmp_path):
         assert torch.all(ro.baseline_scores[ro.group_ids == g] == w)
     assert ro.generated_tokens == int(ro.response_mask.sum()) + int(greedy.response_mask.sum())
     trainer.reward_fn.close()
+
+
+def test_eval_batch_size_sets_the_generate_chunks(tiny_model_dir, tmp_path, monkeypatch):
+    """`eval.batch_size` is the rows of each evaluation `generate` call; greedy answers do not depend on it
+    (sampled ones do: each chunk is seeded from the evaluation seed and its position)."""
+    import tokencredit.rollout as rollout
+
+    calls: list[int] = []
+    real = rollout.generate
+
+    def spy(model, tok, prompts, n=1, **kw):
+        calls.append(len(prompts) * n)
+        return real(model, tok, prompts, n, **kw)
+
+    monkeypatch.setattr(rollout, "generate", spy)
+    results = {}
+    for size in (3, 256):
+        cfg = micro_config(tiny_model_dir, "grpo", **{"eval.batch_size": size, "data.eval_size": 7, "eval.samples": 0})
+        calls.clear()
+        results[size] = Trainer(cfg, tmp_path / f"run{size}").evaluate(0)
+        assert max(calls) <= size and sum(calls) == 7
+    assert results[3]["eval_greedy_accuracy"] == results[256]["eval_greedy_accuracy"]
+    assert results[3]["eval_mean_length"] == results[256]["eval_mean_length"]

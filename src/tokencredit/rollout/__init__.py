@@ -18,10 +18,12 @@ samples (benchmarks/bench_generation.py, BENCHMARKS.md section 6):
   keeps the same keys/values in buffers with spare positions (doubling, at most `max_new_tokens`)
   and writes each step's entries in place; attention reads a view of the filled part, the same values.
 
-- *Shared-prefix attention* (`tokencredit.rollout.cascade`). Where the rows come as G >= 2 adjacent
-  samples of each prompt and the model attends with ``sdpa``, the prompt part of the cache is not
-  repeated at all: each decoding step's G queries of a prompt read its keys/values once, in one
-  softmax with their own generated part. On the toy this halves the attention of a rollout round.
+- *Shared-prefix attention* (`tokencredit.rollout.cascade`). Where the model attends with ``sdpa``,
+  keys/values that rows share are held once: the prompts' common beginning (the chat template: 94 of
+  the toy's 122 prompt tokens) once for the whole chunk, prefilled once, and each prompt's rest once
+  for its G >= 2 adjacent samples. Each decoding step reads every shared block once, in one softmax
+  with the row's own part. On the toy this halves the attention of a rollout round and cuts the
+  prefill of 64 distinct evaluation prompts about 4x (BENCHMARKS.md sections 5c, 5d).
 
 All are the library's own mechanisms (a `Cache` passed to ``generate``, `DynamicLayer` subclasses, a
 function registered in `AttentionInterface`); sampling, the logits processors and stopping stay
@@ -29,11 +31,14 @@ function registered in `AttentionInterface`); sampling, the logits processors an
 as the forward computes the same logits for a row whatever the batch around it: the shared prefill
 gives the same keys and values; the shared-prefix attention equals SDPA's up to float rounding (it
 sums in another order), so a sampled token could in principle flip where a uniform draw falls within
-rounding of a boundary. On CPU (toy model, tiny Qwen3 in fp32 and bf16 with LoRA in the tests, and
-the default `tokencredit train` run, whose 43 metric records and saved rollouts are unchanged) every
-output was identical. A GPU library may pick other kernels for the smaller prefill batch, so there
-samples can differ at float-rounding level; `generate_ids(..., shared_attention=False)` turns the
-shared-prefix attention off.
+rounding of a boundary. In float32 on CPU (toy model, tiny Qwen3 with and without a template
+beginning, with LoRA, in the tests; the default `tokencredit train` run, whose 43 metric records and
+saved rollouts are unchanged) every output was identical. In bfloat16 a row's logits move by a
+rounding step with the batch around it even under plain ``generate`` (~2e-3 on the tiny Qwen3), so
+there greedy outputs were identical and sampled ones can differ where a draw sits on a boundary; the
+tests check each decoding step's logits against a plain forward to 2 bf16 rounding steps. A GPU
+library may pick other kernels for the smaller prefill batch, with the same effect;
+`generate_ids(..., shared_attention=False)` turns the shared-prefix attention off.
 """
 
 from __future__ import annotations
@@ -47,7 +52,14 @@ import torch
 from torch import Tensor
 
 from tokencredit.rollout.cache import cache_kwarg, decode_cache, prefill_shared
-from tokencredit.rollout.cascade import cascade_decoding, cascade_supported, to_cascade
+from tokencredit.rollout.cascade import (
+    MIN_COMMON,
+    cascade_decoding,
+    cascade_supported,
+    common_prefix,
+    prefill_common,
+    to_cascade,
+)
 
 __all__ = [
     "PromptResponseLayout", "Rollouts", "generate", "generate_ids", "generation_config", "response_mask_from_ids",
@@ -262,8 +274,7 @@ def generate_ids(
             # Distinct prompts of this chunk (rows of a prompt are adjacent) and each row's one.
             distinct, rows = torch.unique_consecutive(prompt_index[s : s + step], return_inverse=True)
             shared = (prompt_ids[distinct].to(device).long(), prompt_mask[distinct].to(device).long(), rows)
-            out = _generate_chunk(model, ids, att, shared, gen_cfg, cascade)
-            chunks.append(out[:, ids.shape[1] :].to("cpu", torch.long))
+            chunks.append(_generate_chunk(model, ids, att, shared, gen_cfg, cascade).to("cpu", torch.long))
     width = max(c.shape[1] for c in chunks)
     response_ids = torch.full((n, width), pad_id, dtype=torch.long)
     response_mask = torch.zeros((n, width), dtype=torch.bool)
@@ -283,24 +294,32 @@ def _generate_chunk(
     model: Any, ids: Tensor, att: Tensor, shared: tuple[Tensor, Tensor, Tensor], gen_cfg: Any, cascade: bool
 ) -> Tensor:
     """One ``generate`` call on rows `ids`/`att` [n, P] whose prompts are `shared` = (distinct prompt ids
-    and mask [U, P], each row's prompt [n]): the distinct prompts prefilled once into our cache, then
-    read once per prompt by the shared-prefix attention where `cascade` and the rows come in equal
-    adjacent groups (else repeated to the rows). Returns ``generate``'s [n, P + T] output."""
+    and mask [U, P], each row's prompt [n]). Where `cascade`: the prompts' common beginning (the chat
+    template) prefilled once and each prompt's rest once (`cascade.prefill_common`), else the distinct
+    prompts prefilled once; both read once per group of rows by the shared-prefix attention where the
+    rows come in equal adjacent groups (else repeated to the rows). Returns ``generate``'s [n, P' + T]
+    output (P' columns of prompt, in the layout the prefill chose)."""
     room = gen_cfg.max_new_tokens + 1
     kwarg = cache_kwarg(model)
     cache = decode_cache(model, room=room)
     d_ids, d_mask, rows = shared
-    group = 0
-    if cache is not None and len(d_ids) < len(rows) and ids.shape[1] > 1:
+    group = _equal_groups(rows) if cascade else 0
+    common = common_prefix(d_ids, d_mask) if cascade and cache is not None and ids.shape[1] > 1 else 0
+    on = False
+    if common >= MIN_COMMON:
+        ids, att = prefill_common(model, cache, kwarg, d_ids, d_mask, rows, common, group, room, gen_cfg.pad_token_id)
+        on = True
+    elif cache is not None and len(d_ids) < len(rows) and ids.shape[1] > 1:
         # generate drops an all-ones mask (no padding): attention then runs causal without one.
         use_mask = not bool(att.all())
-        group = _equal_groups(rows) if cascade else 0
         prefill_shared(model, cache, kwarg, d_ids, d_mask, rows, use_mask, keep_shared=group > 0)
         if group:
             to_cascade(cache, room=room, group=group)
+            on = True
     extra = {} if cache is None else {kwarg: cache}
-    with cascade_decoding(model, cache) if group else nullcontext():
-        return model.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg, **extra)
+    with cascade_decoding(model, cache) if on else nullcontext():
+        out = model.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg, **extra)
+    return out[:, ids.shape[1] :]
 
 
 def generate(

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["cache_kwarg", "decode_cache", "position_ids", "prefill_shared"]
+__all__ = ["cache_kwarg", "decode_cache", "position_ids", "prefill_kwargs", "prefill_shared"]
 
 
 @functools.cache
@@ -114,6 +114,15 @@ def position_ids(mask: Tensor) -> Tensor:
     return pos.masked_fill(mask == 0, 0)
 
 
+def prefill_kwargs(model: Any, cache: Any, cache_kwarg: str) -> dict[str, Any]:
+    """Forward keyword arguments of a prefill into `cache`: the cache, and only the last position's
+    logits where the model can skip the others (a prefill's logits are never read)."""
+    kwargs: dict[str, Any] = {cache_kwarg: cache, "use_cache": True}
+    if "logits_to_keep" in inspect.signature(_unwrapped(model).forward).parameters:
+        kwargs["logits_to_keep"] = 1
+    return kwargs
+
+
 def prefill_shared(
     model: Any, cache: Any, cache_kwarg: str, ids: Tensor, mask: Tensor, rows: Tensor, use_mask: bool,
     keep_shared: bool = False,
@@ -123,14 +132,11 @@ def prefill_shared(
     token of every row from there. `use_mask` False drops an all-ones mask, as ``generate`` does, so
     the prefill takes the attention path (causal, no mask) ``generate``'s own prefill would.
     `keep_shared`: leave the cache at one row per distinct prompt (for `rollout.cascade.to_cascade`)."""
-    kwargs: dict[str, Any] = {cache_kwarg: cache, "use_cache": True}
-    if "logits_to_keep" in inspect.signature(_unwrapped(model).forward).parameters:
-        kwargs["logits_to_keep"] = 1  # the prefill's logits are never read
     model(
         input_ids=ids[:, :-1],
         attention_mask=mask[:, :-1] if use_mask else None,
         position_ids=position_ids(mask)[:, :-1],
-        **kwargs,
+        **prefill_kwargs(model, cache, cache_kwarg),
     )
     if not keep_shared:
         cache.batch_select_indices(rows.to(ids.device))

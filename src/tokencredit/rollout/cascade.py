@@ -1,26 +1,29 @@
-"""Shared-prefix ("cascade") decoding attention for the G samples of a prompt.
+"""Shared-prefix ("cascade") decoding attention: keys/values that many rows share are held and read once.
 
-The G samples of a prompt have the same prompt keys and values. With the cache rows repeated
-(`Cache.batch_select_indices`), every decoding step reads the prompt part G times over, once per row:
-on the toy model that read is half of a rollout round (BENCHMARKS.md section 6). Here the prompt part
-is held once per distinct prompt and each decoding query attends to it and to its own row's generated
-part in one softmax:
+Rows of a batch share keys and values at two levels. Every prompt of a chunk usually starts with the
+same chat-template text (94 tokens of the toy's 122), and the G samples of a prompt share the whole
+prompt. With the cache rows repeated (`Cache.batch_select_indices`) every decoding step reads the
+shared part once per row, and the prefill computes it once per prompt: for 64 distinct evaluation
+prompts that prefill was a third of the evaluation (BENCHMARKS.md section 5d). Here the cache holds
+*levels*, each a block of positions with one copy per group of adjacent rows, and then each row's own
+part; a decoding query attends to all of them in one softmax:
 
-    s_pre = q K_pre^T * scale   [U, H, G, p]   (the G queries of a prompt in one matrix product)
-    s_own = q K_own^T * scale   [B, H, 1, t]
-    a     = softmax([s_pre | s_own] + mask)    (one softmax over the p + t positions, as SDPA's)
-    out   = a_pre V_pre + a_own V_own
+    s_l = q K_l^T * scale   [U_l, H, g_l, p_l]  (the g_l queries of a group in one matrix product)
+    s   = q K_own^T * scale [B, H, 1, t]
+    a   = softmax([s_0 | s_1 | ... | s] + mask)  (one softmax over all positions, as SDPA's)
+    out = sum_l a_l V_l + a_own V_own
 
 Same attention, read differently: the result equals SDPA's to float rounding (a different summation
 order), not bit for bit, so a sample can differ from plain ``generate``'s where two tokens' cumulative
 probabilities straddle the uniform draw within rounding; tests/test_rollout.py checks the outputs equal
 plain ``generate``'s on the toy and tiny Qwen3 models.
 
-Mechanisms are transformers' own: a `DynamicLayer` subclass (`CascadeLayer`) keeps the prompt part
-and appends the generated part in place; a function registered in `AttentionInterface` under
-``"tc_cascade"`` (with sdpa's mask function) computes the attention above for the layers of the cache
-made active by `cascade_decoding` and is SDPA itself for anything else. Used only where the model
-attends with ``sdpa`` through transformers' attention interface, with no sliding window or softcap.
+Mechanisms are transformers' own: a `DynamicLayer` subclass (`CascadeLayer`) keeps the levels and
+appends the own part in place; a function registered in `AttentionInterface` under ``"tc_cascade"``
+(with sdpa's mask function) computes the attention above for the layers of the cache made active by
+`cascade_decoding` and is SDPA itself for anything else (a multi-token query on a cascade layer, as in
+`prefill_common`, is SDPA over the levels expanded to its rows). Used only where the model attends with
+``sdpa`` through transformers' attention interface, with no sliding window or softcap.
 """
 
 from __future__ import annotations
@@ -34,12 +37,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tokencredit.rollout.cache import _append_layer_class, _unwrapped
+from tokencredit.rollout.cache import _append_layer_class, _unwrapped, position_ids, prefill_kwargs
 
-__all__ = ["IMPLEMENTATION", "cascade_decoding", "cascade_supported", "to_cascade"]
+__all__ = ["IMPLEMENTATION", "MIN_COMMON", "cascade_decoding", "cascade_supported", "common_prefix", "prefill_common",
+           "to_cascade"]  # fmt: skip
 
 IMPLEMENTATION = "tc_cascade"
+# Shortest common prefix worth its own level: below it, the extra prefill call and the per-step matrix
+# product of the level cost about what sharing saves (BENCHMARKS.md section 5d).
+MIN_COMMON = 16
 _ACTIVE: ContextVar[Any] = ContextVar("tokencredit_cascade_cache", default=None)
+_MASK: ContextVar[tuple[Tensor, Tensor] | None] = ContextVar("tokencredit_cascade_mask", default=None)
 
 
 @functools.cache
@@ -47,44 +55,47 @@ def _cascade_layer_class() -> type:
     """`CascadeLayer`, built on first use (transformers' cache module is imported lazily)."""
 
     class CascadeLayer(_append_layer_class()):
-        """Prompt keys/values once per distinct prompt ([U, H, p, D]) + each row's own keys/values
-        ([B, H, t, D], appended in place); B = U x `group` rows, prompt u's rows adjacent.
+        """Shared levels ``(keys [U_l, H, p_l, D], values, g_l)``, outermost first, then each row's own
+        keys/values ([B, H, t, D], appended in place); B = U_l x g_l, the g_l rows of a group adjacent.
 
         ``keys``/``values`` are the rows' own part only: `update` returns them and the registered
-        attention adds the prompt part. Lengths and mask sizes count both. Anything that reorders
-        or crops rows first turns the layer back into a plain one (prompt part repeated per row).
+        attention adds the levels. Lengths and mask sizes count all. Anything that reorders or crops
+        rows first turns the layer back into a plain one (every level repeated to its rows).
         """
 
-        def __init__(self, room: int, prefix_keys: Tensor, prefix_values: Tensor, group: int) -> None:
+        def __init__(self, room: int, levels: list[tuple[Tensor, Tensor, int]]) -> None:
             super().__init__(room)
-            self.prefix_keys: Tensor | None = prefix_keys
-            self.prefix_values: Tensor | None = prefix_values
-            self.group = group
+            self.levels = list(levels)
 
         @property
         def cascading(self) -> bool:
-            return self.prefix_keys is not None
+            return bool(self.levels)
 
         def get_seq_length(self) -> int:
-            own = super().get_seq_length()
-            return own + (self.prefix_keys.shape[-2] if self.cascading else 0)
+            return super().get_seq_length() + sum(k.shape[-2] for k, _, _ in self.levels)
 
         def flatten(self) -> None:
-            """Become a plain layer: the prompt part repeated to every row, before the own part."""
+            """Become a plain layer: each level repeated to its rows, in order, before the own part."""
             if not self.cascading:
                 return
-            pk = self.prefix_keys.repeat_interleave(self.group, dim=0)
-            pv = self.prefix_values.repeat_interleave(self.group, dim=0)
-            if self.is_initialized and self.keys.numel():
-                pk, pv = torch.cat([pk, self.keys], dim=-2), torch.cat([pv, self.values], dim=-2)
-            self.prefix_keys = self.prefix_values = None
+            own = self.is_initialized and self.keys.numel() > 0
+            keys, values = self.expanded(self.keys, self.values) if own else self.expanded()
+            self.levels = []
             self.is_initialized = True
-            self.device = pk.device
-            self.keys, self.values = pk, pv
+            self.device = keys.device
+            self.keys, self.values = keys, values
             self._kbuf = self._vbuf = None  # the next update copies into fresh buffers
 
+        def expanded(self, key: Tensor | None = None, value: Tensor | None = None) -> tuple[Tensor, Tensor]:
+            """(keys, values) [B, H, p (+ t), D]: the levels repeated to the rows (then `key`/`value`)."""
+            ks = [k.repeat_interleave(g, dim=0) for k, _, g in self.levels]
+            vs = [v.repeat_interleave(g, dim=0) for _, v, g in self.levels]
+            if key is not None:
+                ks, vs = ks + [key], vs + [value]
+            return torch.cat(ks, dim=-2), torch.cat(vs, dim=-2)
+
         def reset(self) -> None:
-            self.prefix_keys = self.prefix_values = None
+            self.levels = []
             super().reset()
 
     # Whatever reorders, crops or moves rows first turns the layer into plain repeated rows.
@@ -110,29 +121,55 @@ def _sdpa(*args: Any, **kwargs: Any) -> tuple[Tensor, None]:
     return sdpa_attention_forward(*args, **kwargs)
 
 
-def _shared_prefix_attention(query: Tensor, layer: Any, key: Tensor, value: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    """Attention of decoding queries [B, H, 1, D] over layer's prompt part [U, Hk, p, D] (rows
-    u*G .. u*G+G-1 share prompt u) and their own keys/values [B, Hk, t, D]; `mask` [B, 1, 1, p+t]
-    (bool: True attends; float: added) or None. Returns [B, 1, H, D], SDPA's output layout."""
-    pk, pv = layer.prefix_keys, layer.prefix_values
+def _shared_prefix_attention(
+    query: Tensor, layer: Any, key: Tensor, value: Tensor, mask: Tensor | None, scale: float
+) -> Tensor:
+    """Attention of decoding queries [B, H, 1, D] over `layer`'s levels (level l: [U_l, Hk, p_l, D], rows
+    u*g_l .. u*g_l+g_l-1 share its block u) and the rows' own keys/values [B, Hk, t, D]; `mask`
+    [B, 1, 1, p+t] (bool: True attends; float: added) or None. Returns [B, 1, H, D], SDPA's layout.
+    Each level's scores are written into one [B, Hk, r, p+t] buffer and its output added in place: a
+    decoding step runs this once per layer, so every op counts (BENCHMARKS.md section 5d)."""
     b, h, _, d = query.shape
-    u, hk, p, _ = pk.shape
-    g, r, t = layer.group, h // hk, key.shape[-2]
+    hk = key.shape[1]
+    r = h // hk
     work = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
     q = query.to(work).reshape(b, hk, r, d)  # head = kv head x r + repeat, as repeat_kv orders them
-    qg = q.reshape(u, g, hk, r, d).transpose(1, 2).reshape(u, hk, g * r, d)
-    s_pre = torch.matmul(qg, pk.to(work).transpose(-1, -2))  # [U, Hk, G*r, p]
-    s_pre = s_pre.reshape(u, hk, g, r, p).transpose(1, 2).reshape(b, hk, r, p)
-    s_own = torch.matmul(q, key.to(work).transpose(-1, -2))  # [B, Hk, r, t]
-    scores = torch.cat([s_pre, s_own], dim=-1).mul_(scale)
+    width = sum(lk.shape[-2] for lk, _, _ in layer.levels) + key.shape[-2]
+    logits = q.new_empty(b, hk, r, width)
+    start = 0
+    for lk, _, g in layer.levels:
+        u, _, p, _ = lk.shape
+        qg = q.view(u, g, hk, r, d).transpose(1, 2).reshape(u, hk, g * r, d)
+        s = torch.matmul(qg, lk.to(work).transpose(-1, -2))  # [U, Hk, g*r, p]: one product per block
+        logits[..., start : start + p].view(u, g, hk, r, p).copy_(s.view(u, hk, g, r, p).transpose(1, 2))
+        start += p
+    logits[..., start:].copy_(torch.matmul(q, key.to(work).transpose(-1, -2)))  # [B, Hk, r, t]
+    logits.mul_(scale)
     if mask is not None:
-        m = mask.reshape(b, 1, 1, p + t)
-        scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.to(work)
-    probs = torch.softmax(scores, dim=-1)
-    a_pre = probs[..., :p].reshape(u, g, hk, r, p).transpose(1, 2).reshape(u, hk, g * r, p)
-    o_pre = torch.matmul(a_pre, pv.to(work)).reshape(u, hk, g, r, d).transpose(1, 2).reshape(b, hk, r, d)
-    out = o_pre + torch.matmul(probs[..., p:], value.to(work))
+        logits.add_(_additive(mask, work).view(b, 1, 1, width))
+    probs = torch.softmax(logits, dim=-1)
+    out = torch.matmul(probs[..., start:], value.to(work))  # [B, Hk, r, D]
+    start = 0
+    for lk, lv, g in layer.levels:
+        u, _, p, _ = lk.shape
+        a = probs[..., start : start + p].reshape(u, g, hk, r, p).transpose(1, 2).reshape(u, hk, g * r, p)
+        o = torch.matmul(a, lv.to(work))  # [U, Hk, g*r, D]
+        out.view(u, g, hk, r, d).add_(o.view(u, hk, g, r, d).transpose(1, 2))
+        start += p
     return out.reshape(b, 1, h, d).to(query.dtype)
+
+
+def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """`mask` as an additive float mask (0 / -inf). The layers of a decoding step get the same mask
+    object, so the conversion is made once a step (remembered for the last mask seen)."""
+    if mask.dtype != torch.bool:
+        return mask.to(dtype)
+    memo = _MASK.get()
+    if memo is not None and memo[0] is mask and memo[1].dtype == dtype:
+        return memo[1]
+    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    _MASK.set((mask, additive))
+    return additive
 
 
 def _attention(
@@ -145,31 +182,28 @@ def _attention(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
-    """The ``"tc_cascade"`` attention: shared-prefix attention for a decoding step of an active cascade
-    layer (`key` is that layer's own part), SDPA for every other call."""
+    """The ``"tc_cascade"`` attention: for an active cascade layer (`key` is its own part), shared-prefix
+    attention for a decoding step and SDPA over the levels expanded to the rows for several query
+    tokens (`prefill_common`); SDPA itself for every other call."""
     cache = _ACTIVE.get()
     layer_idx = getattr(module, "layer_idx", None)
     layer = None
     if cache is not None and layer_idx is not None and layer_idx < len(cache.layers):
         layer = cache.layers[layer_idx]
-    usable = (
-        layer is not None
-        and getattr(layer, "cascading", False)
-        and key is layer.keys
-        and query.shape[2] == 1
-        and dropout == 0.0
-        and kwargs.get("sliding_window") is None
-        and kwargs.get("softcap") is None
-        and (attention_mask is None or attention_mask.shape[-1] == layer.get_seq_length())
-    )
-    if not usable:
-        if layer is not None and getattr(layer, "cascading", False) and key is layer.keys:
-            # A call the shared form does not cover (several query tokens, a window): plain rows.
-            raise RuntimeError(
-                "tokencredit cascade attention: unsupported call on a shared-prefix cache "
-                f"(query length {query.shape[2]}, sliding_window={kwargs.get('sliding_window')})"
-            )
+    if layer is None or not getattr(layer, "cascading", False) or key is not layer.keys:
         return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    plain = dropout == 0.0 and kwargs.get("sliding_window") is None and kwargs.get("softcap") is None
+    sized = attention_mask is None or attention_mask.shape[-1] == layer.get_seq_length()
+    if not plain or not sized or (attention_mask is None and query.shape[2] > 1):
+        # A call neither form covers (a window, a softcap, SDPA's top-left causal alignment).
+        raise RuntimeError(
+            "tokencredit cascade attention: unsupported call on a shared-prefix cache "
+            f"(query length {query.shape[2]}, mask {None if attention_mask is None else tuple(attention_mask.shape)}, "
+            f"sliding_window={kwargs.get('sliding_window')})"
+        )
+    if query.shape[2] > 1:
+        keys, values = layer.expanded(key, value)
+        return _sdpa(module, query, keys, values, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return _shared_prefix_attention(query, layer, key, value, attention_mask, scale), None
 
@@ -205,7 +239,75 @@ def to_cascade(cache: Any, room: int, group: int) -> None:
     """Turn every plain layer of `cache`, holding U distinct prompts, into a `CascadeLayer` whose rows
     are the U prompts' `group` samples each (rows of a prompt adjacent)."""
     layer_cls = _cascade_layer_class()
-    cache.layers = [layer_cls(room, x.keys, x.values, group) for x in cache.layers]
+    cache.layers = [layer_cls(room, [(x.keys, x.values, group)]) for x in cache.layers]
+
+
+def common_prefix(ids: Tensor, mask: Tensor) -> int:
+    """Number of leading real tokens that all left-padded rows `ids`/`mask` [U, P] share, at most the
+    shortest row's length - 1 (a prompt's last token is never prefilled)."""
+    lengths = mask.sum(dim=1)
+    m = int(lengths.min()) - 1
+    if m <= 0 or ids.shape[0] < 1:
+        return 0
+    starts = ids.shape[1] - lengths
+    toks = ids.gather(1, starts[:, None] + torch.arange(m, device=ids.device))
+    same = (toks == toks[:1]).all(dim=0)
+    return int(same.long().cumprod(0).sum())
+
+
+def prefill_common(
+    model: Any,
+    cache: Any,
+    cache_kwarg: str,
+    ids: Tensor,
+    mask: Tensor,
+    rows: Tensor,
+    common: int,
+    group: int,
+    room: int,
+    pad_id: int,
+) -> tuple[Tensor, Tensor]:
+    """Prefill distinct left-padded prompts `ids`/`mask` [U, P] (row i of the batch answers prompt
+    rows[i]) whose first `common` tokens are the same, into `cache` as cascade levels: those tokens once
+    for the whole batch, then each prompt's rest without its last token once per prompt, held as a
+    level of `group` rows (`group` >= 2: the rows come as U equal adjacent groups) or repeated to the
+    rows. The padding moves between the two parts; the positions, and so the attention, are unchanged.
+    Returns the rows' (ids, mask) [B, common + S] in that layout, for ``generate``."""
+    u = ids.shape[0]
+    lengths = mask.sum(dim=1)
+    width = int(lengths.max()) - common
+    tail = torch.arange(width, device=ids.device)
+    src = (ids.shape[1] - width + tail)[None, :].expand(u, width)
+    tail_ids = ids.gather(1, src)  # the rest, left-padded to `width` (its columns are the last `width`)
+    tail_mask = (tail[None, :] >= (width - (lengths - common))[:, None]).long()
+    tail_ids = tail_ids.masked_fill(tail_mask == 0, pad_id)
+    head = ids[0, ids.shape[1] - int(lengths[0]) :][:common]
+    new_ids = torch.cat([head[None, :].expand(u, common), tail_ids], dim=1)
+    new_mask = torch.cat([torch.ones(u, common, dtype=torch.long, device=ids.device), tail_mask], dim=1)
+    forward = functools.partial(model, **prefill_kwargs(model, cache, cache_kwarg))
+    forward(input_ids=head[None, :], position_ids=torch.arange(common, device=ids.device)[None, :])
+    layer_cls = _cascade_layer_class()
+    cache.layers = [layer_cls(room, [(x.keys.contiguous(), x.values.contiguous(), u)]) for x in cache.layers]
+    if width > 1:
+        with cascade_decoding(model, cache):
+            forward(
+                input_ids=tail_ids[:, :-1], attention_mask=new_mask[:, :-1],
+                position_ids=position_ids(new_mask)[:, common:-1],
+            )  # fmt: skip
+    b = rows.numel()
+    for x in cache.layers:
+        own = x.keys is not None and x.is_initialized and x.keys.numel() > 0
+        levels = [(x.levels[0][0], x.levels[0][1], b)]
+        if own and group:
+            levels.append((x.keys.contiguous(), x.values.contiguous(), group))
+        if own and not group:
+            x.keys, x.values = x.keys[rows], x.values[rows]
+            x._kbuf = x._vbuf = None
+        else:
+            x.keys = x.values = None
+            x.is_initialized = False
+        x.levels = levels
+    return new_ids[rows], new_mask[rows]
 
 
 @contextmanager
@@ -215,10 +317,11 @@ def cascade_decoding(model: Any, cache: Any) -> Iterator[None]:
     _register()
     config = _text_config(model)
     previous = config._attn_implementation_internal
-    token = _ACTIVE.set(cache)
+    token, mask_token = _ACTIVE.set(cache), _MASK.set(None)
     config._attn_implementation_internal = IMPLEMENTATION
     try:
         yield
     finally:
         config._attn_implementation_internal = previous
         _ACTIVE.reset(token)
+        _MASK.reset(mask_token)

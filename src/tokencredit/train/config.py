@@ -113,6 +113,7 @@ class EvalConfig:
     top_p: float = 1.0
     at_start: bool = True
     save_groups: int = 8  # rollout groups (with per-token credit) saved at each eval step
+    batch_size: int = 256  # sequences per generate call (greedy and sampled); lower it if evaluation runs out of memory
 
 
 @dataclass
@@ -335,6 +336,7 @@ def validate_config(cfg: TrainConfig) -> None:
     need(math.isfinite(e.temperature) and e.temperature >= 0, "eval.temperature", "must be >= 0")
     need(0.0 < e.top_p <= 1.0, "eval.top_p", "must be in (0, 1]")
     need(e.save_groups >= 0, "eval.save_groups", "must be >= 0")
+    need(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
     need(cfg.checkpoint.every >= 0, "checkpoint.every", "must be >= 0 (0 = only at the end)")
     need(cfg.checkpoint.keep >= 0, "checkpoint.keep", "must be >= 0 (0 = keep all)")
     q = cfg.oracle

@@ -236,6 +236,7 @@ class Trainer:
             self.model, self.tokenizer, self.eval_problems, samples=e.samples, temperature=e.temperature,
             top_p=e.top_p, max_new_tokens=self.cfg.rollout.max_new_tokens, template=self.cfg.data.template,
             seed=seed_for(self.cfg.run.seed, 31337), verifier=self.reward_fn.verifier, progress=False,
+            batch_size=e.batch_size,
         )  # fmt: skip
         rec: dict[str, Any] = {"step": step, "type": "eval"}
         rec.update({f"eval_{k}": float(v) for k, v in res.items()})

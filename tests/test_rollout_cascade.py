@@ -17,8 +17,8 @@ from tokencredit.rollout.cascade import (
     _shared_prefix_attention,
     cascade_decoding,
     cascade_supported,
-    common_prefix,
 )  # fmt: skip
+from tokencredit.signals.prefix import common_prefix
 
 PROMPTS = ["Hi", "Hello", "A long prompt."]
 

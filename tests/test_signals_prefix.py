@@ -70,10 +70,14 @@ def training_forward(model, seq, am, p, rm, *, shared: bool, monkeypatch) -> tup
     return log_p.detach(), ent.detach(), float(loss.detach()), grads, calls.n
 
 
-def assert_same_training_forward(model, seq, am, p, rm, monkeypatch, rtol: float, atol: float) -> None:
+def assert_same_training_forward(
+    model, seq, am, p, rm, monkeypatch, rtol: float, atol: float, shared_calls: int = 2
+) -> None:
+    """`shared_calls`: 2 (the distinct prompts, then the rows) or 3 (their common beginning, each prompt's
+    rest, the rows)."""
     shared = training_forward(model, seq, am, p, rm, shared=True, monkeypatch=monkeypatch)
     plain = training_forward(model, seq, am, p, rm, shared=False, monkeypatch=monkeypatch)
-    assert (shared[4], plain[4]) == (2, 1)  # the shared path ran, and the plain one did not share
+    assert (shared[4], plain[4]) == (shared_calls, 1)  # the shared path ran, and the plain one did not share
     torch.testing.assert_close(shared[0], plain[0], rtol=rtol, atol=atol)
     torch.testing.assert_close(shared[1], plain[1], rtol=rtol, atol=atol)
     assert shared[2] == pytest.approx(plain[2], rel=rtol, abs=atol)
@@ -153,7 +157,43 @@ def test_the_shipped_toy_model_on_a_qwen_math_batch(monkeypatch):
     am = torch.cat([enc["attention_mask"][rows], rmask.long()], 1)
     p = enc["input_ids"].shape[1]
     model.train()
-    assert_same_training_forward(model, seq, am, p, rmask, monkeypatch, rtol=1e-5, atol=1e-5)
+    # The 94 tokens of the template before the problem run once: three calls.
+    assert prefix.common_prefix(enc["input_ids"][:, :-1], enc["attention_mask"][:, :-1]) >= prefix.MIN_COMMON
+    assert_same_training_forward(model, seq, am, p, rmask, monkeypatch, rtol=1e-5, atol=1e-5, shared_calls=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_common_beginning_with_lora_and_uneven_rests(monkeypatch, dtype):
+    """Prompts that share a 20-token beginning and differ after it by 1 to 6 tokens (so the rests are
+    left-padded to different lengths), LoRA on: values and gradients as the plain forward's."""
+    model = tiny_qwen3(VOCAB, max_position_embeddings=64, tie_word_embeddings=False)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]))
+    for name, q in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(q, std=0.2, generator=torch.Generator().manual_seed(len(name)))
+    model = model.to(dtype).train()
+    g = torch.Generator().manual_seed(3)
+    head = torch.randint(1, VOCAB, (20,), generator=g)
+    rests = [torch.randint(1, VOCAB, (k,), generator=g) for k in (6, 1, 3)]
+    width = 20 + 6
+    prompts = torch.zeros(3, width, dtype=torch.long)
+    for i, r in enumerate(rests):
+        prompts[i, width - 20 - len(r) :] = torch.cat([head, r])
+    rows = torch.tensor([0, 1, 2, 1, 0, 2, 2, 1])
+    resp_len = torch.tensor([5, 1, 4, 0, 5, 2, 3, 5])
+    rm = torch.arange(5)[None] < resp_len[:, None]
+    seq = torch.cat([prompts[rows], torch.randint(1, VOCAB, (8, 5), generator=g).masked_fill(~rm, 0)], 1)
+    am = torch.cat([(prompts[rows] != 0).long(), rm.long()], 1)
+    if dtype == torch.float32:
+        assert_same_training_forward(model, seq, am, width, rm, monkeypatch, rtol=1e-5, atol=1e-6, shared_calls=3)
+        return
+    shared = training_forward(model, seq, am, width, rm, shared=True, monkeypatch=monkeypatch)
+    plain = training_forward(model, seq, am, width, rm, shared=False, monkeypatch=monkeypatch)
+    assert (shared[4], plain[4]) == (3, 1)
+    torch.testing.assert_close(shared[0], plain[0], rtol=0.02, atol=0.05)  # as in the bf16 test above
+    for name, grad in plain[3].items():
+        cos = torch.nn.functional.cosine_similarity(shared[3][name].float().flatten(), grad.float().flatten(), dim=0)
+        assert float(cos) > 0.99, name
 
 
 def test_compute_signals_share_the_prompt_in_every_pass(monkeypatch):

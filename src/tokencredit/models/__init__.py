@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tokencredit.errors import ConfigError
@@ -151,6 +150,9 @@ def add_lora(
     name: str = "the model",
 ) -> torch.nn.Module:
     """`model` wrapped in a peft LoRA adapter of `rank` on the modules named in `targets` (those present)."""
+    # Imported here: peft (and the accelerate it imports) cost about a second of every run's start-up.
+    from peft import LoraConfig, get_peft_model
+
 
     names = {n.split(".")[-1] for n, _ in model.named_modules()}
     present = [t for t in targets if t in names]

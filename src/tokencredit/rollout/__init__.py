@@ -52,14 +52,8 @@ import torch
 from torch import Tensor
 
 from tokencredit.rollout.cache import cache_kwarg, decode_cache, prefill_shared
-from tokencredit.rollout.cascade import (
-    MIN_COMMON,
-    cascade_decoding,
-    cascade_supported,
-    common_prefix,
-    prefill_common,
-    to_cascade,
-)
+from tokencredit.rollout.cascade import cascade_decoding, cascade_supported, prefill_common, to_cascade
+from tokencredit.signals.prefix import MIN_COMMON, common_prefix
 
 __all__ = [
     "PromptResponseLayout", "Rollouts", "generate", "generate_ids", "generation_config", "response_mask_from_ids",

@@ -38,14 +38,11 @@ import torch
 from torch import Tensor
 
 from tokencredit.rollout.cache import _append_layer_class, _unwrapped, position_ids, prefill_kwargs
+from tokencredit.signals.prefix import split_common
 
-__all__ = ["IMPLEMENTATION", "MIN_COMMON", "cascade_decoding", "cascade_supported", "common_prefix", "prefill_common",
-           "to_cascade"]  # fmt: skip
+__all__ = ["IMPLEMENTATION", "cascade_decoding", "cascade_supported", "prefill_common", "to_cascade"]
 
 IMPLEMENTATION = "tc_cascade"
-# Shortest common prefix worth its own level: below it, the extra prefill call and the per-step matrix
-# product of the level cost about what sharing saves (BENCHMARKS.md section 5d).
-MIN_COMMON = 16
 _ACTIVE: ContextVar[Any] = ContextVar("tokencredit_cascade_cache", default=None)
 _MASK: ContextVar[tuple[Tensor, Tensor] | None] = ContextVar("tokencredit_cascade_mask", default=None)
 
@@ -242,19 +239,6 @@ def to_cascade(cache: Any, room: int, group: int) -> None:
     cache.layers = [layer_cls(room, [(x.keys, x.values, group)]) for x in cache.layers]
 
 
-def common_prefix(ids: Tensor, mask: Tensor) -> int:
-    """Number of leading real tokens that all left-padded rows `ids`/`mask` [U, P] share, at most the
-    shortest row's length - 1 (a prompt's last token is never prefilled)."""
-    lengths = mask.sum(dim=1)
-    m = int(lengths.min()) - 1
-    if m <= 0 or ids.shape[0] < 1:
-        return 0
-    starts = ids.shape[1] - lengths
-    toks = ids.gather(1, starts[:, None] + torch.arange(m, device=ids.device))
-    same = (toks == toks[:1]).all(dim=0)
-    return int(same.long().cumprod(0).sum())
-
-
 def prefill_common(
     model: Any,
     cache: Any,
@@ -274,14 +258,9 @@ def prefill_common(
     rows. The padding moves between the two parts; the positions, and so the attention, are unchanged.
     Returns the rows' (ids, mask) [B, common + S] in that layout, for ``generate``."""
     u = ids.shape[0]
-    lengths = mask.sum(dim=1)
-    width = int(lengths.max()) - common
-    tail = torch.arange(width, device=ids.device)
-    src = (ids.shape[1] - width + tail)[None, :].expand(u, width)
-    tail_ids = ids.gather(1, src)  # the rest, left-padded to `width` (its columns are the last `width`)
-    tail_mask = (tail[None, :] >= (width - (lengths - common))[:, None]).long()
+    head, tail_ids, tail_mask = split_common(ids, mask, common)
+    width = tail_ids.shape[1]
     tail_ids = tail_ids.masked_fill(tail_mask == 0, pad_id)
-    head = ids[0, ids.shape[1] - int(lengths[0]) :][:common]
     new_ids = torch.cat([head[None, :].expand(u, common), tail_ids], dim=1)
     new_mask = torch.cat([torch.ones(u, common, dtype=torch.long, device=ids.device), tail_mask], dim=1)
     forward = functools.partial(model, **prefill_kwargs(model, cache, cache_kwarg))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -52,6 +53,8 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
 
 def has_lora_adapter(model: nn.Module) -> bool:
     """True iff `model` holds a peft LoRA layer whose active adapter has rank > 0."""
+    if "peft" not in sys.modules:  # no LoRA layer can exist before peft is imported; spare its import
+        return False
     from peft.tuners.lora import LoraLayer
 
     for module in model.modules():

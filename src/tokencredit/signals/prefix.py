@@ -12,6 +12,12 @@ rollout's gradient into the shared prompt: the gradient of the [N, P+T] forward,
 rounding. This is the training forward's (and the signals passes') counterpart of
 `tokencredit.rollout.generate`'s shared prefill.
 
+The distinct prompts themselves usually begin alike (the chat template: 94 of the toy's 121 prompt
+tokens before the last). Where that common beginning is at least `MIN_COMMON` tokens it runs once,
+[1, common], its cache rows are repeated to the U prompts, and only each prompt's rest runs per prompt
+(left-padded between the two parts: positions, and so the attention, are unchanged); a quarter of
+the toy's prompt tokens, half the cost of the update's prompt part (BENCHMARKS.md section 5d).
+
 The plain [N, P+T] forward is kept where sharing would change the result or is not supported:
 active dropout (one mask per prompt instead of one per row), gradient checkpointing (transformers
 turns the cache off under it), a decoder whose forward takes no cache, a model whose layers are not
@@ -21,10 +27,42 @@ one-token prompt.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
 from torch import Tensor, nn
+
+__all__ = ["MIN_COMMON", "common_prefix", "decoder_hidden", "distinct_prompts"]
+
+# Shortest common beginning worth its own pass: below it, the extra call costs about what sharing saves.
+MIN_COMMON = 16
+
+
+def common_prefix(ids: Tensor, mask: Tensor) -> int:
+    """Number of leading real tokens that all left-padded rows `ids`/`mask` [U, P] share, at most the
+    shortest row's length - 1 (a prompt's last token is never part of a shared pass)."""
+    lengths = mask.sum(dim=1)
+    m = int(lengths.min()) - 1
+    if m <= 0 or ids.shape[0] < 1:
+        return 0
+    starts = ids.shape[1] - lengths
+    toks = ids.gather(1, starts[:, None] + torch.arange(m, device=ids.device))
+    same = (toks == toks[:1]).all(dim=0)
+    return int(same.long().cumprod(0).sum())
+
+
+def split_common(ids: Tensor, mask: Tensor, common: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Left-padded rows [U, P] whose first `common` real tokens are the same, as (the common tokens
+    [common], the rests left-padded [U, W], their mask [U, W] long), W = longest rest."""
+    u, p = ids.shape
+    lengths = mask.sum(dim=1)
+    width = int(lengths.max()) - common
+    cols = torch.arange(width, device=ids.device)
+    rest = ids[:, p - width :]  # a rest is right-aligned at the prompt's end, as the prompt is
+    rest_mask = (cols[None, :] >= (width - (lengths - common))[:, None]).long()
+    head = ids[0, p - int(lengths[0]) :][:common]
+    return head, rest, rest_mask
 
 
 def _cache_argument(decoder: nn.Module) -> str | None:
@@ -108,20 +146,26 @@ def decoder_hidden(
             use_cache=False,
         )
         return _last_hidden(out)[:, stop - lead :]
-    decoder(
-        input_ids=sequences[first, lead:stop],
-        attention_mask=attention_mask[first, lead:stop],
-        position_ids=position_ids[first, lead:stop],
-        use_cache=True,
-        **{cache_arg: cache},
-    )
+    run = functools.partial(decoder, use_cache=True, **{cache_arg: cache})
+    ids, mask = sequences[first, lead:stop], attention_mask[first, lead:stop]
+    u = len(first)
+    common = common_prefix(ids, mask) if u > 1 else 0
+    if common >= MIN_COMMON:  # the common beginning once, then each prompt's rest (module docstring)
+        head, rest, rest_mask = split_common(ids, mask, common)
+        start = stop - int(mask[0].sum())
+        run(input_ids=head[None, :], position_ids=position_ids[first[:1], start : start + common])
+        _repeat_rows(cache, torch.zeros(u, dtype=torch.long, device=sequences.device))
+        prompt_mask = torch.cat([torch.ones_like(rest_mask[:, :1]).expand(u, common), rest_mask], 1)
+        if rest.shape[1]:
+            run(input_ids=rest, attention_mask=prompt_mask, position_ids=position_ids[first, stop - rest.shape[1] : stop])
+    else:
+        run(input_ids=ids, attention_mask=mask, position_ids=position_ids[first, lead:stop])
+        prompt_mask = mask
     _repeat_rows(cache, rows)
-    out = decoder(
+    out = run(
         input_ids=sequences[:, stop:end],
-        attention_mask=attention_mask[:, lead:end],
+        attention_mask=torch.cat([prompt_mask.to(attention_mask.dtype)[rows], attention_mask[:, stop:end]], 1),
         position_ids=position_ids[:, stop:end],
-        use_cache=True,
-        **{cache_arg: cache},
     )
     return _last_hidden(out)
 

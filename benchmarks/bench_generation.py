@@ -7,7 +7,8 @@ Qwen3, 0.65 M parameters, character tokenizer), CPU, 1 torch thread.
   up to 80 new tokens, temperature 1, top_p 1 (`RolloutConfig`), one `generate` call, as
   `Trainer._generate_round` makes it;
 - *eval*: 200 held-out problems decoded greedily, then 2 samples each at temperature 1, in the
-  chunks `tokencredit.evaluation.evaluate` makes (64 rows per `generate` call).
+  chunks the trainer's evaluation makes (`eval.batch_size` rows per `generate` call, 256 by default;
+  `--eval-batch 64` gives `evaluate`'s own default).
 
 Paths, run alternately (hf, repeated, ours, hf, ...; median over `--repeats`):
 
@@ -216,6 +217,8 @@ def profile_table(fn: Callable[[], Any], rows: int = 12) -> str:
 
 
 def main() -> None:
+    from tokencredit.train.config import EvalConfig
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
@@ -224,7 +227,7 @@ def main() -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument(
-        "--eval-batch", type=int, default=64, help="rows per generate call in eval (evaluate's default)"
+        "--eval-batch", type=int, default=EvalConfig().batch_size, help="rows per generate call in eval (the trainer's)"
     )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument(

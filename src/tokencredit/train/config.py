@@ -284,6 +284,17 @@ def load_config(
     return cfg
 
 
+def _check_mini_batches(r: RolloutConfig, o: OptimConfig) -> None:
+    # The rollouts per step are P x G by construction (G always divides them); the mini-batch split is
+    # the divisibility the configuration can get wrong.
+    n_rows = r.prompts_per_step * r.group_size
+    if n_rows % o.mini_batches:
+        raise ConfigError(
+            f"optim.mini_batches={o.mini_batches} must divide the rollouts per step "
+            f"(rollout.prompts_per_step x rollout.group_size = {r.prompts_per_step} x {r.group_size} = {n_rows})"
+        )
+
+
 def validate_config(cfg: TrainConfig) -> None:
     """Check value ranges that the types cannot express; a bad value is a one-line ConfigError
     naming the key (not a torch or generate error several calls later)."""
@@ -320,14 +331,7 @@ def validate_config(cfg: TrainConfig) -> None:
     need(o.ppo_epochs >= 1, "optim.ppo_epochs", "must be >= 1")
     need(o.mini_batches >= 1, "optim.mini_batches", "must be >= 1")
     need(o.micro_batch_size >= 0, "optim.micro_batch_size", "must be >= 0 (0 = the whole mini-batch)")
-    n_rows = r.prompts_per_step * r.group_size
-    if n_rows % o.mini_batches:
-        # The rollouts per step are P x G by construction (G always divides them); the mini-batch
-        # split is the divisibility the configuration can get wrong.
-        raise ConfigError(
-            f"optim.mini_batches={o.mini_batches} must divide the rollouts per step "
-            f"(rollout.prompts_per_step x rollout.group_size = {r.prompts_per_step} x {r.group_size} = {n_rows})"
-        )
+    _check_mini_batches(r, o)
     need(math.isfinite(cfg.reward.timeout) and cfg.reward.timeout > 0, "reward.timeout", "must be > 0 seconds")
     need(isinstance(cfg.reward.retry_timeouts, bool), "reward.retry_timeouts", "must be true or false")
     need(math.isfinite(cfg.reward.format_weight), "reward.format_weight", "must be finite")

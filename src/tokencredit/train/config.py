@@ -285,8 +285,7 @@ def load_config(
 
 
 def _check_mini_batches(r: RolloutConfig, o: OptimConfig) -> None:
-    # The rollouts per step are P x G by construction (G always divides them); the mini-batch split is
-    # the divisibility the configuration can get wrong.
+    # Rows per step are P x G by construction; the mini-batch split is what a configuration can get wrong.
     n_rows = r.prompts_per_step * r.group_size
     if n_rows % o.mini_batches:
         raise ConfigError(

@@ -6,6 +6,7 @@ import torch
 
 from conftest import BYTE_EOS, BYTE_PAD, byte_tokenizer, tiny_qwen3
 from tokencredit.rollout import Rollouts, generate, response_mask_from_ids
+from tokencredit.rollout import decode as decode_module
 
 PAD, EOS = BYTE_PAD, BYTE_EOS
 
@@ -230,18 +231,32 @@ SETTINGS = [
 
 
 def decoding_logits(model, run):
-    """(run()'s result, last-position logits [n, V] of each decoding forward, one query token a row)."""
-    seen = []
+    """(run()'s result, last-position logits [n, V] of each decoding step, one query token a row, and the
+    number of steps our decoding loop made). Recorded without a forward hook on the model, which would
+    send generation to ``generate`` (`rollout.decode.layered_supported`): the loop's step function and
+    the model's forward (``generate``'s steps) are wrapped instead."""
+    seen, ours = [], []
+    plain_forward, plain_step = model.forward, decode_module._step
 
-    def hook(mod, args, kwargs, out):
+    @functools.wraps(plain_forward)  # generate reads the signature to choose its inputs
+    def forward(*args, **kwargs):
+        out = plain_forward(*args, **kwargs)
         if kwargs["input_ids"].shape[1] == 1:
             seen.append(out.logits[:, -1].float().clone())
+        return out
 
-    handle = model.register_forward_hook(hook, with_kwargs=True)
+    def step(*args, **kwargs):
+        logits = plain_step(*args, **kwargs)
+        seen.append(logits.clone())
+        ours.append(1)
+        return logits
+
+    model.forward, decode_module._step = forward, step
     try:
-        return run(), seen
+        return run(), seen, len(ours)
     finally:
-        handle.remove()
+        del model.forward
+        decode_module._step = plain_step
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS, TEMPLATED], ids=["short", "templated"])
@@ -263,7 +278,10 @@ def test_same_tokens_as_model_generate_tiny_qwen3(tiny, kw, dtype, prompts):
             generate, model, tok, prompts, n, max_new_tokens=12, seed=seed, eos_token_id=stops, batch_size=batch_size,
             **kw,
         )  # fmt: skip
-        r, steps = decoding_logits(model, run)
+        r, steps, ours = decoding_logits(model, run)
+        # Rows with a common beginning, or in equal groups of a shared prompt, decode in our loop (the
+        # cascade); the others (no sharing, or groups split across calls) in generate.
+        assert (ours > 0) == (prompts is TEMPLATED or (n > 1 and batch_size is None)), (seed, n, ours)
         if exact:
             ref = reference(
                 model, tok, prompts, n, max_new_tokens=12, seed=seed, eos=stops, batch_size=batch_size, **kw

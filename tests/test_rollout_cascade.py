@@ -14,9 +14,9 @@ from tokencredit.rollout.cascade import (
     IMPLEMENTATION,
     _attention,
     _cascade_layer_class,
-    _shared_prefix_attention,
     cascade_decoding,
     cascade_supported,
+    shared_prefix_attention,
 )  # fmt: skip
 from tokencredit.signals.prefix import common_prefix
 
@@ -65,17 +65,17 @@ def _reference(q, levels, k, v, mask):
 def test_same_attention_as_sdpa_over_repeated_rows(dtype, tol, h, hk, common):
     q, levels, k, v, mask, layer = _case(h=h, hk=hk, dtype=dtype, common=common)
     ref = _reference(q, levels, k, v, mask)
-    out = _shared_prefix_attention(q, layer, k, v, mask, q.shape[-1] ** -0.5)
+    out = shared_prefix_attention(q, layer, k, v, mask, q.shape[-1] ** -0.5)
     assert out.shape == ref.shape == (12, 1, h, 8) and out.dtype == dtype
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
     # No mask (no padding) and a float (additive) mask give the same as the boolean one.
     no_pad = torch.ones_like(mask)
     torch.testing.assert_close(
-        _shared_prefix_attention(q, layer, k, v, None, q.shape[-1] ** -0.5).float(),
+        shared_prefix_attention(q, layer, k, v, None, q.shape[-1] ** -0.5).float(),
         _reference(q, levels, k, v, no_pad).float(), atol=tol, rtol=tol,
     )  # fmt: skip
     additive = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, float("-inf"))
-    torch.testing.assert_close(_shared_prefix_attention(q, layer, k, v, additive, q.shape[-1] ** -0.5), out)
+    torch.testing.assert_close(shared_prefix_attention(q, layer, k, v, additive, q.shape[-1] ** -0.5), out)
 
 
 def test_layer_counts_the_levels_and_flattens_to_plain_rows():

@@ -55,12 +55,19 @@ class _Worker:
             except OSError:
                 pass
 
-    def close(self) -> None:
+    def close_input(self) -> None:
+        """End the worker's input: it finishes its job and exits (`close` then waits for it)."""
         try:
-            if self.proc.stdin is not None:
+            if self.proc.stdin is not None and not self.proc.stdin.closed:
                 self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.close_input()
+        try:
             self.proc.wait(timeout=1)
-        except (OSError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
             pass
         self.kill()
 
@@ -69,6 +76,8 @@ def _shutdown(workers: list[_Worker], owner_pid: int) -> None:
     # Never touch the processes of the parent after a fork.
     if os.getpid() != owner_pid:
         return
+    for w in workers:  # all told first, so they exit side by side (each takes ~0.4 s to exit)
+        w.close_input()
     for w in workers:
         w.close()
     workers.clear()

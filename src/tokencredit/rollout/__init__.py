@@ -6,7 +6,7 @@ with the KV cache on and finished sequences stopped at EOS. The output is right-
 rollout i, ``response_ids[i, :L_i]`` are the generated tokens up to and including the EOS that
 ended it, and ``response_mask`` marks exactly those.
 
-Three changes to what ``generate`` would do on its own make decoding cheaper without changing what it
+Four changes to what ``generate`` would do on its own make decoding cheaper without changing what it
 samples (benchmarks/bench_generation.py, BENCHMARKS.md section 6):
 
 - *Shared prompt prefill.* The `num_samples` copies of a prompt have the same keys and values, so the
@@ -17,18 +17,21 @@ samples (benchmarks/bench_generation.py, BENCHMARKS.md section 6):
   the whole cache at every decoding step (a third of the toy model's decoding time). `_AppendLayer`
   keeps the same keys/values in buffers with spare positions (doubling, at most `max_new_tokens`)
   and writes each step's entries in place; attention reads a view of the filled part, the same values.
-
 - *Shared-prefix attention* (`tokencredit.rollout.cascade`). Where the model attends with ``sdpa``,
   keys/values that rows share are held once: the prompts' common beginning (the chat template: 94 of
   the toy's 122 prompt tokens) once for the whole chunk, prefilled once, and each prompt's rest once
   for its G >= 2 adjacent samples. Each decoding step reads every shared block once, in one softmax
   with the row's own part. On the toy this halves the attention of a rollout round and cuts the
   prefill of 64 distinct evaluation prompts about 4x (BENCHMARKS.md sections 5c, 5d).
+- *Our decoding loop* (`tokencredit.rollout.decode`), on the shared-prefix path for Llama, Qwen2 and
+  Qwen3 models: ``generate``'s sampling loop written out, each step the model's own modules layer by
+  layer, without ``generate``'s and the forward's per-step bookkeeping (about 12% of a toy rollout
+  round, BENCHMARKS.md section 5e). Same warpers, same draws, same tokens as ``generate``.
 
-All are the library's own mechanisms (a `Cache` passed to ``generate``, `DynamicLayer` subclasses, a
-function registered in `AttentionInterface`); sampling, the logits processors and stopping stay
-``generate``'s. Samples are the same as a plain ``model.generate`` call under the same seed as long
-as the forward computes the same logits for a row whatever the batch around it: the shared prefill
+The first three are the library's own mechanisms (a `Cache` passed to ``generate``, `DynamicLayer`
+subclasses, a function registered in `AttentionInterface`); elsewhere sampling, the logits processors
+and stopping are ``generate``'s. Samples are the same as a plain ``model.generate`` call under the
+same seed as long as the forward computes the same logits for a row whatever the batch around it: the shared prefill
 gives the same keys and values; the shared-prefix attention equals SDPA's up to float rounding (it
 sums in another order), so a sampled token could in principle flip where a uniform draw falls within
 rounding of a boundary. In float32 on CPU (toy model, tiny Qwen3 with and without a template
@@ -38,7 +41,7 @@ rounding step with the batch around it even under plain ``generate`` (~2e-3 on t
 there greedy outputs were identical and sampled ones can differ where a draw sits on a boundary; the
 tests check each decoding step's logits against a plain forward to 2 bf16 rounding steps. A GPU
 library may pick other kernels for the smaller prefill batch, with the same effect;
-`generate_ids(..., shared_attention=False)` turns the shared-prefix attention off.
+`generate_ids(..., shared_attention=False)` turns the shared-prefix attention (and so our loop) off.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from torch import Tensor
 
 from tokencredit.rollout.cache import cache_kwarg, decode_cache, prefill_shared
 from tokencredit.rollout.cascade import cascade_decoding, cascade_supported, prefill_common, to_cascade
+from tokencredit.rollout.decode import decode_loop, layered_supported
 from tokencredit.signals.prefix import MIN_COMMON, common_prefix
 
 __all__ = [
@@ -312,6 +316,8 @@ def _generate_chunk(
             on = True
     extra = {} if cache is None else {kwarg: cache}
     with cascade_decoding(model, cache) if on else nullcontext():
+        if on and layered_supported(model):
+            return decode_loop(model, cache, ids, att, gen_cfg)
         out = model.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg, **extra)
     return out[:, ids.shape[1] :]
 

@@ -40,7 +40,7 @@ from torch import Tensor
 from tokencredit.rollout.cache import _append_layer_class, _unwrapped, position_ids, prefill_kwargs
 from tokencredit.signals.prefix import split_common
 
-__all__ = ["IMPLEMENTATION", "cascade_decoding", "cascade_supported", "prefill_common", "to_cascade"]
+__all__ = ["IMPLEMENTATION", "cascade_decoding", "cascade_supported", "prefill_common", "shared_prefix_attention", "to_cascade"]
 
 IMPLEMENTATION = "tc_cascade"
 _ACTIVE: ContextVar[Any] = ContextVar("tokencredit_cascade_cache", default=None)
@@ -118,7 +118,7 @@ def _sdpa(*args: Any, **kwargs: Any) -> tuple[Tensor, None]:
     return sdpa_attention_forward(*args, **kwargs)
 
 
-def _shared_prefix_attention(
+def shared_prefix_attention(
     query: Tensor, layer: Any, key: Tensor, value: Tensor, mask: Tensor | None, scale: float
 ) -> Tensor:
     """Attention of decoding queries [B, H, 1, D] over `layer`'s levels (level l: [U_l, Hk, p_l, D], rows
@@ -202,7 +202,7 @@ def _attention(
         keys, values = layer.expanded(key, value)
         return _sdpa(module, query, keys, values, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return _shared_prefix_attention(query, layer, key, value, attention_mask, scale), None
+    return shared_prefix_attention(query, layer, key, value, attention_mask, scale), None
 
 
 @functools.cache

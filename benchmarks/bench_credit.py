@@ -224,11 +224,12 @@ def _kernel_case(name: str) -> Case:
             + 0.01 * torch.randn(b.old_log_probs.shape, generator=torch.Generator().manual_seed(1))
         ).clamp(max=0.0)
         kw = {"keep": entropy.top_entropy_mask(b.entropy, b.mask, 0.2)} if k.uses_keep else {}
+        args = objectives.ObjectiveArgs(kernel=name, kernel_args=kw)
         adv_hat = x.adv[:, None] * b.mask
 
         def run() -> object:
             lp = lp0.clone().requires_grad_(True)
-            loss, _ = objectives.policy_loss(lp, b.old_log_probs, adv_hat, b.mask, kernel=name, **kw)
+            loss, _ = objectives.policy_loss(lp, b.old_log_probs, adv_hat, b.mask, args)
             loss.backward()
             return lp.grad
 

@@ -111,7 +111,8 @@ def step_batch(seed: int, work: Path) -> tuple[Any, dict[str, Any]]:
         ro = trainer.sample(0)
     finally:
         trainer.reward_fn.close()
-    batch, seq, attn = trainer.old_policy_batch(ro)
+    batch = trainer.old_policy_batch(ro)
+    seq, attn = ro.sequences.to(trainer.device), ro.attention_mask.to(trainer.device)
     credit = trainer.credit(batch)
     inputs = {"batch": batch, "credit": credit, "sequences": seq, "attention_mask": attn,
               "prompt_len": int(ro.prompt_ids.shape[1]), "group_ids": ro.group_ids}  # fmt: skip

@@ -20,7 +20,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 from trl import GRPOConfig
 
-from tokencredit.data.benchmarks import load
+from tokencredit.data.math_benchmarks import load
 from tokencredit.data.templates import render
 from tokencredit.integrations.trl import CreditGRPOTrainer
 from tokencredit.rewards import math_reward

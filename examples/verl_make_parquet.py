@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tokencredit.data.benchmarks import NAMES, load
+from tokencredit.data.math_benchmarks import NAMES, load
 from tokencredit.data.templates import QWEN_MATH_SYSTEM
 
 

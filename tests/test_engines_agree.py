@@ -198,7 +198,10 @@ def test_probe_path(name, fixed, tokenizer):
 # ---------------------------------------------------------------------------------------------- TRL
 @pytest.fixture(scope="module")
 def trl_module():
-    return pytest.importorskip("tokencredit.integrations.trl", reason="TRL is not installed (extra tokencredit[trl])")
+    pytest.importorskip("trl", reason="TRL is not installed (extra tokencredit[trl])")
+    import tokencredit.integrations.trl
+
+    return tokencredit.integrations.trl
 
 
 def _trl_trainer(trl_module, model_dir, tmp_path, name, **config):
@@ -220,6 +223,7 @@ def _trl_trainer(trl_module, model_dir, tmp_path, name, **config):
     )  # fmt: skip
 
 
+@pytest.mark.extras
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_trl_path(name, trl_module, fixed, tiny_model_dir, tmp_path, monkeypatch):
     """Table recipes only: a credit method on its own takes TRL's own normalisation (eps 1e-4) by design."""
@@ -250,7 +254,7 @@ def test_trl_path(name, trl_module, fixed, tiny_model_dir, tmp_path, monkeypatch
     signals = {k: getattr(batch, k) for k in ("old_log_probs", "ref_log_probs", "entropy", "hidden", "base_hidden",
                                               "base_log_probs", "neg_log_probs", "sum_sq_probs")}  # fmt: skip
     # TRL's forward pass is replaced by the fixed signals; the rest of the plugin's glue runs as in training.
-    monkeypatch.setattr(trainer, "_signals", lambda inputs, output, mask: dict(signals))
+    monkeypatch.setattr(trainer, "_signals", lambda inputs, output, mask, needs: dict(signals))
     trainer._tc_rewards = batch.scores[:, None].clone()
     output = {
         "completion_ids": batch.token_ids.clone(),
@@ -269,9 +273,13 @@ def test_trl_path(name, trl_module, fixed, tiny_model_dir, tmp_path, monkeypatch
 # ---------------------------------------------------------------------------------------------- verl
 @pytest.fixture(scope="module")
 def verl_plugin():
-    return pytest.importorskip("tokencredit.integrations.verl", reason="verl is not installed (extra tokencredit[verl])")
+    pytest.importorskip("verl", reason="verl is not installed (extra tokencredit[verl])")
+    import tokencredit.integrations.verl
+
+    return tokencredit.integrations.verl
 
 
+@pytest.mark.extras
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_verl_path(name, verl_plugin, fixed, tokenizer):
     from verl import DataProto

@@ -283,9 +283,9 @@ def test_non_finite_logits_stop_the_step_and_keep_the_last_good_state(
 def test_non_finite_old_policy_signal_names_step_rollout_and_token(tiny_model_dir, micro_sets, tmp_path, monkeypatch, capsys):
     """NaN in the no-grad old-policy pass (S-trace needs it before the update) is caught by the batch
     checks and reported as a training error of that step."""
-    from tokencredit import signals
+    from tokencredit import builder  # every engine's old-policy pass runs through the batch builder
 
-    real = signals.compute_signals
+    real = builder.compute_signals
     calls = []
 
     def nan_on_second_step(*args, **kwargs):
@@ -295,7 +295,7 @@ def test_non_finite_old_policy_signal_names_step_rollout_and_token(tiny_model_di
             out["old_log_probs"][1, 0] = float("nan")
         return out
 
-    monkeypatch.setattr(signals, "compute_signals", nan_on_second_step)
+    monkeypatch.setattr(builder, "compute_signals", nan_on_second_step)
     run = tmp_path / "run"
     rc, err = train(["--recipe", "strace", "--out", str(run), *as_args(micro_sets(tiny_model_dir, steps=3))], capsys)
     assert rc == 1

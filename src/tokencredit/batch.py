@@ -7,7 +7,7 @@ field and the expected vs actual shape/dtype, and for scores the offending rollo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 
 import torch
@@ -190,6 +190,16 @@ class RolloutBatch:
         for f in fields(self):
             v = getattr(self, f.name)
             kwargs[f.name] = None if v is None else v[rows]
+        return RolloutBatch(**kwargs)
+
+    def with_signals(self, signals: Mapping[str, Tensor]) -> RolloutBatch:
+        """A new, validated batch with `signals` ({name: tensor}, names from SIGNALS) added or replaced, moved
+        to this batch's device; this batch is left as it is (credit computed on it stays valid)."""
+        unknown = sorted(set(signals) - set(SIGNALS))
+        if unknown:
+            raise BatchValidationError(f"RolloutBatch.with_signals: unknown signal(s) {unknown}; known: {sorted(SIGNALS)}")
+        kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
+        kwargs.update({k: v.to(self.mask.device) for k, v in signals.items()})
         return RolloutBatch(**kwargs)
 
     def to(self, device: torch.device | str) -> RolloutBatch:

@@ -1,6 +1,6 @@
 """Where does the credit go? Concentration and placement diagnostics for any token weights.
 
-- `gini`, `effective_token_ratio` (arca.md): per completion, on its valid tokens, weights
+- `gini`, `effective_token_ratio` (docs/spec/arca.md#concentration-diagnostics): per completion, on its valid tokens, weights
   normalised to sum 1. For advantage-shaped methods (KTAE, DelTA, ...) use `credit_weights(Â)`,
   i.e. |Â| normalised per completion.
 - `entropy_share`: share of |Â| mass on high- vs low-entropy tokens (80/20 split by default).

@@ -4,12 +4,22 @@ One owner for the rules every registry of the core follows: a name is registered
 unknown name or an unknown parameter is a `ConfigError` that names the closest valid one; a
 function's hyperparameters are its keyword defaults, read from its signature, so a parameter
 cannot be documented in one place and read in another.
+
+Entries register themselves when their module is imported (a decorator such as
+`tokencredit.credit.register`). A package that holds a registry imports all of its own public
+modules with `import_submodules` (sorted by name, so the registration order is fixed), so a new
+module is picked up without being added to any list. `Registry.temporary` registers entries for
+the length of a `with` block (tests, docs/extending.md) and restores the registry afterwards.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+import pkgutil
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
 
 from tokencredit.errors import ConfigError, closest
@@ -42,6 +52,17 @@ def keyword_defaults(fn: Callable[..., Any], skip: int) -> dict[str, Any]:
     return out
 
 
+def import_submodules(package: str, path: Iterable[str]) -> list[ModuleType]:
+    """Import every public module of `package` (its `__path__` is `path`), sorted by name.
+
+    A package whose modules register entries calls it as ``import_submodules(__name__, __path__)``
+    once the names those modules import from the package are defined. Modules (and subpackages)
+    whose name starts with an underscore are left out; importing one twice is a no-op.
+    """
+    names = sorted(m.name for m in pkgutil.iter_modules(list(path)) if not m.name.startswith("_"))
+    return [importlib.import_module(f"{package}.{name}") for name in names]
+
+
 class Registry(Generic[E]):
     """name -> entry, for entries that carry a `name` and their parameters' `defaults`."""
 
@@ -54,6 +75,26 @@ class Registry(Generic[E]):
             raise ValueError(f"{self.kind} {entry.name!r} is already registered")
         self._entries[entry.name] = entry
         return entry
+
+    @contextmanager
+    def temporary(self, *entries: E) -> Iterator[Registry[E]]:
+        """Register `entries` (and whatever the block registers) only inside the `with` block.
+
+            with CREDIT_METHODS.temporary():
+                @register("test-halves", needs=("entropy",))
+                def halves(batch, advantages, low=0.5): ...
+
+        On exit the registry holds exactly the entries it held before, in the same order, even when
+        the block raises. Entries are checked as by `add` (a taken name is a ValueError).
+        """
+        saved = dict(self._entries)
+        try:
+            for entry in entries:
+                self.add(entry)
+            yield self
+        finally:
+            self._entries.clear()
+            self._entries.update(saved)
 
     def get(self, name: str) -> E:
         try:

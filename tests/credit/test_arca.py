@@ -1,4 +1,4 @@
-"""ARCA and the salience baselines (arca.md): normalisation vectors, scores, credit, paper-loss equivalence."""
+"""ARCA and the salience baselines (docs/spec/arca.md): normalisation vectors, scores, credit, paper-loss equivalence."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tokencredit.credit.arca import (
 )
 from tokencredit.diagnostics import effective_token_ratio, gini
 from tokencredit.errors import ConfigError
-from tokencredit.objectives import policy_loss
+from tokencredit.objectives import ObjectiveArgs, policy_loss
 
 ONE_ROW = torch.ones(1, 4, dtype=torch.bool)
 
@@ -28,7 +28,7 @@ def row(values, dtype=torch.float64):
     return torch.tensor([values], dtype=dtype)
 
 
-# ---------------------------------------------------------------- spec vectors
+# ------------------------------------------------------ docs/spec/arca.md#test-vectors
 @pytest.mark.parametrize(
     ("sharpening", "w", "g", "eff"),
     [
@@ -52,7 +52,7 @@ def test_residual_norm_vector(sharpening, w, g, eff):
 
 
 def test_gini_and_effn_by_hand():
-    """The arca.md formulas computed here directly, against the same vectors."""
+    """The docs/spec/arca.md formulas computed here directly, against the same vectors."""
     w = row([0.027778, 0.25, 0.694444, 0.027778])
     x, _ = torch.sort(w[0] / w.sum())
     n = x.numel()
@@ -210,7 +210,7 @@ def test_reinforce_reproduces_paper_loss(name, form, agg):
 
     a_hat = credit.compute(name, batch, adv, sharpening=2.0, form=form).double()
     log_pi = torch.nn.functional.logsigmoid(logits)
-    ours, _ = policy_loss(log_pi, None, a_hat, batch.mask, loss="reinforce", loss_agg_mode=agg)
+    ours, _ = policy_loss(log_pi, None, a_hat, batch.mask, ObjectiveArgs(loss="reinforce", loss_agg_mode=agg))
     (ours_grad,) = torch.autograd.grad(ours, logits)
     assert ours.item() == pytest.approx(paper.item(), abs=1e-6)
     assert torch.allclose(ours_grad, paper_grad, atol=1e-6)

@@ -16,6 +16,7 @@ from tokencredit.batch import SIGNALS, RolloutBatch
 
 @st.composite
 def batches(draw):
+    """(RolloutBatch with every signal of SIGNALS, GRPO advantages A [N]) over random and degenerate shapes."""
     n_groups = draw(st.integers(1, 4))
     g = draw(st.integers(1, 5))
     t = draw(st.integers(1, 9))
@@ -52,21 +53,33 @@ def batches(draw):
     return batch, adv
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(batches(), st.sampled_from(sorted(credit.CREDIT_METHODS)))
-def test_every_method_is_finite_zero_on_padding_and_detached(data, name):
-    batch, adv = data
+# Methods whose credit may be non-zero on a rollout with A = 0: KTAE (additive key values, documented
+# there) and the Monte-Carlo methods, whose credit is the sampled values' difference, not a share of A.
+SIGNED_AT_ZERO_ADVANTAGE = frozenset({"ktae", "oracle", "vineppo"})
+
+
+def check_credit_contract(name: str, batch: RolloutBatch, adv: torch.Tensor) -> torch.Tensor:
+    """The contract every registered credit method meets on any batch of `batches()`; returns its Â.
+
+    Â is [N,T] float32, finite, exactly 0 on padding and detached; a rollout with A = 0 gets no signed
+    credit unless `name` is in SIGNED_AT_ZERO_ADVANTAGE. Also used by tests/test_extending.py.
+    """
     out = credit.compute(name, batch, adv)
     assert out.shape == batch.mask.shape and out.dtype == torch.float32
     assert torch.isfinite(out).all()
     assert (out[~batch.mask] == 0).all()
     assert not out.requires_grad
-    # no rollout with A = 0 gets signed credit, except KTAE (additive key values, documented there) and
-    # the Monte-Carlo methods, whose credit is the sampled values' difference, not a share of A
-    if name not in ("ktae", "oracle", "vineppo"):
+    if name not in SIGNED_AT_ZERO_ADVANTAGE:
         zero = (adv == 0)[:, None] & batch.mask
         assert (out[zero] == 0).all()
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches(), st.sampled_from(sorted(credit.CREDIT_METHODS)))
+def test_every_method_is_finite_zero_on_padding_and_detached(data, name):
+    check_credit_contract(name, *data)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -1,4 +1,4 @@
-"""DelTA: spec vectors, naive reference that materialises v, degenerate inputs."""
+"""DelTA: docs/spec/delta.md worked-example vectors, naive reference that materialises v, degenerate inputs."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_spec_proxy_check_through_compute() -> None:
     logp0 = torch.log_softmax(torch.tensor([math.log(2.0), 0.0, 0.0]), -1)[0]
     assert abs(float(logp0.exp()) - 0.5) < 1e-7
     v, mask = spec_proxy()
-    hidden = v / 0.5  # so that (1 - p) * h is the spec's proxy everywhere
+    hidden = v / 0.5  # so that (1 - p) * h is the proxy of docs/spec/delta.md everywhere
     batch = spec_batch(mask, hidden, torch.full((4, 3), float(logp0)))
     out = compute("delta", batch, A4)
     _close(
@@ -120,7 +120,7 @@ def test_spec_proxy_check_through_compute() -> None:
 
 # ---------------------------------------------------------------------------- naive reference
 def naive_coefficients(v, adv, mask, lam_min=0.8, lam_max=1.2, k_iters=1, lag_free=False) -> torch.Tensor:
-    """Materialises v and uses explicit squared distances, float64, per spec delta.md."""
+    """Materialises v and uses explicit squared distances, float64, per docs/spec/delta.md."""
     v, adv = v.double(), adv.double()
     valid = mask.bool()
     side = torch.sign(adv)[:, None].expand_as(valid) * valid
@@ -141,7 +141,7 @@ def naive_coefficients(v, adv, mask, lam_min=0.8, lam_max=1.2, k_iters=1, lag_fr
         return math.sqrt(max(var, 1e-8))
 
     m = margins(centroid(pos, w_abs), centroid(neg, w_abs))
-    # spec step 4, the released code's disc_steps loop: gamma <- std(m_0); for k = 1..K:
+    # docs/spec/delta.md step 4, the released code's disc_steps loop: gamma <- std(m_0); for k = 1..K:
     # s = sigmoid(m_{k-1} / gamma); gamma <- std(m_{k-1}); mu <- centroids(s); m_k <- margins(mu)
     gp, gn = std(m, pos), std(m, neg)
     for k in range(1, k_iters + 1):

@@ -1,4 +1,4 @@
-"""GCPO rank-power token weights (baselines.md)."""
+"""GCPO rank-power token weights (docs/spec/baselines.md#gcpo)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""KTAE: spec vectors, per-group reference, Fisher p-values, degenerate inputs."""
+"""KTAE: docs/spec/ktae.md worked-example vectors, per-group reference, Fisher p-values, degenerate inputs."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_threshold_hyperparameter() -> None:
     b = spec_batch(second_group=False)
     b.scores = torch.tensor([1.0, 0.6, 0.2, 0.0])
     adv = torch.tensor(A4)
-    # threshold 0.5 reproduces the spec split; threshold 0.0 makes 3 of 4 correct.
+    # threshold 0.5 reproduces the split of docs/spec/ktae.md#worked-example; threshold 0.0 makes 3 of 4 correct.
     torch.testing.assert_close(
         compute("ktae", b, adv, threshold=0.5)[0, 2], torch.tensor(1.866024), atol=1e-5, rtol=0
     )
@@ -189,7 +189,7 @@ def test_fisher_official_fp32_matches_float32_recomputation() -> None:
 
 # ---------------------------------------------------------------------------- per-group reference
 def reference_key_values(ids, mask, correct, groups, use_tf, alpha, beta, top, fisher, ignore):
-    """Plain per-group, per-id Python implementation of spec ktae.md (loops on purpose)."""
+    """Plain per-group, per-id Python implementation of docs/spec/ktae.md (loops on purpose)."""
     n_rows, width = ids.shape
     out = torch.zeros(n_rows, width, dtype=torch.float64)
     for g in sorted(set(groups.tolist())):

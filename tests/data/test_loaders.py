@@ -3,7 +3,7 @@ from importlib import resources
 
 import pytest
 
-from tokencredit.data import DataError, Problem, benchmarks, load_problems
+from tokencredit.data import DataError, Problem, load_problems, math_benchmarks
 from tokencredit.errors import ConfigError
 
 
@@ -107,8 +107,9 @@ def test_parquet_with_chat_prompt_and_ground_truth(tmp_path):
     assert load_problems(tmp_path / "train.parquet") == [Problem("train-0", "What is 6*7?", "42")]
 
 
+@pytest.mark.extras
 def test_datasets_directory(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed (extra tokencredit[data])")
     rows = [{"problem": f"p{i}", "solution": f"... \\boxed{{{i}}}"} for i in range(3)]
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
     assert [p.answer for p in load_problems(tmp_path / "ds")] == ["0", "1", "2"]
@@ -123,27 +124,22 @@ def test_datasets_directory(tmp_path):
         load_problems(tmp_path / "dd", split="train")
 
 
-@pytest.mark.parametrize("name", benchmarks.NAMES)
+@pytest.mark.parametrize("name", math_benchmarks.NAMES)
 def test_shipped_benchmarks_load_with_documented_counts(name):
-    probs = benchmarks.load(name)
-    assert len(probs) == benchmarks.COUNTS[name]
+    probs = math_benchmarks.load(name)
+    assert len(probs) == math_benchmarks.COUNTS[name]
     assert len({p.id for p in probs}) == len(probs)
     assert all(p.problem.strip() and p.answer for p in probs)
 
 
 def test_benchmark_details():
-    assert benchmarks.COUNTS == {
-        "math500": 500,
-        "aime24": 30,
-        "amc23": 83,
-        "minerva_math": 272,
-        "olympiadbench": 675,
-        "gsm8k_train": 8792,
-    }
-    amc = benchmarks.load("amc23", limit=3)
+    readme = resources.files("tokencredit.data").joinpath("math_benchmarks", "README.md").read_text()
+    for name, n in math_benchmarks.COUNTS.items():  # each count as the data folder's README documents it
+        assert f"| {name}.jsonl | {n:,}" in readme, name
+    assert math_benchmarks.COUNTS["math500"] == 500 and len(math_benchmarks.NAMES) == 6
+    amc = math_benchmarks.load("amc23", limit=3)
     assert len(amc) == 3 and amc[0].answer == "142.0"
-    assert any(isinstance(p.answer, list) for p in benchmarks.load("minerva_math"))
-    readme = resources.files("tokencredit.data").joinpath("benchmarks", "README.md").read_text()
+    assert any(isinstance(p.answer, list) for p in math_benchmarks.load("minerva_math"))
     assert "sail-sg/oat" in readme and "Apache-2.0" in readme
     with pytest.raises(ConfigError, match="unknown benchmark 'math50'.*closest: math500"):
-        benchmarks.load("math50")
+        math_benchmarks.load("math50")

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+pytestmark = pytest.mark.extras  # needs tokencredit[trl]: skipped without it, run by `pytest -m extras`
 pytest.importorskip("trl", reason="TRL is not installed (extra tokencredit[trl])")
 from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402

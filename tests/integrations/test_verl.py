@@ -1,5 +1,6 @@
 """verl plugin: DataProto -> verl's registry / patched compute_advantage -> exactly the core's Â."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.extras  # needs tokencredit[verl]: skipped without it, run by `pytest -m extras`
 pytest.importorskip(
     "verl", reason="verl is not installed (extra tokencredit[verl]; see docs/integrations.md)"
 )
@@ -289,9 +291,9 @@ def test_policy_losses_match_core_objective(loss_name, agg):
         _, _, _, _, signals, _ = _fixture()
         kw["keep"] = top_entropy_mask(signals["entropy"], mask, 0.2, "batch") & (adv != 0)
         kw["decay"] = "kept"
-    want, _ = objectives.policy_loss(
-        new, old, adv, mask, kernel=kernel, eps_low=0.2, eps_high=0.28, dual_clip=3.0, loss_agg_mode=agg, **kw
-    )
+    clip = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0}
+    args = objectives.ObjectiveArgs(loss_params=clip, kernel=kernel, kernel_args=kw, loss_agg_mode=agg)
+    want, _ = objectives.policy_loss(new, old, adv, mask, args)
     torch.testing.assert_close(loss, want, rtol=0, atol=0)
     (grad,) = torch.autograd.grad(loss, new)
     assert torch.isfinite(grad).all() and (grad[~mask] == 0).all() and grad.abs().sum() > 0
@@ -300,9 +302,8 @@ def test_policy_losses_match_core_objective(loss_name, agg):
     cfg.global_batch_info.update(dp_size=2, batch_num_tokens=90, global_batch_size=30, loss_scale_factor=16)
     loss2, _ = core_algos.get_policy_loss_fn(loss_name)(old, new, adv, mask.long(), agg, cfg, None)
     want2, _ = objectives.policy_loss(
-        new, old, adv, mask, kernel=kernel, eps_low=0.2, eps_high=0.28, dual_clip=3.0, loss_agg_mode=agg,
-        norm_constant=16, global_tokens=45.0, global_seqs=15.0, **kw,
-    )  # fmt: skip
+        new, old, adv, mask, dataclasses.replace(args, norm_constant=16), global_tokens=45.0, global_seqs=15.0
+    )
     torch.testing.assert_close(loss2, want2, rtol=0, atol=0)
 
 
@@ -376,11 +377,12 @@ def test_losses_verl_lacks_match_the_core(loss_name, agg):
     cfg = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.28)
     loss, _ = core_algos.get_policy_loss_fn(loss_name)(old, new, adv, mask.long(), agg, cfg, None)
     if loss_name == "tc_vespo":
-        want, _ = objectives.policy_loss(new, old, adv, mask, loss="vespo", loss_agg_mode=agg)
+        args = objectives.ObjectiveArgs(loss="vespo", loss_agg_mode=agg)
     else:
-        kw = dict(RECIPES["grpo-lambda"].kernel_params)
-        want, _ = objectives.policy_loss(
-            new, old, adv, mask, kernel="grpo-lambda", eps_low=0.2, eps_high=0.28, dual_clip=3.0, loss_agg_mode=agg, **kw
-        )
+        args = objectives.ObjectiveArgs(
+            loss_params={"eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0}, kernel="grpo-lambda",
+            kernel_args=RECIPES["grpo-lambda"].kernel_params, loss_agg_mode=agg,
+        )  # fmt: skip
+    want, _ = objectives.policy_loss(new, old, adv, mask, args)
     torch.testing.assert_close(loss, want, rtol=0, atol=0)
     assert "tc_cispo" not in core_algos.POLICY_LOSS_REGISTRY  # verl has cispo: its own loss_mode is used

@@ -40,6 +40,7 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.extras  # needs tokencredit[verl]: skipped without it, run by `pytest -m extras`
 pytest.importorskip(
     "verl", reason="verl is not installed (extra tokencredit[verl]; see docs/integrations.md)"
 )

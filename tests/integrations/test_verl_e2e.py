@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.extras  # needs tokencredit[verl]: skipped without it, run by `pytest -m extras`
 pytest.importorskip(
     "verl", reason="verl is not installed (extra tokencredit[verl]; see docs/integrations.md)"
 )

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.extras  # needs tokencredit[verl]: skipped without it, run by `pytest -m extras`
 pytest.importorskip(
     "verl", reason="verl is not installed (extra tokencredit[verl]; see docs/integrations.md)"
 )

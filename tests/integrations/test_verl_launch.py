@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-verl = pytest.importorskip("verl", reason="verl is not installed (pip install -e '.[verl]' && pip install --no-deps verl)")
+pytestmark = pytest.mark.extras  # needs tokencredit[verl]: skipped without it, run by `pytest -m extras`
+verl = pytest.importorskip("verl", reason="verl is not installed (extra tokencredit[verl], then pip install --no-deps verl)")
 yaml = pytest.importorskip("yaml")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "verl" / "run_qwen_math.sh"

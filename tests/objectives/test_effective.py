@@ -1,6 +1,8 @@
-"""Effective (on-policy) credit: strace.md's worked example, per-token kernels give Â, mass conservation."""
+"""Effective (on-policy) credit: docs/spec/strace.md#worked-example, per-token kernels give Â, mass conservation."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -9,7 +11,7 @@ from tokencredit import advantages, credit
 from tokencredit.batch import RolloutBatch
 from tokencredit.credit.entropy import top_entropy_mask
 from tokencredit.errors import ConfigError
-from tokencredit.objectives import effective_credit
+from tokencredit.objectives import ObjectiveArgs, effective_credit
 from tokencredit.recipes import RECIPES, credit_needs, token_credit
 
 ONE_ROW = torch.ones(1, 4, dtype=torch.bool)
@@ -47,14 +49,14 @@ def ragged_batch(seed: int = 0, n_groups: int = 3, g: int = 4, t: int = 9, h: in
 
 
 def test_ptrace_worked_example():
-    # strace.md: on-policy credit [0.385714, 0.271429, 0.209524, 0.133333] (token-mean over T = 4), x T
-    got = effective_credit(torch.ones(1, 4), ONE_ROW, kernel="ptrace", kernel_args={"lam": 0.5})
+    # docs/spec/strace.md#worked-example: on-policy credit [0.385714, 0.271429, 0.209524, 0.133333] (token-mean over T = 4), x T
+    got = effective_credit(torch.ones(1, 4), ONE_ROW, ObjectiveArgs(kernel="ptrace", kernel_args={"lam": 0.5}))
     want = torch.tensor([[0.385714, 0.271429, 0.209524, 0.133333]]) * 4
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
 def test_gspo_gives_every_token_weight_one_over_length():
-    got = effective_credit(torch.ones(1, 4), ONE_ROW, kernel="gspo")
+    got = effective_credit(torch.ones(1, 4), ONE_ROW, ObjectiveArgs(kernel="gspo"))
     torch.testing.assert_close(got, torch.ones(1, 4))
 
 
@@ -64,10 +66,9 @@ def test_gspo_gives_every_token_weight_one_over_length():
 def test_strace_worked_example(decay, want):
     keep = top_entropy_mask(ENTROPY, ONE_ROW, 0.5, "sequence")
     assert keep.tolist() == [[True, False, True, False]]
-    got = effective_credit(
-        torch.ones(1, 4), ONE_ROW, kernel="strace", kernel_args={"lam": 0.5, "keep": keep, "decay": decay}
-    )
-    # strace.md: 0.666667 and 0.333333 with |M| normalisation, times |M| = 2
+    args = ObjectiveArgs(kernel="strace", kernel_args={"lam": 0.5, "keep": keep, "decay": decay})
+    got = effective_credit(torch.ones(1, 4), ONE_ROW, args)
+    # docs/spec/strace.md#worked-example: 0.666667 and 0.333333 with |M| normalisation, times |M| = 2
     torch.testing.assert_close(got, torch.tensor([want]), atol=1e-6, rtol=0)
     assert got[0, 1].item() == 0.0 and got[0, 3].item() == 0.0
 
@@ -85,9 +86,8 @@ def test_strace_worked_example(decay, want):
 def test_per_token_kernels_reproduce_the_advantages(loss, kernel, args):
     b = ragged_batch(1)
     a_hat = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(3)) * b.mask
-    got = effective_credit(
-        a_hat, b.mask, loss=loss, kernel=kernel, kernel_args=args, old_log_probs=b.old_log_probs
-    )
+    objective = ObjectiveArgs(loss=loss, kernel=kernel, kernel_args=args)
+    got = effective_credit(a_hat, b.mask, objective, old_log_probs=b.old_log_probs)
     torch.testing.assert_close(got, a_hat, atol=1e-6, rtol=1e-6)
     assert bool((got[~b.mask] == 0).all()) and got.dtype == torch.float32 and not got.requires_grad
 
@@ -102,11 +102,8 @@ def test_recipes_with_per_token_kernels_show_their_credit_methods_advantages(nam
     torch.testing.assert_close(rc.effective(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(rc.token_advantages, want)
     # the shortcut TokenCredit.effective takes for per-token objectives equals the autograd path
-    args = rc.policy_kwargs()
-    by_autograd = effective_credit(
-        rc.token_advantages, rc.mask, loss=args["loss"], kernel=args["kernel"],
-        kernel_args={k: v for k, v in args.items() if k == "keep"},
-    )  # fmt: skip
+    token_mean = dataclasses.replace(rc.objective, loss_agg_mode="token-mean")
+    by_autograd = effective_credit(rc.token_advantages, rc.mask, token_mean)
     torch.testing.assert_close(rc.effective(), by_autograd, atol=1e-6, rtol=1e-6)
 
 
@@ -129,7 +126,7 @@ def test_trace_and_sequence_kernels_conserve_each_rows_credit(name):
 def test_gspo_spreads_the_row_mean():
     b = ragged_batch(5)
     a_hat = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(6)) * b.mask
-    got = effective_credit(a_hat, b.mask, kernel="gspo")
+    got = effective_credit(a_hat, b.mask, ObjectiveArgs(kernel="gspo"))
     mean = a_hat.sum(-1) / b.mask.sum(-1).clamp(min=1)
     torch.testing.assert_close(got, (mean[:, None] * b.mask).float(), atol=1e-6, rtol=1e-6)
 
@@ -137,17 +134,17 @@ def test_gspo_spreads_the_row_mean():
 def test_result_does_not_depend_on_the_point_log_probs():
     b = ragged_batch(7)
     a_hat = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(8)) * b.mask
-    kw = {"kernel": "ptrace", "kernel_args": {"lam": 0.9}}
+    args = ObjectiveArgs(kernel="ptrace", kernel_args={"lam": 0.9})
     torch.testing.assert_close(
-        effective_credit(a_hat, b.mask, old_log_probs=b.old_log_probs, **kw),
-        effective_credit(a_hat, b.mask, **kw),
+        effective_credit(a_hat, b.mask, args, old_log_probs=b.old_log_probs),
+        effective_credit(a_hat, b.mask, args),
     )
 
 
 def test_other_aggregations_rescale_rows():
     b = ragged_batch(9)
     a_hat = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(10)) * b.mask
-    got = effective_credit(a_hat, b.mask, loss_agg_mode="seq-mean-token-mean")
+    got = effective_credit(a_hat, b.mask, ObjectiveArgs(loss_agg_mode="seq-mean-token-mean"))
     lens = b.mask.sum(-1).double()
     n_seq = float((lens > 0).sum())
     want = a_hat.double() * b.mask.sum() / (n_seq * lens.clamp(min=1))[:, None]
@@ -178,4 +175,4 @@ def test_empty_loss_set_and_bad_inputs():
             torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, float("nan")]]), torch.ones(2, 3, dtype=torch.bool)
         )
     with pytest.raises(ConfigError, match="keep"):
-        effective_credit(torch.ones(1, 4), ONE_ROW, kernel="strace", kernel_args={"lam": 0.5})
+        effective_credit(torch.ones(1, 4), ONE_ROW, ObjectiveArgs(kernel="strace", kernel_args={"lam": 0.5}))

@@ -1,4 +1,4 @@
-"""GRPO(lambda)'s trace kernels (strace.md, "GRPO(λ), the baseline S-trace compares against")."""
+"""GRPO(lambda)'s trace kernels (docs/spec/strace.md, "GRPO(λ), the baseline S-trace compares against")."""
 
 from __future__ import annotations
 
@@ -6,10 +6,21 @@ import pytest
 import torch
 
 from tokencredit.errors import ConfigError
-from tokencredit.objectives import effective_credit, grpo_lambda_log_weights, policy_loss, trace_log_weights
+from tokencredit.objectives import (
+    ObjectiveArgs,
+    effective_credit,
+    grpo_lambda_log_weights,
+    policy_loss,
+    trace_log_weights,
+)
 
 L = torch.tensor([[0.02, -0.01, 0.05, 0.00]])
 ONE_ROW = torch.ones(1, 4, dtype=torch.bool)
+
+
+def grpo_lambda(loss_params: dict | None = None, **kernel_args) -> ObjectiveArgs:
+    """PPO-clip with the GRPO(lambda) kernel and these kernel arguments."""
+    return ObjectiveArgs(loss_params=loss_params or {}, kernel="grpo-lambda", kernel_args=kernel_args)
 
 
 def naive(log_ratio: torch.Tensor, mask: torch.Tensor, decay: float, trace: str) -> torch.Tensor:
@@ -30,12 +41,10 @@ def test_spec_vectors():
 
 
 def test_on_policy_credit_of_recent_trace():
-    # strace.md: credit k = (1/T) sum_{t>=k} tr(t, k) = [0.46875, 0.4375, 0.375, 0.25]; effective_credit is that x T
-    got = effective_credit(torch.ones(1, 4), ONE_ROW, kernel="grpo-lambda", kernel_args={"gamma": 1.0, "lam": 0.5})
+    # docs/spec/strace.md (GRPO(λ) section): credit k = (1/T) sum_{t>=k} tr(t, k) = [0.46875, 0.4375, 0.375, 0.25]; effective_credit is that x T
+    got = effective_credit(torch.ones(1, 4), ONE_ROW, grpo_lambda(gamma=1.0, lam=0.5))
     torch.testing.assert_close(got, torch.tensor([[0.46875, 0.4375, 0.375, 0.25]]) * 4, atol=1e-6, rtol=0)
-    both = effective_credit(
-        torch.ones(1, 4), ONE_ROW, kernel="grpo-lambda", kernel_args={"gamma": 0.5, "lam": 1.0, "trace": "both"}
-    )
+    both = effective_credit(torch.ones(1, 4), ONE_ROW, grpo_lambda(gamma=0.5, lam=1.0, trace="both"))
     # sum over t >= k of max(0.5^(t-k), 0.5^k): k=0 -> 4, k=1 -> 1 + 0.5 + 0.5, k=2 -> 1 + 0.5, k=3 -> 1
     torch.testing.assert_close(both, torch.tensor([[4.0, 2.0, 1.5, 1.0]]), atol=1e-6, rtol=0)
 
@@ -61,10 +70,11 @@ def test_accumulating_kernel_is_grpo_lambda_recent(gamma, lam, holes):
     torch.testing.assert_close(a, b, atol=0, rtol=0)
     adv = torch.randn(mask.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     old = torch.zeros_like(log_ratio)
-    kw = dict(eps_low=0.2, eps_high=0.28)
-    acc, _ = policy_loss(log_ratio, old, adv, mask, kernel="accumulating", lam=gamma * lam, **kw)
+    clip = {"eps_low": 0.2, "eps_high": 0.28}
+    accumulating = ObjectiveArgs(loss_params=clip, kernel="accumulating", kernel_args={"lam": gamma * lam})
+    acc, _ = policy_loss(log_ratio, old, adv, mask, accumulating)
     (ga,) = torch.autograd.grad(acc, log_ratio)
-    grl, _ = policy_loss(log_ratio, old, adv, mask, kernel="grpo-lambda", gamma=gamma, lam=lam, **kw)
+    grl, _ = policy_loss(log_ratio, old, adv, mask, grpo_lambda(loss_params=clip, gamma=gamma, lam=lam))
     (gb,) = torch.autograd.grad(grl, log_ratio)
     torch.testing.assert_close(acc, grl, atol=1e-12, rtol=0)
     torch.testing.assert_close(ga, gb, atol=1e-12, rtol=0)
@@ -109,5 +119,4 @@ def test_bad_configuration():
     with pytest.raises(ConfigError, match="trace"):
         grpo_lambda_log_weights(L, ONE_ROW, 0.5, "old")
     with pytest.raises(ConfigError, match="closest: trace"):
-        policy_loss(L.clone().requires_grad_(True), torch.zeros(1, 4), torch.ones(1, 4), ONE_ROW, kernel="grpo-lambda",
-                    traces="both")  # fmt: skip
+        grpo_lambda(traces="both")

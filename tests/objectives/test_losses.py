@@ -11,7 +11,7 @@ import torch
 
 from tokencredit import objectives
 from tokencredit.errors import ConfigError
-from tokencredit.objectives import LOSSES, effective_credit, get_loss, policy_loss
+from tokencredit.objectives import LOSSES, ObjectiveArgs, effective_credit, get_loss, policy_loss
 
 N, T = 6, 8
 LENGTHS = torch.tensor([8, 0, 1, 5, 8, 3])
@@ -33,7 +33,7 @@ def test_per_token_flag_is_the_on_policy_gradient(name):
     a_hat = torch.randn(N, T, generator=g, dtype=torch.float64) * MASK
     old = -torch.rand(N, T, generator=g, dtype=torch.float64) * 2 * MASK
     torch.manual_seed(0)
-    got = effective_credit(a_hat, MASK, loss=name, old_log_probs=old)
+    got = effective_credit(a_hat, MASK, ObjectiveArgs(loss=name), old_log_probs=old)
     if get_loss(name).per_token:
         torch.testing.assert_close(got, a_hat.float(), atol=1e-6, rtol=1e-6)
     else:
@@ -46,7 +46,7 @@ def test_per_token_flag_is_the_on_policy_gradient(name):
 def test_every_ratio_loss_composes_with_every_kernel_and_mode(name, kernel, mode):
     log_prob, old, adv = batch(2)
     torch.manual_seed(0)
-    loss, metrics = policy_loss(log_prob, old, adv, MASK, loss=name, kernel=kernel, loss_agg_mode=mode)
+    loss, metrics = policy_loss(log_prob, old, adv, MASK, ObjectiveArgs(loss=name, kernel=kernel, loss_agg_mode=mode))
     (grad,) = torch.autograd.grad(loss, log_prob)
     assert bool(torch.isfinite(loss)) and bool(torch.isfinite(grad).all())
     assert bool((grad[~MASK] == 0).all())
@@ -66,22 +66,22 @@ def test_gmpo_puts_one_value_on_each_response():
 
 def test_clip_cov_is_reproducible_under_a_seed_and_removes_tokens():
     log_prob, old, adv = batch(4)
-    args = dict(loss="clip-cov", clip_cov_ratio=0.3, clip_cov_lb=0.0)
+    args = ObjectiveArgs(loss="clip-cov", loss_params={"clip_cov_ratio": 0.3, "clip_cov_lb": 0.0})
     torch.manual_seed(7)
-    a, ma = policy_loss(log_prob, old, adv, MASK, **args)
+    a, ma = policy_loss(log_prob, old, adv, MASK, args)
     torch.manual_seed(7)
-    b, _ = policy_loss(log_prob, old, adv, MASK, **args)
+    b, _ = policy_loss(log_prob, old, adv, MASK, args)
     assert torch.equal(a, b) and ma["cov_frac"] > 0
-    plain, _ = policy_loss(log_prob, old, adv, MASK, eps_low=0.2, eps_high=0.2)
+    plain, _ = policy_loss(log_prob, old, adv, MASK, ObjectiveArgs(loss_params={"eps_low": 0.2, "eps_high": 0.2}))
     assert not torch.equal(a, plain)
 
 
 def test_vespo_weight_is_one_on_policy_and_small_far_off_policy():
     log_prob, old, adv = batch(5)
-    on, _ = policy_loss(old.clone().requires_grad_(True), old, adv, MASK, loss="vespo")
-    reinforce, _ = policy_loss(old.clone().requires_grad_(True), None, adv, MASK, loss="reinforce")
+    on, _ = policy_loss(old.clone().requires_grad_(True), old, adv, MASK, ObjectiveArgs(loss="vespo"))
+    reinforce, _ = policy_loss(old.clone().requires_grad_(True), None, adv, MASK, ObjectiveArgs(loss="reinforce"))
     torch.testing.assert_close(on, reinforce)
-    far, _ = policy_loss(old + 3.0, old, adv, MASK, loss="vespo")
+    far, _ = policy_loss(old + 3.0, old, adv, MASK, ObjectiveArgs(loss="vespo"))
     assert abs(float(far)) < 1e-6  # w = e^(3 L) >> 1: phi = exp(lambda (1 + log w - w)) ~ 0
 
 
@@ -90,7 +90,8 @@ def test_dppo_needs_old_log_probs_and_masks_tokens_outside_the_region():
     inputs = objectives.LossInputs(log_prob, adv, MASK, log_prob - old, log_prob - old, None)
     with pytest.raises(ConfigError, match="old_log_prob"):
         get_loss("dppo-tv").fn(inputs)
-    _, metrics = policy_loss(log_prob, old, adv, MASK, loss="dppo-tv", eps_low=0.01, eps_high=0.01)
+    args = ObjectiveArgs(loss="dppo-tv", loss_params={"eps_low": 0.01, "eps_high": 0.01})
+    _, metrics = policy_loss(log_prob, old, adv, MASK, args)
     assert metrics["clip_frac"] > 0
 
 
@@ -109,16 +110,16 @@ def test_dppo_needs_old_log_probs_and_masks_tokens_outside_the_region():
 def test_bad_parameters_are_config_errors(loss, params, match):
     log_prob, old, adv = batch(7)
     with pytest.raises(ConfigError, match=match):
-        policy_loss(log_prob, old, adv, MASK, loss=loss, **params)
+        policy_loss(log_prob, old, adv, MASK, ObjectiveArgs(loss=loss, loss_params=params))
 
 
 def test_gpg_is_reinforce_and_takes_no_ratio():
     log_prob, _, adv = batch(8)
-    a, _ = policy_loss(log_prob, None, adv, MASK, loss="gpg")
-    b, _ = policy_loss(log_prob, None, adv, MASK, loss="reinforce")
+    a, _ = policy_loss(log_prob, None, adv, MASK, ObjectiveArgs(loss="gpg"))
+    b, _ = policy_loss(log_prob, None, adv, MASK, ObjectiveArgs(loss="reinforce"))
     assert torch.equal(a, b) and not get_loss("gpg").uses_ratio
     with pytest.raises(ConfigError, match="no importance ratio"):
-        policy_loss(log_prob, None, adv, MASK, loss="gpg", kernel="gspo")
+        ObjectiveArgs(loss="gpg", kernel="gspo")
 
 
 @pytest.mark.parametrize("name", [n for n in LOSSES if get_loss(n).uses_ratio])
@@ -126,6 +127,6 @@ def test_bf16_inputs_give_finite_losses(name):
     log_prob, old, adv = batch(9)
     lp = log_prob.detach().bfloat16().requires_grad_(True)
     torch.manual_seed(0)
-    loss, _ = policy_loss(lp, old.bfloat16(), adv.bfloat16(), MASK, loss=name)
+    loss, _ = policy_loss(lp, old.bfloat16(), adv.bfloat16(), MASK, ObjectiveArgs(loss=name))
     loss.backward()
     assert bool(torch.isfinite(loss)) and bool(torch.isfinite(lp.grad).all())

@@ -69,7 +69,7 @@ def test_kl_estimators():
 def test_reinforce_is_minus_adv_logp():
     lp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
     m = torch.tensor([[1, 1], [1, 0]]).bool()
-    loss, _ = objectives.policy_loss(lp, None, torch.tensor([2.0, -1.0]), m, loss="reinforce")
+    loss, _ = objectives.policy_loss(lp, None, torch.tensor([2.0, -1.0]), m, objectives.ObjectiveArgs(loss="reinforce"))
     assert loss.item() == pytest.approx((2 * 1 + 2 * 2 + (-1) * 0.5) / 3)
     loss.backward()
     torch.testing.assert_close(lp.grad, torch.tensor([[-2 / 3, -2 / 3], [1 / 3, 0.0]]))
@@ -84,16 +84,15 @@ def test_metrics_and_kl_term():
         old,
         torch.tensor([[1.0, -1.0, 1.0]]),
         m,
+        objectives.ObjectiveArgs(kl_coef=0.1, kl_type="k1"),
         ref_log_prob=torch.zeros(1, 3),
-        kl_coef=0.1,
-        kl_type="k1",
     )
     assert met["clip_high_frac"] == pytest.approx(1 / 3) and met["clip_low_frac"] == pytest.approx(1 / 3)
     assert met["ratio_max"] == pytest.approx(math.exp(0.5))
     assert met["kl_ref"] == pytest.approx(0.0)
     assert met["approx_kl"] == pytest.approx((0.125 + 0.125) / 3)
     with pytest.raises(ConfigError, match="ref_log_prob"):
-        objectives.policy_loss(lp, old, torch.ones(1), m, kl_coef=0.1)
+        objectives.policy_loss(lp, old, torch.ones(1), m, objectives.ObjectiveArgs(kl_coef=0.1))
 
 
 def _random_case(seed, n=6, t=7):
@@ -115,8 +114,11 @@ def _random_case(seed, n=6, t=7):
 )
 def test_microbatch_split_does_not_change_loss_or_grad(seed, parts, mode, kernel):
     logp, old, adv, mask = _random_case(seed)
-    kw = dict(kernel=kernel, loss_agg_mode=mode, eps_low=0.2, eps_high=0.28, dual_clip=3.0, norm_constant=7)
-    full, _ = objectives.policy_loss(logp, old, adv, mask, **kw)
+    args = objectives.ObjectiveArgs(
+        loss_params={"eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0}, kernel=kernel, loss_agg_mode=mode,
+        norm_constant=7,
+    )  # fmt: skip
+    full, _ = objectives.policy_loss(logp, old, adv, mask, args)
     (g_full,) = torch.autograd.grad(full, logp)
     n_tok = float(mask.sum())
     n_seq = float((mask.sum(-1) > 0).sum())
@@ -125,7 +127,7 @@ def test_microbatch_split_does_not_change_loss_or_grad(seed, parts, mode, kernel
     for rows in torch.arange(logp.shape[0]).tensor_split(parts):
         lp = logp.detach()[rows].requires_grad_(True)
         l, _ = objectives.policy_loss(
-            lp, old[rows], adv[rows], mask[rows], global_tokens=n_tok, global_seqs=n_seq, **kw
+            lp, old[rows], adv[rows], mask[rows], args, global_tokens=n_tok, global_seqs=n_seq
         )
         (g,) = torch.autograd.grad(l, lp)
         g_acc[rows] = g
@@ -140,10 +142,10 @@ def test_gspo_token_equals_gspo_with_constant_advantage(seed, mode):
     logp, old, _, mask = _random_case(seed)
     a = torch.randn(logp.shape[0], generator=torch.Generator().manual_seed(seed + 1))
     adv = a[:, None].expand_as(logp)
-    kw = dict(eps_low=3e-4, eps_high=4e-4, loss_agg_mode=mode)
-    l1, _ = objectives.policy_loss(logp, old, adv, mask, kernel="gspo", **kw)
+    kw = dict(loss_params={"eps_low": 3e-4, "eps_high": 4e-4}, loss_agg_mode=mode)
+    l1, _ = objectives.policy_loss(logp, old, adv, mask, objectives.ObjectiveArgs(kernel="gspo", **kw))
     (g1,) = torch.autograd.grad(l1, logp)
-    l2, _ = objectives.policy_loss(logp, old, adv, mask, kernel="gspo-token", **kw)
+    l2, _ = objectives.policy_loss(logp, old, adv, mask, objectives.ObjectiveArgs(kernel="gspo-token", **kw))
     (g2,) = torch.autograd.grad(l2, logp)
     assert l1.item() == pytest.approx(l2.item(), rel=1e-6, abs=1e-7)
     torch.testing.assert_close(g1, g2, atol=1e-6, rtol=1e-5)
@@ -155,8 +157,9 @@ def test_gspo_sequence_ratio_value():
     assert objectives.sequence_log_ratio(l, m).item() == pytest.approx(0.015)
     lp = l.clone().requires_grad_(True)
     loss, met = objectives.policy_loss(
-        lp, torch.zeros(1, 4), torch.ones(1), m, kernel="gspo", eps_low=1, eps_high=1
-    )
+        lp, torch.zeros(1, 4), torch.ones(1), m,
+        objectives.ObjectiveArgs(kernel="gspo", loss_params={"eps_low": 1, "eps_high": 1}),
+    )  # fmt: skip
     assert met["ratio_mean"] == pytest.approx(1.015113, abs=1e-6)
     loss.backward()  # token-mean of -s: each token's grad = -s/4... times d(mean)/dl_t = 1/4 summed over 4 tokens
     torch.testing.assert_close(lp.grad, torch.full((1, 4), -1.015113 / 4), atol=1e-6, rtol=0)
@@ -165,6 +168,6 @@ def test_gspo_sequence_ratio_value():
 def test_unknown_kernel_and_kernel_needs_old_logprob():
     m = torch.ones(1, 2, dtype=torch.bool)
     with pytest.raises(ConfigError, match="closest: gspo"):
-        objectives.policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), m, kernel="gsp")
+        objectives.ObjectiveArgs(kernel="gsp")
     with pytest.raises(ConfigError, match="old_log_prob"):
         objectives.policy_loss(torch.zeros(1, 2), None, torch.ones(1), m)

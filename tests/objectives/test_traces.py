@@ -1,4 +1,4 @@
-"""Eligibility-trace kernels (strace.md): spec vectors, autograd credit, long-T stability, equivalences."""
+"""Eligibility-trace kernels (docs/spec/strace.md): worked-example vectors, autograd credit, long-T stability, equivalences."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from tokencredit.credit.entropy import top_entropy_mask
 from tokencredit.errors import ConfigError
 from tokencredit.objectives import (
     KERNELS,
+    ObjectiveArgs,
     aggregate,
     causal_decay_filter,
     clipped_token_loss,
@@ -23,7 +24,7 @@ H_SPEC = [2.1, 0.05, 1.3, 0.02]
 
 
 def naive_trace(l_row, active_row, lam, normalized=True, decay="kept"):
-    """The strace.md recursion, one token at a time in float64 (the reference)."""
+    """The docs/spec/strace.md recursion, one token at a time in float64 (the reference)."""
     out = [0.0] * len(l_row)
     num = den = 0.0
     last = None
@@ -42,7 +43,7 @@ def spec_inputs():
     return l, mask
 
 
-# ---------------------------------------------------------------- spec vectors
+# ------------------------------------------------- docs/spec/strace.md#worked-example
 def test_ptrace_vector():
     l, mask = spec_inputs()
     lw = trace_log_weights(l, mask, 0.5)
@@ -110,7 +111,8 @@ def test_on_policy_credit_through_policy_loss(kernel, params, expected):
     old = torch.tensor([[-1.0, -0.5, -2.0, -0.3]], dtype=torch.float64)
     logp = old.clone().requires_grad_()
     mask = torch.ones(1, 4, dtype=torch.bool)
-    loss, _ = policy_loss(logp, old, torch.ones(1, dtype=torch.float64), mask, kernel=kernel, **params)
+    args = ObjectiveArgs(kernel=kernel, kernel_args=params)
+    loss, _ = policy_loss(logp, old, torch.ones(1, dtype=torch.float64), mask, args)
     (grad,) = torch.autograd.grad(loss, logp)
     assert torch.allclose(-grad[0], torch.tensor(expected, dtype=torch.float64), atol=1e-6)
 
@@ -128,8 +130,9 @@ def test_strace_on_policy_credit_with_kept_normalisation():
     old = torch.tensor([[-1.0, -0.5, -2.0, -0.3]], dtype=torch.float64)
     logp = old.clone().requires_grad_()
     loss, _ = policy_loss(
-        logp, old, torch.ones(1, dtype=torch.float64), mask, kernel="strace", lam=0.5, keep=keep
-    )
+        logp, old, torch.ones(1, dtype=torch.float64), mask,
+        ObjectiveArgs(kernel="strace", kernel_args={"lam": 0.5, "keep": keep}),
+    )  # fmt: skip
     (grad,) = torch.autograd.grad(loss, logp)
     assert torch.allclose(-grad[0], expected, atol=1e-6)
 
@@ -233,7 +236,7 @@ def random_rollouts(seed, n=6, t=12, scale=0.3):
 
 
 def loss_and_grad(logp, old, adv, mask, **kw):
-    loss, _ = policy_loss(logp, old, adv, mask, **kw)
+    loss, _ = policy_loss(logp, old, adv, mask, ObjectiveArgs(**kw))
     (grad,) = torch.autograd.grad(loss, logp)
     return loss.detach(), grad
 
@@ -242,10 +245,10 @@ def loss_and_grad(logp, old, adv, mask, **kw):
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_lambda_zero_equals_per_token_ppo(seed, agg):
     logp, old, adv, mask, _ = random_rollouts(seed)
-    common = dict(eps_low=0.2, eps_high=0.28, dual_clip=3.0, loss_agg_mode=agg)
+    common = dict(loss_params={"eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0}, loss_agg_mode=agg)
     want = loss_and_grad(logp, old, adv, mask, kernel="token", **common)
     for kernel in ("ptrace", "accumulating"):
-        got = loss_and_grad(logp, old, adv, mask, kernel=kernel, lam=0.0, **common)
+        got = loss_and_grad(logp, old, adv, mask, kernel=kernel, kernel_args={"lam": 0.0}, **common)
         assert torch.allclose(got[0], want[0], atol=1e-12) and torch.allclose(got[1], want[1], atol=1e-12)
 
 
@@ -255,9 +258,10 @@ def test_keep_all_strace_equals_ptrace(seed, decay):
     logp, old, adv, mask, entropy = random_rollouts(seed)
     keep = top_entropy_mask(entropy, mask, keep_ratio=1.0)
     assert torch.equal(keep, mask)
-    common = dict(eps_low=0.2, eps_high=0.28, lam=0.95, decay=decay)
-    got = loss_and_grad(logp, old, adv, mask, kernel="strace", keep=keep, **common)
-    want = loss_and_grad(logp, old, adv, mask, kernel="ptrace", **common)
+    clip = {"eps_low": 0.2, "eps_high": 0.28}
+    trace = {"lam": 0.95, "decay": decay}
+    got = loss_and_grad(logp, old, adv, mask, loss_params=clip, kernel="strace", kernel_args={**trace, "keep": keep})
+    want = loss_and_grad(logp, old, adv, mask, loss_params=clip, kernel="ptrace", kernel_args=trace)
     assert torch.allclose(got[0], want[0], atol=1e-12) and torch.allclose(got[1], want[1], atol=1e-12)
 
 
@@ -265,7 +269,7 @@ def test_keep_all_strace_equals_ptrace(seed, decay):
 def test_gspo_kernel_equals_trace_at_last_token(seed):
     logp, old, adv, mask, _ = random_rollouts(seed, n=8, scale=4e-4)
     adv = adv[:, 0]  # GSPO: one advantage per response
-    gspo = dict(eps_low=3e-4, eps_high=4e-4, loss_agg_mode="seq-mean-token-mean")
+    gspo = dict(loss_params={"eps_low": 3e-4, "eps_high": 4e-4}, loss_agg_mode="seq-mean-token-mean")
     want = loss_and_grad(logp, old, adv, mask, kernel="gspo", **gspo)
 
     # lambda = 1 normalised trace, read at each response's last valid token, given to all its tokens

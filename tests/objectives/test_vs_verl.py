@@ -20,6 +20,7 @@ import torch
 from tokencredit import advantages, objectives
 from tokencredit.batch import RolloutBatch
 
+pytestmark = pytest.mark.extras  # needs tokencredit[verl] and [trl]: skipped without them, run by `pytest -m extras`
 ca = pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed (extra tokencredit[verl])")
 from verl.trainer.config import AlgoConfig  # noqa: E402
 from verl.workers.config.actor import ActorConfig, PolicyLossConfig  # noqa: E402
@@ -64,11 +65,9 @@ def actor_config(eps_low=0.2, eps_high=0.2, clip_ratio_c=3.0, tau_pos=1.0, tau_n
     )  # fmt: skip
 
 
-def ours(log_prob, old, adv, mask, loss, mode, kernel="token", **params):
-    return objectives.policy_loss(
-        log_prob, old if objectives.get_loss(loss).uses_ratio else None, adv, mask, loss=loss, kernel=kernel,
-        loss_agg_mode=mode, **params,
-    )[0]  # fmt: skip
+def ours(log_prob, old, adv, mask, loss, mode, kernel="token", **loss_params):
+    args = objectives.ObjectiveArgs(loss=loss, loss_params=loss_params, kernel=kernel, loss_agg_mode=mode)
+    return objectives.policy_loss(log_prob, old if args.uses_ratio else None, adv, mask, args)[0]
 
 
 # verl loss name, tokencredit loss, kernel, tokencredit parameters, verl ActorConfig arguments
@@ -153,7 +152,8 @@ def test_gmpo_equals_verl_geo_mean(mode, eps):
     want, want_grad = value_and_grad(lambda: fn(old, log_prob, adv, m, mode, config)[0], log_prob)
     got, got_grad = value_and_grad(
         lambda: objectives.policy_loss(
-            log_prob, old, adv, mask, loss="gmpo", eps_low=eps, eps_high=eps, loss_agg_mode="seq-mean-token-mean",
+            log_prob, old, adv, mask,
+            objectives.ObjectiveArgs("gmpo", {"eps_low": eps, "eps_high": eps}, loss_agg_mode="seq-mean-token-mean"),
             global_seqs=N,
         )[0],
         log_prob,
@@ -277,38 +277,35 @@ def trl_loss(loss_type, log_prob, old, adv, mask, *, epsilon=0.2, epsilon_high=0
     return trl_trainer.GRPOTrainer._compute_loss(stub, None, inputs)
 
 
-# TRL loss_type, TRL arguments, tokencredit loss / kernel / aggregation and parameters
+# TRL loss_type, TRL arguments, tokencredit objective, global_seqs
+Args = objectives.ObjectiveArgs
+CLIP = {"eps_low": 0.2, "eps_high": 0.28}
 TRL_CASES = [
-    ("grpo", {}, dict(loss="ppo-clip", loss_agg_mode="seq-mean-token-mean", eps_low=0.2, eps_high=0.28, global_seqs=N)),
-    ("grpo", {"sequence": True}, dict(loss="ppo-clip", kernel="gspo", loss_agg_mode="seq-mean-token-mean",
-                                      eps_low=0.2, eps_high=0.28, global_seqs=N)),
-    ("bnpo", {}, dict(loss="ppo-clip", loss_agg_mode="token-mean", eps_low=0.2, eps_high=0.28)),
-    ("dr_grpo", {}, dict(loss="ppo-clip", loss_agg_mode="seq-mean-token-sum-norm", eps_low=0.2, eps_high=0.28,
-                         norm_constant=T, global_seqs=N)),
-    ("dapo", {}, dict(loss="ppo-clip", loss_agg_mode="token-mean", eps_low=0.2, eps_high=0.28)),
-    ("luspo", {"sequence": True}, dict(loss="ppo-clip", kernel="gspo", loss_agg_mode="seq-mean-token-sum",
-                                       eps_low=0.2, eps_high=0.28, global_seqs=N)),
-    ("cispo", {"epsilon_high": 5.0}, dict(loss="cispo", loss_agg_mode="token-mean", eps_low=1.0, eps_high=4.0)),
-    ("cispo", {"epsilon_high": 1.2}, dict(loss="cispo", loss_agg_mode="token-mean", eps_low=1.0, eps_high=0.2)),
+    ("grpo", {}, Args("ppo-clip", CLIP, loss_agg_mode="seq-mean-token-mean"), N),
+    ("grpo", {"sequence": True}, Args("ppo-clip", CLIP, "gspo", loss_agg_mode="seq-mean-token-mean"), N),
+    ("bnpo", {}, Args("ppo-clip", CLIP, loss_agg_mode="token-mean"), None),
+    ("dr_grpo", {}, Args("ppo-clip", CLIP, loss_agg_mode="seq-mean-token-sum-norm", norm_constant=T), N),
+    ("dapo", {}, Args("ppo-clip", CLIP, loss_agg_mode="token-mean"), None),
+    ("luspo", {"sequence": True}, Args("ppo-clip", CLIP, "gspo", loss_agg_mode="seq-mean-token-sum"), N),
+    ("cispo", {"epsilon_high": 5.0}, Args("cispo", {"eps_low": 1.0, "eps_high": 4.0}, loss_agg_mode="token-mean"), None),
+    ("cispo", {"epsilon_high": 1.2}, Args("cispo", {"eps_low": 1.0, "eps_high": 0.2}, loss_agg_mode="token-mean"), None),
     ("sapo", {"sapo_temperature_pos": 0.9, "sapo_temperature_neg": 1.4},
-     dict(loss="sapo", loss_agg_mode="seq-mean-token-mean", tau_pos=0.9, tau_neg=1.4, global_seqs=N)),
-    ("vespo", {}, dict(loss="vespo", loss_agg_mode="token-mean")),
+     Args("sapo", {"tau_pos": 0.9, "tau_neg": 1.4}, loss_agg_mode="seq-mean-token-mean"), N),
+    ("vespo", {}, Args("vespo", loss_agg_mode="token-mean"), None),
     ("vespo", {"vespo_k_pos": 1.5, "vespo_lambda_pos": 2.5, "vespo_k_neg": 2.0, "vespo_lambda_neg": 4.0},
-     dict(loss="vespo", loss_agg_mode="token-mean", k_pos=1.5, lambda_pos=2.5, k_neg=2.0, lambda_neg=4.0)),
+     Args("vespo", {"k_pos": 1.5, "lambda_pos": 2.5, "k_neg": 2.0, "lambda_neg": 4.0}, loss_agg_mode="token-mean"), None),
 ]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize(("loss_type", "trl_args", "ours_args"), TRL_CASES)
-def test_loss_equals_trl(loss_type, trl_args, ours_args, seed):
+@pytest.mark.parametrize(("loss_type", "trl_args", "ours_args", "global_seqs"), TRL_CASES)
+def test_loss_equals_trl(loss_type, trl_args, ours_args, global_seqs, seed):
     log_prob, old, adv, mask = policy_batch(10 + seed, spread=0.05 if loss_type == "vespo" else 0.3)
     if loss_type == "vespo":  # VESPO's weight is sequence-level: one sign per response exercises both branches
         adv = adv[:, :1].expand(N, T).contiguous()
     want, want_grad = value_and_grad(lambda: trl_loss(loss_type, log_prob, old, adv, mask, **trl_args), log_prob)
-    args = dict(ours_args)
-    loss = args.pop("loss")
     got, got_grad = value_and_grad(
-        lambda: objectives.policy_loss(log_prob, old, adv, mask, loss=loss, **args)[0], log_prob
+        lambda: objectives.policy_loss(log_prob, old, adv, mask, ours_args, global_seqs=global_seqs)[0], log_prob
     )
     assert_close(got, want, f"TRL {loss_type} value")
     assert_close(got_grad, want_grad, f"TRL {loss_type} gradient")

@@ -556,16 +556,23 @@ def test_probe_config_data_toy_hard_and_oracle_options(tmp_path):
 
     kw = dict(groups=2, group_size=2, seed=0, max_new_tokens=None, random_draws=1, batch_size=8, ks="1")
     toy = probe.probe_config(None, None, model="toy", **kw)
-    assert (toy.data, toy.difficulty, toy.digits, toy.max_new_tokens, toy.oracle_k) == ("toy", 3, 2, 96, 0)
+    assert (toy.data, toy.difficulty, toy.digits, toy.sampling.max_new_tokens, toy.oracle_k) == ("toy", 3, 2, 96, 0)
     assert toy.synthetic and toy.oracle_delta == DEFAULT_DELTA
+    flat = toy.record()  # the JSON "config": flat, as before the sampling was grouped
+    assert list(flat) == [
+        "groups", "group_size", "seed", "difficulty", "digits", "operand_digits", "template", "temperature",
+        "max_new_tokens", "advantage", "advantage_params", "ks", "random_draws", "batch_size", "data", "oracle_k",
+        "oracle_delta",
+    ]  # fmt: skip
+    assert (flat["temperature"], flat["max_new_tokens"], flat["batch_size"]) == (1.0, 96, 8)
     hard = probe.probe_config(None, None, model="toy-hard", **kw)
     budget = TOY_VARIANTS["toy-hard"].max_new_tokens
-    assert hard.data == "toy-hard" and hard.difficulty == 6 and hard.max_new_tokens == budget >= 128
+    assert hard.data == "toy-hard" and hard.difficulty == 6 and hard.sampling.max_new_tokens == budget >= 128
     run = TrainConfig()
     run.data.train = "toy-hard"
     assert probe.probe_config(run, None, **kw).data == "toy-hard"
     explicit = probe.probe_config(None, None, model="toy-hard", data="toy", **{**kw, "max_new_tokens": 40})
-    assert (explicit.data, explicit.difficulty, explicit.max_new_tokens) == ("toy", 3, 40)
+    assert (explicit.data, explicit.difficulty, explicit.sampling.max_new_tokens) == ("toy", 3, 40)
     bench = probe.probe_config(None, None, data="math500", oracle=4, oracle_delta=0.01, **kw)
     assert not bench.synthetic and (bench.oracle_k, bench.oracle_delta) == (4, 0.01)
     with pytest.raises(ConfigError, match="no checker truth.*--oracle K"):

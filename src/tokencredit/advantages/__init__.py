@@ -2,10 +2,10 @@
 
 `core`: the registry (`ESTIMATORS`, `estimate`), GRPO / RLOO / Dr.GRPO and the group statistics they
 share; `estimators`: the estimators that read more of the batch (REINFORCE++, ReMax, OPO, GPG,
-GRPO pass@k, the optimal token baseline), registered when this package is imported.
+GRPO pass@k, the optimal token baseline). Every public module of this package is imported below,
+sorted by name, and registers its estimators on import, so a new module needs no import list.
 """
 
-from tokencredit.advantages import estimators
 from tokencredit.advantages.core import (
     ESTIMATORS,
     Estimator,
@@ -27,10 +27,13 @@ __all__ = [
     "consecutive_group_ids",
     "dr_grpo",
     "estimate",
-    "estimators",
     "get_estimator",
     "grpo",
     "grpo_batch",
     "register_estimator",
     "rloo",
 ]
+
+from tokencredit.registry import import_submodules as _import_submodules  # noqa: E402
+
+_import_submodules(__name__, __path__)  # `estimators` (and any new module) registers here, sorted by name

@@ -1,4 +1,4 @@
-"""Advantage estimators (baselines.md): A [N] per rollout, or a token-level A [N,T], vectorised over the batch.
+"""Advantage estimators (docs/spec/baselines.md#group-advantages): A [N] per rollout, or a token-level A [N,T], vectorised over the batch.
 
 An estimator is a registered function of the `RolloutBatch` and its hyperparameters (keyword
 defaults). Most read only `batch.scores` and `batch.group_ids` (GRPO, Dr.GRPO, RLOO, ...); the

@@ -13,9 +13,10 @@ from rich.markdown import Markdown
 
 from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError
-from tokencredit.evaluation import evaluate_benchmarks, load_benchmark, markdown_table
+from tokencredit.evaluation import EvalSettings, evaluate_benchmarks, load_benchmark, markdown_table
 from tokencredit.models import load_model, resolve_device
 from tokencredit.rewards.verifier import RETRY_FACTOR, MathVerifier
+from tokencredit.rollout import SamplingSettings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +56,20 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
+def _settings(args: argparse.Namespace) -> EvalSettings:
+    """The evaluation settings of the command line (ConfigError naming the option when one is out of range)."""
+    try:
+        sampling = SamplingSettings(
+            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+        )  # fmt: skip
+        return EvalSettings(
+            samples=args.samples, sampling=sampling, template=args.template, seed=None, greedy=not args.no_greedy
+        )
+    except ValueError as e:
+        raise ConfigError(f"--{str(e).replace('_', '-')}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     seeds = _seeds(args.seed)
     if args.samples < 0:
@@ -66,24 +81,20 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
     check_template(args.template)
+    settings = _settings(args)
     benches = [b.strip() for b in args.bench.split(",") if b.strip()]
     if not benches:
         raise ConfigError("--bench names no benchmark")
     data = {b: load_benchmark(b, args.limit) for b in benches}
     device = resolve_device(args.device, "--device")
     dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if args.dtype == "auto" else args.dtype
-    sampling = {
-        "samples": args.samples, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-        "max_new_tokens": args.max_new_tokens, "template": args.template, "batch_size": args.batch_size,
-    }  # fmt: skip
     with MathVerifier(args.timeout, retry_timeouts=args.retry_timeouts) as verifier:
         verifier.start(wait=False)  # the workers warm up while the model loads
         model, tok = load_model(args.model, dtype=dtype, device=device)
         results = evaluate_benchmarks(
-            model, tok, data, seeds, verifier=verifier, greedy=not args.no_greedy, progress=not args.no_progress,
-            **sampling,
-        )  # fmt: skip
-    _report(args, results, sampling, seeds)
+            model, tok, data, seeds, settings, verifier=verifier, progress=not args.no_progress
+        )
+    _report(args, results, seeds)
     return 0
 
 
@@ -94,7 +105,7 @@ def timeout_line(results: dict, timeout: float, retry: bool) -> str:
     return f"verifier timeouts (limit {limit}; a timed-out answer counts as wrong): {counts}"
 
 
-def _report(args: argparse.Namespace, results: dict, sampling: dict, seeds: list[int]) -> None:
+def _report(args: argparse.Namespace, results: dict, seeds: list[int]) -> None:
     table = markdown_table(results)
     footer = (
         f"template={args.template} temperature={args.temperature} top_p={args.top_p} top_k={args.top_k} "
@@ -113,8 +124,11 @@ def _report(args: argparse.Namespace, results: dict, sampling: dict, seeds: list
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        settings = {"model": args.model, **{k: v for k, v in sampling.items() if k != "batch_size"}, "seeds": seeds,
-                    "limit": args.limit, "timeout": args.timeout, "retry_timeouts": args.retry_timeouts}  # fmt: skip
+        settings = {
+            "model": args.model, "samples": args.samples, "temperature": args.temperature, "top_p": args.top_p,
+            "top_k": args.top_k, "max_new_tokens": args.max_new_tokens, "template": args.template, "seeds": seeds,
+            "limit": args.limit, "timeout": args.timeout, "retry_timeouts": args.retry_timeouts,
+        }  # fmt: skip
         payload = {"settings": settings, "results": results, "markdown": f"{table}\n\n{footer}\n{timeouts}\n"}
         out.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
         print(f"wrote {out}", file=sys.stderr)

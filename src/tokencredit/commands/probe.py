@@ -132,8 +132,8 @@ def _command(args: argparse.Namespace, cfg: ProbeConfig) -> str:
         value = getattr(args, name)
         if value is not None:
             parts.append(f"--{name.replace('_', '-')} {value}")
-    if cfg.max_new_tokens != default_max_new_tokens(cfg.data):
-        parts.append(f"--max-new-tokens {cfg.max_new_tokens}")
+    if cfg.sampling.max_new_tokens != default_max_new_tokens(cfg.data):
+        parts.append(f"--max-new-tokens {cfg.sampling.max_new_tokens}")
     if args.ks != ",".join(map(str, DEFAULT_KS)):
         parts.append(f"--ks {args.ks}")
     if args.oracle:

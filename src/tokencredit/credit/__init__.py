@@ -24,7 +24,6 @@ refuses such a recipe before any model loads.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +33,7 @@ from torch import Tensor
 
 from tokencredit.batch import SIGNALS, RolloutBatch
 from tokencredit.errors import ConfigError
-from tokencredit.registry import Registry, keyword_defaults
+from tokencredit.registry import Registry, import_submodules, keyword_defaults
 
 __all__ = ["CREDIT_METHODS", "ConfigError", "CreditMethod", "compute", "get", "register", "token_view", "uniform"]
 
@@ -128,6 +127,6 @@ def uniform(batch: RolloutBatch, advantages: Tensor) -> Tensor:
     return token_view(batch, advantages).clone()
 
 
-# Built-in methods register themselves on import.
-for _mod in ("entropy", "ktae", "delta", "arca", "gcpo", "montecarlo", "shaping"):
-    importlib.import_module(f"tokencredit.credit.{_mod}")
+# Every public module of this package registers its methods on import (sorted by module name; a new
+# module needs no list). Last, so that `register` and `token_view` exist when the modules import them.
+import_submodules(__name__, __path__)

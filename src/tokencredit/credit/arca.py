@@ -1,4 +1,4 @@
-"""ARCA: adapter-residual credit assignment, and the salience baselines it is compared with (arca.md).
+"""ARCA: adapter-residual credit assignment, and the salience baselines it is compared with (docs/spec/arca.md).
 
 Paper: Lafuente-Mercado 2026, "ARCA: Adapter-Residual Credit Assignment When Token Signals
 Degenerate", arXiv 2606.00257. Each completion gets token weights w_t >= 0 summing to 1 over
@@ -69,7 +69,7 @@ def normalize_scores(scores: Tensor, mask: Tensor, sharpening: float = 1.0, eps:
     """Salience scores alpha [N,T] (>= 0) -> token weights w [N,T], each row summing to 1 over valid tokens.
 
     w_t = (alpha_t + eps)^sharpening / sum_s (alpha_s + eps)^sharpening over the valid tokens s
-    (arca.md). A row whose sum is <= eps falls back to uniform 1/L over its L valid tokens; a row
+    (docs/spec/arca.md#normalisation). A row whose sum is <= eps falls back to uniform 1/L over its L valid tokens; a row
     without a valid token is all zeros. Padding is exactly 0. Computed in float64; returns float32
     (float64 for float64 input), detached. Negative or non-finite scores on valid tokens are an error.
     """

@@ -1,7 +1,7 @@
 """DelTA: discriminative token credit assignment (Zhang, Wu, Lin 2026, arXiv 2605.21467).
 
 The paper body was not available to us: this module follows the released code
-(github.com/RUCBM/DelTA, `dp_actor.py::compute_log_prob_h`) as documented in spec `delta.md`;
+(github.com/RUCBM/DelTA, `dp_actor.py::compute_log_prob_h`) as documented in docs/spec/delta.md;
 the centroid-discriminator reading below is our reconstruction of the paper's argument.
 
 Each valid response token t carries a last-layer token-gradient proxy v_t = s_t h_t, with h_t
@@ -224,7 +224,7 @@ def discriminate(
 ) -> DeltaTerms:
     """DelTA coefficients for proxies v = scale * hidden, with every intermediate (DeltaTerms).
 
-    Over 60 lines on purpose: the spec's steps 1-6 (centroids, margins, temperatures, refinements,
+    Over 60 lines on purpose: steps 1-6 of docs/spec/delta.md (centroids, margins, temperatures, refinements,
     sigmoid, normalisation) read top to bottom in one place, as the released code's loop does.
 
     hidden [N,T,H] float (bf16/fp16 are upcast per chunk), scale [N,T] (s = 1 - p_old; None
@@ -313,7 +313,7 @@ def coefficients(
     lam_max: float = 1.2,
     refine_iters: int = 1,
 ) -> Tensor:
-    """DelTA token coefficients c~[N,T] from proxies v [N,T,H] (spec delta.md steps 1-6).
+    """DelTA token coefficients c~[N,T] from proxies v [N,T,H] (docs/spec/delta.md#coefficients-steps-1-7, steps 1-6).
 
     advantages A[N], mask [N,T]. Returns float32, mean 1 over valid tokens, 0 where masked.
     Degenerate inputs: see `discriminate` (e.g. an all-zero-advantage batch gives c~ = 1 on

@@ -1,4 +1,4 @@
-"""GCPO token weights from a negative-prompt forward pass (baselines.md).
+"""GCPO token weights from a negative-prompt forward pass (docs/spec/baselines.md#gcpo).
 
 Paper: Li et al. 2026, GCPO (arXiv 2605.29198); released code: github.com/jacklishufan/gcpo.
 The same sampled response is scored under the real prompt (log p_t = old_log_probs) and under a

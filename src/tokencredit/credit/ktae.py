@@ -13,7 +13,7 @@ Within one prompt's G rollouts, every vocabulary id that occurs in the group get
 
 and the token advantage is Â[i,t] = mask[i,t] * (A_i + k(token[i,t])). This follows the
 official code (verl fork, `compute_key_tokens.py` / `core_algos.py`), which differs from the
-paper's formulas in places; see docs spec `ktae.md`.
+paper's formulas in places; see docs/spec/ktae.md#official-code-compatibility.
 
 Implementation: vectorised over the whole batch. One sort of bit-packed int64 keys
 (group | id | correctness | rank of the rollout in its group) gives the distinct (group, id)

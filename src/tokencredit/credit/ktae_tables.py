@@ -1,7 +1,7 @@
 """KTAE's per-table statistics: the two-sided Fisher exact p-value (exact, or the official code's float32
 quirk), information gain and Cohen's h of 2x2 presence tables, tabulated once per (G, N_T) combo.
 
-See `tokencredit.credit.ktae` for how the key value combines them (spec ktae.md).
+See `tokencredit.credit.ktae` for how the key value combines them (docs/spec/ktae.md#contingency-statistics).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Math problems: loaders (JSONL / Parquet / `datasets` directories), the shipped benchmarks
-(`tokencredit.data.benchmarks`), prompt templates (`tokencredit.data.templates`) and the
+(`tokencredit.data.math_benchmarks`), prompt templates (`tokencredit.data.templates`) and the
 synthetic arithmetic task (`tokencredit.data.synthetic`).
 
 Kept light on purpose: importing this package imports only the standard library.

@@ -18,7 +18,8 @@ limit (they count as wrong in every metric, and are reported so that this is nev
 Evaluation numbers move with the template, temperature, top-p and token limit, so the command
 reports them with every table.
 
-Modules: `metrics` (pure), `run` (`evaluate`), `suite` (benchmarks x seeds, the table).
+Modules: `metrics` (pure), `settings` (`EvalSettings`: what `evaluate` samples and scores), `run`
+(`evaluate`), `suite` (benchmarks x seeds, the table).
 """
 
 from __future__ import annotations
@@ -34,9 +35,12 @@ from tokencredit.evaluation.metrics import (
     powers_of_two,
 )
 from tokencredit.evaluation.run import evaluate
+from tokencredit.evaluation.settings import DEFAULT_EVAL_SAMPLING, EvalSettings
 from tokencredit.evaluation.suite import evaluate_benchmarks, load_benchmark, markdown_table
 
 __all__ = [
+    "DEFAULT_EVAL_SAMPLING",
+    "EvalSettings",
     "avg_at_k",
     "evaluate",
     "evaluate_benchmarks",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tokencredit import rollout
-from tokencredit.data.templates import check_template, render_all
+from tokencredit.data.templates import render_all
 from tokencredit.evaluation.metrics import (
     avg_at_k,
     greedy_accuracy,
@@ -20,9 +20,11 @@ from tokencredit.evaluation.metrics import (
     mean_response_length,
     powers_of_two,
 )
+from tokencredit.evaluation.settings import EvalSettings
 from tokencredit.rewards.verifier import MathVerifier
+from tokencredit.rollout import SamplingSettings
 
-__all__ = ["evaluate"]
+__all__ = ["EvalSettings", "evaluate"]
 
 
 def _progress(enabled: bool) -> Progress:
@@ -68,22 +70,20 @@ def _answers(
     tokenizer: Any,
     prompts: Sequence[str],
     n_per: int,
-    temperature: float,
+    sampling: SamplingSettings,
     *,
-    top_p: float,
-    top_k: int,
-    max_new_tokens: int,
     seed: int | None,
-    batch_size: int,
     advance: Callable[[int], None],
 ) -> _Answers:
-    """`n_per` answers per prompt, `batch_size` sequences per generate call (each chunk seeded from `seed`)."""
+    """`n_per` answers per prompt, the prompts of about `sampling.batch_size` sequences per generate call
+    (each chunk seeded from `seed`; at least one prompt per call, all at once when batch_size is None)."""
     out = _Answers()
-    per_chunk = max(1, batch_size // n_per)
+    per_chunk = len(prompts) if sampling.batch_size is None else max(1, sampling.batch_size // n_per)
+    whole_chunk = replace(sampling, batch_size=None)  # a chunk's rows go in one generate call
     for start in range(0, len(prompts), per_chunk):
         r = rollout.generate(
-            model, tokenizer, prompts[start : start + per_chunk], n_per, temperature=temperature, top_p=top_p,
-            top_k=top_k, max_new_tokens=max_new_tokens, seed=_chunk_seed(seed, start) if temperature > 0 else None,
+            model, tokenizer, prompts[start : start + per_chunk], n_per, sampling=whole_chunk,
+            seed=_chunk_seed(seed, start) if sampling.temperature > 0 else None,
         )  # fmt: skip
         out.texts += r.texts
         out.lengths += r.response_lengths.tolist()
@@ -110,44 +110,25 @@ def _length_scores(answers: _Answers) -> dict[str, float]:
     }
 
 
-def _check_eval_args(problems: Sequence[Any], samples: int, greedy: bool, batch_size: int, template: str) -> None:
-    if not problems:
-        raise ValueError("no problems to evaluate")
-    if samples < 0:
-        raise ValueError(f"samples must be >= 0, got {samples}")
-    if samples == 0 and not greedy:
-        raise ValueError("nothing to evaluate: samples=0 and greedy=False")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    check_template(template)
-
-
 def evaluate(
     model: Any,
     tokenizer: Any,
     problems: Sequence[Any],
+    settings: EvalSettings | None = None,
     *,
-    samples: int = 4,
-    temperature: float = 0.6,
-    top_p: float = 0.95,
-    max_new_tokens: int = 1024,
-    template: str = "qwen-math",
-    seed: int | None = 0,
     verifier: Any = None,
     progress: bool = True,
-    greedy: bool = True,
-    batch_size: int = 64,
-    top_k: int = 0,
     description: str = "eval",
 ) -> dict[str, float]:
-    """Generate, verify and score `problems` (objects with .problem and .answer).
+    """Generate, verify and score `problems` (objects with .problem and .answer) as `settings` say
+    (default: `EvalSettings()`, the defaults of ``tokencredit eval``).
 
-    Runs `samples` samples per problem at `temperature` (pass@k, maj@k, avg@samples; k = 1, 2,
-    4, ... <= samples) and, with `greedy`, one temperature-0 answer (greedy_acc). At temperature 0
-    the samples are the greedy answer repeated. `verifier` is a `MathVerifier` or any object with
-    ``score(completions, golds) -> list[float]`` and ``extract(text) -> str | None`` (a temporary
-    `MathVerifier` is created and closed when None). `batch_size` caps sequences per generate
-    call. Pass ``progress=False`` inside another rich live display. Returns a flat
+    Runs `settings.samples` samples per problem with `settings.sampling` (pass@k, maj@k, avg@samples;
+    k = 1, 2, 4, ... <= samples) and, with `settings.greedy`, one temperature-0 answer (greedy_acc). At
+    temperature 0 the samples are the greedy answer repeated. `verifier` is a `MathVerifier` or any
+    object with ``score(completions, golds) -> list[float]`` and ``extract(text) -> str | None`` (a
+    temporary `MathVerifier` is created and closed when None). `description` labels the progress bar;
+    pass ``progress=False`` inside another rich live display. Returns a flat
     dict of floats: num_problems, greedy_acc, avg@n, pass@k, maj@k, mean_response_length,
     truncated_rate, verify_timeouts (a count: answers scored wrong because they timed out).
 
@@ -155,14 +136,16 @@ def evaluate(
     lifetime and the greedy answers (reused as the samples at temperature 0); split, each part would
     need all three passed in.
     """
-    _check_eval_args(problems, samples, greedy, batch_size, template)
-    prompts = render_all(template, [p.problem for p in problems], tokenizer)
+    if not problems:
+        raise ValueError("no problems to evaluate")
+    settings = EvalSettings() if settings is None else settings
+    samples, sampling, greedy = settings.samples, settings.sampling, settings.greedy
+    prompts = render_all(settings.template, [p.problem for p in problems], tokenizer)
     golds = [p.answer for p in problems]
     P = len(problems)
-    sampled_run = samples > 0 and temperature > 0
-    greedy_run = greedy or (samples > 0 and temperature == 0)
+    sampled_run = samples > 0 and not sampling.greedy
+    greedy_run = greedy or (samples > 0 and sampling.greedy)
     total = (P * samples if sampled_run else 0) + (P if greedy_run else 0)
-    gen = dict(top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size)
     own_verifier = verifier is None
     v = MathVerifier() if own_verifier else verifier
     out: dict[str, float] = {"num_problems": float(P)}
@@ -175,12 +158,13 @@ def evaluate(
                 return lambda n: prog.update(task, advance=n, description=f"{description} {label}")
 
             if greedy_run:
-                g = _answers(model, tokenizer, prompts, 1, 0.0, advance=advance("greedy"), **gen)
+                greedy_sampling = replace(sampling, temperature=0.0)
+                g = _answers(model, tokenizer, prompts, 1, greedy_sampling, seed=settings.seed, advance=advance("greedy"))
                 g_correct, timeouts = _judged(v, g.texts, golds)
                 if greedy:
                     out["greedy_acc"] = greedy_accuracy(g_correct)
             if sampled_run:
-                s = _answers(model, tokenizer, prompts, samples, temperature, advance=advance("samples"), **gen)
+                s = _answers(model, tokenizer, prompts, samples, sampling, seed=settings.seed, advance=advance("samples"))
                 s_flat, n_to = _judged(v, s.texts, [g for g in golds for _ in range(samples)])
                 timeouts += n_to
                 out.update(_sample_scores(v, s, s_flat.reshape(P, samples), samples))

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tokencredit.data import benchmarks, load_problems
+from tokencredit.data import load_problems, math_benchmarks
 from tokencredit.evaluation.run import evaluate
+from tokencredit.evaluation.settings import EvalSettings
 
 __all__ = ["evaluate_benchmarks", "load_benchmark", "markdown_table"]
 
@@ -17,9 +19,9 @@ __all__ = ["evaluate_benchmarks", "load_benchmark", "markdown_table"]
 def load_benchmark(name: str, limit: int | None) -> list[Any]:
     """A shipped benchmark by name, or problems from a data file (.jsonl / .json / .parquet / datasets dir)."""
     p = Path(name)
-    if name not in benchmarks.COUNTS and (p.suffix in (".jsonl", ".json", ".parquet") or p.is_dir()):
+    if name not in math_benchmarks.COUNTS and (p.suffix in (".jsonl", ".json", ".parquet") or p.is_dir()):
         return load_problems(p, limit=limit)
-    return benchmarks.load(name, limit=limit)
+    return math_benchmarks.load(name, limit=limit)
 
 
 def evaluate_benchmarks(
@@ -27,27 +29,29 @@ def evaluate_benchmarks(
     tokenizer: Any,
     data: dict[str, list[Any]],
     seeds: Sequence[int],
+    settings: EvalSettings | None = None,
     *,
     verifier: Any,
-    greedy: bool = True,
     progress: bool = True,
-    **sampling: Any,
 ) -> dict[str, dict[str, Any]]:
     """{benchmark: {"metrics": mean over seeds, "per_seed": [...], "std": sample std (2+ seeds),
     "verify_timeouts": timed-out verifications summed over seeds}}.
 
-    `sampling`: the keyword arguments of `evaluate` (samples, temperature, top_p, top_k,
-    max_new_tokens, template, batch_size). The greedy answer does not depend on the seed: it is
-    computed once, with the first seed.
+    Each benchmark is evaluated with `settings` (default `EvalSettings()`) once per seed of `seeds`
+    (which replace `settings.seed`). The greedy answer does not depend on the seed: with
+    `settings.greedy` it is computed once, with the first seed (with no samples, only that seed runs).
     """
+    settings = EvalSettings() if settings is None else settings
+    if not settings.samples:  # greedy only: the answer does not depend on the seed, so one pass is all
+        seeds = list(seeds)[:1]
     results: dict[str, dict[str, Any]] = {}
     for b, problems in data.items():
         per_seed = []
         greedy_keys: dict[str, float] = {}
         for i, s in enumerate(seeds):
             m = evaluate(
-                model, tokenizer, problems, seed=s, verifier=verifier, progress=progress,
-                greedy=greedy and i == 0, description=f"{b} seed {s}", **sampling,
+                model, tokenizer, problems, replace(settings, seed=s, greedy=settings.greedy and i == 0),
+                verifier=verifier, progress=progress, description=f"{b} seed {s}",
             )  # fmt: skip
             if i == 0:
                 greedy_keys = {k: v for k, v in m.items() if k == "greedy_acc"}

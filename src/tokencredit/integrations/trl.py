@@ -15,7 +15,8 @@ before TRL shuffles and splits the generation batch:
   processes, so the completion ids, masks and signals are padded and gathered, the core computes
   Â on the global batch, and each process keeps its own rows, cut to its ``completion_ids.size(1)``;
 - TRL computes no entropy or hidden state at scoring time: when the credit method needs per-token
-  signals, ONE extra no-grad pass (`tokencredit.signals.compute_signals`) computes exactly those.
+  signals, ONE extra no-grad pass (`tokencredit.builder.forward_signals`) computes exactly those, and the
+  global batch is assembled by the one builder (`tokencredit.builder.build_batch`).
 
 Group baseline: a recipe name brings its own (`tokencredit.recipes`); a bare credit method uses
 TRL's normalisation (``scale_rewards`` group / batch / none, eps 1e-4), so ``credit="uniform"``
@@ -32,14 +33,12 @@ import torch
 from torch import Tensor
 
 from tokencredit import advantages as adv_mod
-from tokencredit import objectives
-from tokencredit.batch import MC_SIGNALS, RolloutBatch
+from tokencredit import builder, objectives
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.errors import ConfigError
 from tokencredit.integrations._common import ENGINE_KERNELS, check_supported
 from tokencredit.models import special_token_ids
-from tokencredit.recipes import Recipe, credit_needs, resolve, token_credit
-from tokencredit.signals import compute_signals, negative_prompt_inputs
+from tokencredit.recipes import Recipe, resolve, token_credit
 
 try:
     import trl
@@ -125,7 +124,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         spec, args = self.recipe, self.args
         # TRL's loss is PPO-clip; with one update per generation (TRL's default) it is on-policy, where
         # its gradient equals REINFORCE's, so REINFORCE recipes (ARCA's family) train correctly too.
-        if credit_needs(spec) & set(MC_SIGNALS):
+        if builder.needs_of(spec).sampled:
             raise ConfigError(
                 f"recipe {spec.name!r} reads Monte-Carlo values of the policy's prefixes, which TRL does not sample; "
                 "use tokencredit's own trainer"
@@ -226,18 +225,10 @@ class CreditGRPOTrainer(GRPOTrainer):
         if "tool_mask" in output:
             mask = mask & output["tool_mask"].bool()
         n_local, t_local = ids.shape
-        signals = self._signals(inputs, output, mask)
+        needs = builder.needs_of(self._engine_recipe())
+        signals = self._signals(inputs, output, mask, needs)
 
-        if acc.num_processes > 1:
-            pad_id = self._text_tokenizer.pad_token_id
-
-            def gather(x: Tensor, pad: float) -> Tensor:
-                return acc.gather(acc.pad_across_processes(x, dim=1, pad_index=pad))
-
-            ids_all, mask_all = gather(ids, pad_id), gather(mask, 0).bool()
-            signals_all = {k: gather(v, 0) for k, v in signals.items()}
-        else:
-            ids_all, mask_all, signals_all = ids, mask, signals
+        ids_all, mask_all, signals_all = self._gather(ids, mask, signals)
         n_all = ids_all.shape[0]
         if scores.numel() != n_all:
             raise RuntimeError(f"CreditGRPOTrainer: {scores.numel()} scores for {n_all} gathered completions")
@@ -245,10 +236,11 @@ class CreditGRPOTrainer(GRPOTrainer):
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         group_ids = adv_mod.consecutive_group_ids(n_all, group_size, ids_all.device)  # TRL's RepeatSampler layout
 
-        batch = RolloutBatch(ids_all, mask_all, group_ids, scores.float().to(ids_all.device), **signals_all)
-        tc = token_credit(
-            self._engine_recipe(), batch, special_ids=special_token_ids(self._text_tokenizer)
+        rollouts = builder.ScoredRollouts(
+            response_ids=ids_all, response_mask=mask_all, group_ids=group_ids, scores=scores.float().to(ids_all.device)
         )
+        batch = builder.build_batch(rollouts, needs, given=signals_all, who="CreditGRPOTrainer")
+        tc = token_credit(self._engine_recipe(), batch, special_ids=special_token_ids(self._text_tokenizer))
         seq_adv, tok_adv = tc.seq_advantages, tc.token_advantages
         rows = slice(acc.process_index * n_local, (acc.process_index + 1) * n_local)
         local = tok_adv[rows, :t_local].to(device=ids.device, dtype=torch.float32).contiguous()
@@ -263,35 +255,44 @@ class CreditGRPOTrainer(GRPOTrainer):
         }
         return local
 
+    def _gather(self, ids: Tensor, mask: Tensor, signals: dict[str, Tensor]) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """(ids, mask, signals) of every process's rows, in process order, padded to the widest response: a
+        prompt's group may span processes, and credit is computed on the global batch."""
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return ids, mask, signals
+
+        def gather(x: Tensor, pad: float) -> Tensor:
+            return acc.gather(acc.pad_across_processes(x, dim=1, pad_index=pad))
+
+        pad_id = self._text_tokenizer.pad_token_id
+        return gather(ids, pad_id), gather(mask, 0).bool(), {k: gather(v, 0) for k, v in signals.items()}
+
     def _signals(
-        self, inputs: list[dict[str, Any]], output: dict[str, Any], mask: Tensor
+        self, inputs: list[dict[str, Any]], output: dict[str, Any], mask: Tensor, needs: builder.Needs
     ) -> dict[str, Tensor]:
-        """The per-token signals the credit method needs for this process's rows, in one no-grad pass."""
-        needs = set(credit_needs(self.recipe))
-        if not needs:
+        """The forward signals of `needs` for this process's rows, in one no-grad pass (`builder.forward_signals`);
+        TRL's own old log-probs when they are all the method reads."""
+        if not needs.forward:
             return {}
-        if needs == {"old_log_probs"} and output.get("old_per_token_logps") is not None:
+        if needs.forward == {"old_log_probs"} and output.get("old_per_token_logps") is not None:
             lp = output["old_per_token_logps"].float()
             return {"old_log_probs": torch.where(mask, lp, torch.zeros((), dtype=lp.dtype, device=lp.device))}
-        prompt_ids, prompt_mask = output["prompt_ids"], output["prompt_mask"]
-        sequences = torch.cat([prompt_ids, output["completion_ids"]], dim=1)
-        attention = torch.cat([prompt_mask, output["completion_mask"]], dim=1)
-        neg = self._negative_inputs(inputs, output) if "neg_log_probs" in needs else {}
+        # tool-call tokens (TRL's tool_mask) are attended to but carry no credit: attention from completion_mask
+        rows = builder.Responses(
+            response_ids=output["completion_ids"], response_mask=mask, prompt_ids=output["prompt_ids"],
+            prompt_mask=output["prompt_mask"], response_attention=output["completion_mask"],
+        )  # fmt: skip
+        passes = builder.Passes(
+            temperature=float(self.temperature), batch_size=self.args.per_device_train_batch_size,
+            negative_prompts=lambda: self._negative_prompts(inputs), tokenizer=self._text_tokenizer,
+            add_special_tokens=False,
+        )  # fmt: skip
         model = self.accelerator.unwrap_model(self.model)
-        return compute_signals(
-            model,
-            sequences,
-            attention,
-            int(prompt_ids.shape[1]),
-            mask,
-            needs,
-            temperature=float(self.temperature),
-            batch_size=self.args.per_device_train_batch_size,
-            **neg,
-        )
+        return builder.forward_signals(model, rows, needs.forward, passes, who="CreditGRPOTrainer")
 
-    def _negative_inputs(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> dict[str, Any]:
-        """GCPO: the same completions after a prompt that asks for a wrong answer."""
+    def _negative_prompts(self, inputs: list[dict[str, Any]]) -> list[str]:
+        """GCPO: each example's negative prompt (a prompt that asks for a wrong answer), rendered as TRL renders."""
         prompts = []
         for i, example in enumerate(inputs):
             if self._negative_prompt_fn is not None:
@@ -304,15 +305,12 @@ class CreditGRPOTrainer(GRPOTrainer):
                     "column to the dataset, or pass CreditGRPOTrainer(negative_prompt=fn)"
                 )
             prompts.append(_replace_problem(example["prompt"], problem, negative_prompt(problem), i))
-        texts = [
+        return [
             apply_chat_template({"prompt": p}, self.processing_class, **self.chat_template_kwargs)["prompt"]
             if is_conversational({"prompt": p})
             else p
             for p in prompts
         ]
-        return negative_prompt_inputs(
-            self._text_tokenizer, texts, output["completion_ids"], output["completion_mask"], add_special_tokens=False
-        )
 
 
 def _replace_problem(prompt: Any, problem: str, replacement: str, index: int) -> Any:

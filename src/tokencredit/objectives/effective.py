@@ -13,8 +13,8 @@ taken by autograd through the objective itself, so the result is exact for any r
 kernel. Under token-mean aggregation:
 
 - per-token kernels ("token", "gspo-token") and REINFORCE give Â_eff = Â exactly;
-- GSPO gives every token of response i its row mean of Â (strace.md: weight 1/|y| per token);
-- P-trace gives token k the sum over later tokens t of e[t,k] Â_t (strace.md worked example:
+- GSPO gives every token of response i its row mean of Â (docs/spec/strace.md#worked-example: weight 1/|y| per token);
+- P-trace gives token k the sum over later tokens t of e[t,k] Â_t (docs/spec/strace.md#worked-example:
   [0.385714, 0.271429, 0.209524, 0.133333] x T for Â = 1, lambda = 0.5);
 - S-trace gives 0 outside the kept set and normalises by its size |M|.
 
@@ -26,14 +26,12 @@ KL term is left out (it is a regulariser, not credit).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
-from tokencredit.objectives.kernels import get_kernel
-from tokencredit.objectives.losses import get_loss
+from tokencredit.objectives.args import ObjectiveArgs
 from tokencredit.objectives.policy import loss_token_mask, policy_loss
 
 __all__ = ["effective_credit"]
@@ -42,41 +40,32 @@ __all__ = ["effective_credit"]
 def effective_credit(
     token_advantages: Tensor,
     mask: Tensor,
+    args: ObjectiveArgs | None = None,
     *,
-    loss: str = "ppo-clip",
-    loss_params: Mapping[str, Any] | None = None,
-    kernel: str = "token",
-    kernel_args: Mapping[str, Any] | None = None,
-    loss_agg_mode: str = "token-mean",
-    norm_constant: float | None = None,
     old_log_probs: Tensor | None = None,
 ) -> Tensor:
     """Â_eff [N,T] float32 = -n_loss * dL/dlogp at ratio 1, detached, exactly 0 off the loss tokens.
 
     token_advantages: Â [N,T] (or A [N], broadcast) as the objective receives it; mask [N,T] the
-    valid tokens. loss / loss_params: a registered policy loss and its hyperparameters; kernel /
-    kernel_args: a registered ratio kernel and its prepared keyword arguments (`tokencredit.objectives.prepare_kernel`: lam, keep, decay).
-    old_log_probs [N,T] (optional) only sets the point at which the gradient is taken; the log-ratio
-    is 0 there whatever its value, so zeros are used when it is None. Computed in float64.
+    valid tokens. args: the objective (loss, ratio kernel with its prepared arguments from
+    `tokencredit.objectives.prepare_kernel`, aggregation; its KL term is left out); None is
+    PPO-clip with the per-token ratio under token-mean. old_log_probs [N,T] (optional) only sets the
+    point at which the gradient is taken; the log-ratio is 0 there whatever its value, so zeros are
+    used when it is None. Computed in float64.
     """
+    args = replace(ObjectiveArgs() if args is None else args, kl_coef=0.0)
     m = mask.bool()
     adv = _checked_advantages(token_advantages, m)
-    kw = dict(kernel_args or {})
     base = torch.zeros(m.shape, dtype=torch.float64, device=m.device)
     if old_log_probs is not None:
         base = torch.where(m, old_log_probs.detach().double(), base)
     log_prob = base.clone().requires_grad_(True)
-    uses_ratio = get_loss(loss).uses_ratio
-    keep = kw.get("keep") if uses_ratio and get_kernel(kernel).uses_keep else None
-    lmask = loss_token_mask(m, keep if isinstance(keep, Tensor) else None)
+    lmask = loss_token_mask(m, args.keep)
     n_loss = int(lmask.sum())
     if n_loss == 0:
         return torch.zeros(m.shape, dtype=torch.float32, device=m.device)
     with torch.enable_grad():
-        value, _ = policy_loss(
-            log_prob, base if uses_ratio else None, adv, m, loss=loss, kernel=kernel, loss_agg_mode=loss_agg_mode,
-            norm_constant=norm_constant, **dict(loss_params or {}), **kw,
-        )  # fmt: skip
+        value, _ = policy_loss(log_prob, base if args.uses_ratio else None, adv, m, args)
         (grad,) = torch.autograd.grad(value, log_prob, allow_unused=True)
     if grad is None:
         grad = torch.zeros_like(base)

@@ -1,4 +1,4 @@
-"""The policy objective: ratio kernel -> loss -> KL -> aggregation (baselines.md), plus metrics.
+"""The policy objective: ratio kernel -> loss -> KL -> aggregation (docs/spec/baselines.md), plus metrics.
 
 `policy_loss` composes the registered pieces: the ratio kernel turns per-token log-ratios into
 log importance weights (`kernels.py`, `traces.py`), the loss turns them and Â into per-token loss
@@ -11,18 +11,15 @@ Micro-batch invariance: pass the whole step's token count (`global_tokens`) or s
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from tokencredit.errors import ConfigError, closest
-from tokencredit.objectives.kernels import check_arguments, get_kernel
+from tokencredit.objectives.args import AGG_MODES, ObjectiveArgs
+from tokencredit.objectives.kernels import get_kernel
 from tokencredit.objectives.losses import LOG_RATIO_CLAMP, LossInputs, get_loss
 
-__all__ = ["AGG_MODES", "aggregate", "is_per_token", "kl_penalty", "loss_token_mask", "policy_loss"]
-
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+__all__ = ["aggregate", "is_per_token", "kl_penalty", "loss_token_mask", "policy_loss"]
 
 
 def _masked(x: Tensor, mask: Tensor) -> Tensor:
@@ -92,37 +89,17 @@ def loss_token_mask(mask: Tensor, keep: Tensor | None = None) -> Tensor:
     return mask if keep is None else mask & keep.bool()
 
 
-def _split_params(loss: str, kernel: str, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Route keyword parameters to the loss or to the kernel by name; unknown names are a ConfigError."""
-    loss_keys = get_loss(loss).defaults
-    kernel_keys = get_kernel(kernel).arguments
-    for key in params:
-        if key not in loss_keys and key not in kernel_keys:
-            valid = sorted({*loss_keys, *kernel_keys})
-            raise ConfigError(
-                f"policy loss {loss!r} with ratio kernel {kernel!r} has no parameter {key!r}{closest(key, valid)}; "
-                f"parameters: {', '.join(valid) or '(none)'}"
-            )
-    return {k: v for k, v in params.items() if k in loss_keys}, {k: v for k, v in params.items() if k not in loss_keys}
-
-
 def policy_loss(
     log_prob: Tensor,
     old_log_prob: Tensor | None,
     advantages: Tensor,
     mask: Tensor,
+    args: ObjectiveArgs | None = None,
     *,
-    loss: str = "ppo-clip",
-    kernel: str = "token",
-    loss_agg_mode: str = "token-mean",
-    norm_constant: float | None = None,
     ref_log_prob: Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_type: str = "k3",
     global_tokens: float | None = None,
     global_seqs: float | None = None,
     entropy: Tensor | None = None,
-    **params: Any,
 ) -> tuple[Tensor, dict[str, float]]:
     """The policy objective for one (micro-)batch: (scalar loss, metrics).
 
@@ -130,37 +107,30 @@ def policy_loss(
     one function, so the whole objective every recipe trains with reads in one place.
 
     log_prob [N,T] (with grad), old_log_prob [N,T] (None for a loss without a ratio, e.g.
-    "reinforce"), advantages Â [N,T] or A [N], mask [N,T]. `params` go to the loss (e.g.
-    ppo-clip's eps_low, eps_high, dual_clip) or to the ratio kernel (lam, decay, and S-trace's
-    prepared `keep`), by name. KL (k1/k2/k3) to `ref_log_prob` is added per token with weight
-    kl_coef. `global_tokens` / `global_seqs`: the step's counts of loss-carrying tokens /
-    responses (see `aggregate`).
+    "reinforce"), advantages Â [N,T] or A [N], mask [N,T]. `args`: the loss, the ratio kernel, their
+    parameters (per-row tensors cut to these N rows, `ObjectiveArgs.rows`), the aggregation and the
+    KL term; None is PPO-clip 0.2 with the per-token ratio under token-mean. KL (k1/k2/k3) to
+    `ref_log_prob` is added per token with weight args.kl_coef. `global_tokens` / `global_seqs`: the
+    step's counts of loss-carrying tokens / responses (see `aggregate`). `entropy` [N,T] (optional)
+    only adds its mean over valid tokens to the metrics.
     """
-    spec = get_loss(loss)
-    loss_params, kernel_args = _split_params(loss, kernel, params)
+    args = ObjectiveArgs() if args is None else args
+    spec = get_loss(args.loss)
     mask = mask.bool()
     adv = (advantages[:, None].expand_as(log_prob) if advantages.dim() == 1 else advantages).to(log_prob.dtype)
     adv = adv.detach()
     metrics: dict[str, float] = {}
     if spec.uses_ratio:
         if old_log_prob is None:
-            raise ConfigError(f"policy loss {loss!r} needs old_log_prob (it uses an importance ratio)")
-        k = get_kernel(kernel)
-        check_arguments(kernel, kernel_args)
-        keep = kernel_args.get("keep")
-        lmask = loss_token_mask(mask, keep if k.uses_keep and isinstance(keep, Tensor) else None)
+            raise ConfigError(f"policy loss {args.loss!r} needs old_log_prob (it uses an importance ratio)")
+        lmask = loss_token_mask(mask, args.keep)
         log_ratio = _masked((log_prob - old_log_prob.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), mask)
-        log_w = k.fn(log_ratio, mask, **kernel_args)
+        log_w = get_kernel(args.kernel).fn(log_ratio, mask, **args.kernel_args)
         inputs = LossInputs(log_prob, adv, lmask, log_ratio, log_w, old_log_prob.detach())
     else:
-        if kernel != "token" or kernel_args:
-            raise ConfigError(
-                f"policy loss {loss!r} uses no importance ratio: ratio kernel {kernel!r} "
-                f"{'and its arguments ' + ', '.join(sorted(kernel_args)) + ' ' if kernel_args else ''}would be ignored"
-            )
         lmask = mask
         inputs = LossInputs(log_prob, adv, lmask)
-    per_tok, indicators = spec.fn(inputs, **loss_params)
+    per_tok, indicators = spec.fn(inputs, **args.loss_params)
     n_tok = lmask.sum().clamp(min=1)
     with torch.no_grad():
         for name, ind in indicators.items():
@@ -173,15 +143,15 @@ def policy_loss(
             metrics["approx_kl"] = float((0.5 * lr * lr).mean()) if lr.numel() else 0.0
             if r.numel():
                 metrics.update(ratio_mean=float(r.mean()), ratio_max=float(r.max()), ratio_min=float(r.min()))
-    if kl_coef:
+    if args.kl_coef:
         if ref_log_prob is None:
             raise ConfigError("kl_coef > 0 needs ref_log_prob")
-        kl = kl_penalty(log_prob, ref_log_prob.detach(), kl_type)
-        per_tok = per_tok + kl_coef * _masked(kl, lmask)
+        kl = kl_penalty(log_prob, ref_log_prob.detach(), args.kl_type)
+        per_tok = per_tok + args.kl_coef * _masked(kl, lmask)
         metrics["kl_ref"] = float(kl.detach()[lmask].mean()) if bool(lmask.any()) else 0.0
     if entropy is not None:
         metrics["entropy"] = float(entropy.detach()[mask].mean()) if bool(mask.any()) else 0.0
-    total = aggregate(per_tok, lmask, loss_agg_mode, norm_constant, global_tokens, global_seqs)
+    total = aggregate(per_tok, lmask, args.loss_agg_mode, args.norm_constant, global_tokens, global_seqs)
     metrics["pg_loss"] = float(total.detach())
     return total, metrics
 

@@ -1,4 +1,4 @@
-"""Eligibility-trace ratio kernels: P-trace, accumulating trace, S-trace (strace.md), and GRPO(lambda).
+"""Eligibility-trace ratio kernels: P-trace, accumulating trace, S-trace (docs/spec/strace.md), and GRPO(lambda).
 
 Paper: Mou, Zhuang, Chen, Zhang, "Beyond Uniform Credit Assignment: Selective Eligibility
 Traces for RLVR", arXiv 2605.05965 (2026). No code was released and only the abstract was
@@ -24,7 +24,7 @@ GRPO(lambda) (Parthasarathi et al. 2025, arXiv 2510.00194; the baseline S-trace 
 against) puts an unnormalised trace inside the ratio, log w_t = sum_{j<=t} tr(t, j) l_j with
 d = gamma * lambda and the kernels "recent" tr = d^(t-j) (the accumulating trace with lam = d)
 and "both" tr = max(d^(t-j), d^j), then the PPO clip. This is the form independent
-re-implementations report for its Sec. 3.2, Eq. (2) (strace.md); the paper's full text and its
+re-implementations report for its Sec. 3.2, Eq. (2) (docs/spec/strace.md, GRPO(lambda) section); the paper's full text and its
 gamma / lambda values were not reachable, so the defaults (gamma 1, lambda 0.95, "recent") are
 ours. Positions j, t count valid tokens.
 

@@ -69,8 +69,8 @@ from typing import Any
 
 from torch import Tensor
 
+from tokencredit.oracle.agreement import average_ranks, fidelity, oracle_targets, spearman
 from tokencredit.oracle.drivers import step_advantages, token_advantages
-from tokencredit.oracle.fidelity import average_ranks, fidelity, oracle_targets, spearman
 from tokencredit.oracle.sampler import ModelSampler, RewardFn, line_break_boundaries, policy_log_probs
 from tokencredit.oracle.values import (
     DEFAULT_DELTA,
@@ -88,6 +88,7 @@ from tokencredit.oracle.values import (
     step_ids_from_boundaries,
     value_states,
 )
+from tokencredit.rollout.settings import SamplingSettings
 
 __all__ = [
     "DEFAULT_DELTA", "DEFAULT_K", "VINE_K", "VINE_MAX_STEPS", "ContinuationSampler", "MCSettings", "ModelSampler",
@@ -210,9 +211,7 @@ def mc_signals(
     reward_fn: RewardFn,
     needs: Sequence[str] | set[str],
     *,
-    temperature: float,
-    max_new_tokens: int,
-    top_p: float = 1.0,
+    sampling: SamplingSettings,
     settings: MCSettings = MCSettings(),
     old_log_probs: Tensor | None = None,
     seed: int = 0,
@@ -220,10 +219,12 @@ def mc_signals(
 ) -> tuple[dict[str, Tensor], OracleCost]:
     """The Monte-Carlo signals in `needs` of a rollout batch (`tokencredit.batch.MC_SIGNALS`):
     mc_advantages [N,T] (token-level A*, `oracle_credit`) and mc_step_advantages [N,T] (VinePPO,
-    `vine_credit`), on the CPU, with their summed cost. The rollouts' own sampling settings are
-    passed; `reward_fn` must score in [0, 1] (the verifier's correctness, not shaped scores)."""
-    common = dict(temperature=temperature, max_new_tokens=max_new_tokens, top_p=top_p, seed=seed,
-                  batch_size=settings.batch_size, log=log)  # fmt: skip
+    `vine_credit`), on the CPU, with their summed cost. `sampling`: the rollouts' own sampling settings
+    (temperature, top_p, top_k, max_new_tokens; the continuations go `settings.batch_size` rows per
+    generate call, not `sampling.batch_size`); `reward_fn` must score in [0, 1] (the verifier's
+    correctness, not shaped scores)."""
+    common = dict(temperature=sampling.temperature, max_new_tokens=sampling.max_new_tokens, top_p=sampling.top_p,
+                  top_k=sampling.top_k, seed=seed, batch_size=settings.batch_size, log=log)  # fmt: skip
     out: dict[str, Tensor] = {}
     total = OracleCost()
     if "mc_advantages" in needs:

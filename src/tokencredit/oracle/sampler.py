@@ -168,8 +168,10 @@ class ModelSampler:
             att[j, width - len(p) :] = True
         budgets = torch.tensor([self.max_new_tokens - c for _, c in states]).repeat_interleave(k)
         _, new, valid, _ = rollout.generate_ids(
-            self.model, ids, att, k, eos_ids=self.eos_ids, pad_id=self.pad_id, temperature=self.temperature,
-            top_p=self.top_p, top_k=self.top_k, max_new_tokens=int(budgets.max()), seed=seed,
+            self.model, ids, att, k, eos_ids=self.eos_ids, pad_id=self.pad_id, seed=seed,
+            sampling=rollout.SamplingSettings(
+                temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_new_tokens=int(budgets.max())
+            ),
         )  # fmt: skip
         valid &= torch.arange(new.shape[1])[None, :] < budgets[:, None]
         return [new[j][valid[j]] for j in range(new.shape[0])], int(valid.sum())

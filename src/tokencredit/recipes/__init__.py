@@ -5,8 +5,8 @@ hyperparameters. Recipes are data (the `RECIPES` table), not code paths.
 
 `token_credit(recipe, batch, special_ids=...)` is the one path from a recipe and a `RolloutBatch`
 (with its per-token signals) to everything the objective needs: A [N], Â [N,T], the tokens that
-carry a loss term (S-trace's kept set, DAPO's truncated rows) and the keyword arguments of
-`tokencredit.objectives.policy_loss`. The trainer, `explain`, `probe`, `compare` (through the
+carry a loss term (S-trace's kept set, DAPO's truncated rows) and the objective's settings
+(`tokencredit.objectives.ObjectiveArgs`, built by `Recipe.objective_args`). The trainer, `explain`, `probe`, `compare` (through the
 trainer), the TRL plugin and the verl plugin all call it, so a recipe gives the same Â everywhere
 (tests/test_engines_agree.py).
 

@@ -4,7 +4,7 @@ signals and batch fields a recipe needs. Every engine (trainer, explain, probe, 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -58,8 +58,8 @@ class TokenCredit:
     token_advantages Â [N,T] float32, 0 off `batch.mask`;
     mask bool [N,T]: valid tokens of the rows that train (DAPO's mask_truncated drops whole rows);
     loss_mask bool [N,T]: the tokens that carry a loss term (within S-trace's kept set);
-    keep bool [N,T] or None: the kept set of a kept-set kernel; policy_args: the keyword
-    arguments of `objectives.policy_loss` (loss, kernel and their parameters, aggregation, KL).
+    objective: the settings of `objectives.policy_loss` (loss, kernel with its prepared arguments,
+    aggregation, KL), built by `Recipe.objective_args`.
     """
 
     recipe: Recipe
@@ -67,14 +67,12 @@ class TokenCredit:
     token_advantages: Tensor
     mask: Tensor
     loss_mask: Tensor
-    keep: Tensor | None
-    policy_args: dict[str, Any]
+    objective: objectives.ObjectiveArgs
 
-    def policy_kwargs(self, rows: Tensor | slice | None = None) -> dict[str, Any]:
-        """`policy_args` with its per-row tensors (the kept set) cut to `rows` (a micro-batch)."""
-        if rows is None:
-            return dict(self.policy_args)
-        return {k: v[rows] if isinstance(v, Tensor) else v for k, v in self.policy_args.items()}
+    @property
+    def keep(self) -> Tensor | None:
+        """bool [N,T]: the kept set of a kept-set kernel (S-trace), else None."""
+        return self.objective.keep
 
     def effective(self, loss_agg_mode: str = "token-mean") -> Tensor:
         """Â_eff [N,T]: the objective's on-policy gradient weight per token (`objectives.effective_credit`);
@@ -83,22 +81,8 @@ class TokenCredit:
         if self.recipe.per_token and loss_agg_mode == "token-mean":
             # what effective_credit's autograd gives for these objectives, without the backward pass
             return zero_outside(self.token_advantages, self.loss_mask)
-        args = self.policy_kwargs()
-        loss, kernel = args.pop("loss"), args.pop("kernel")
-        for key in ("loss_agg_mode", "kl_coef", "kl_type"):
-            args.pop(key, None)
-        norm = args.pop("norm_constant", None)
-        loss_keys = objectives.get_loss(loss).defaults
-        return objectives.effective_credit(
-            self.token_advantages,
-            self.mask,
-            loss=loss,
-            loss_params={k: v for k, v in args.items() if k in loss_keys},
-            kernel=kernel,
-            kernel_args={k: v for k, v in args.items() if k not in loss_keys},
-            loss_agg_mode=loss_agg_mode,
-            norm_constant=norm,
-        )
+        objective = replace(self.objective, loss_agg_mode=loss_agg_mode)
+        return objectives.effective_credit(self.token_advantages, self.mask, objective)
 
 
 def credit_arguments(recipe: Recipe, special_ids: Iterable[int] | None) -> dict[str, Any]:
@@ -144,21 +128,10 @@ def token_credit(
     mask = batch.mask
     if recipe.mask_truncated and batch.truncated is not None:
         mask = mask & ~batch.truncated[:, None]
-    args: dict[str, Any] = {"loss": recipe.loss, "kernel": recipe.kernel, **recipe.loss_arguments()}
-    keep = None
-    if recipe.uses_ratio:
-        kernel_args = objectives.prepare_kernel(recipe.kernel, batch, recipe.kernel_params)
-        args.update(kernel_args)
-        if objectives.get_kernel(recipe.kernel).uses_keep:
-            keep = kernel_args["keep"]
-    args.update(
-        loss_agg_mode=recipe.loss_agg_mode,
-        norm_constant=recipe.norm_constant or max_response_length,
-        kl_coef=recipe.kl_coef,
-        kl_type=recipe.kl_type,
-    )
-    loss_mask = objectives.loss_token_mask(mask, keep)
-    return TokenCredit(recipe, seq_adv.detach().float(), tok_adv, mask, loss_mask, keep, args)
+    kernel_args = objectives.prepare_kernel(recipe.kernel, batch, recipe.kernel_params) if recipe.uses_ratio else None
+    objective = recipe.objective_args(kernel_args, max_response_length=max_response_length)
+    loss_mask = objectives.loss_token_mask(mask, objective.keep)
+    return TokenCredit(recipe, seq_adv.detach().float(), tok_adv, mask, loss_mask, objective)
 
 
 def zero_outside(values: Tensor, keep: Tensor | None) -> Tensor:

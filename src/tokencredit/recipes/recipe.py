@@ -63,6 +63,26 @@ class Recipe:
         takes = objectives.get_loss(self.loss).defaults
         return {**{k: getattr(self, k) for k in CLIP_FIELDS if k in takes}, **self.loss_params}
 
+    def objective_args(
+        self, kernel_args: Mapping[str, Any] | None = None, *, max_response_length: int | None = None
+    ) -> objectives.ObjectiveArgs:
+        """The objective's settings (`objectives.policy_loss`): the one place a recipe becomes them.
+
+        kernel_args: the ratio kernel's prepared arguments (`objectives.prepare_kernel` on the batch;
+        None: the kernel function's own defaults), dropped for a loss without a ratio.
+        max_response_length: the normaliser of seq-mean-token-sum-norm when norm_constant is unset.
+        """
+        return objectives.ObjectiveArgs(
+            loss=self.loss,
+            loss_params=self.loss_arguments(),
+            kernel=self.kernel,
+            kernel_args=dict(kernel_args or {}) if self.uses_ratio else {},
+            loss_agg_mode=self.loss_agg_mode,
+            norm_constant=self.norm_constant or max_response_length,
+            kl_coef=self.kl_coef,
+            kl_type=self.kl_type,
+        )
+
     @property
     def uses_ratio(self) -> bool:
         return objectives.get_loss(self.loss).uses_ratio

@@ -98,7 +98,7 @@ _TABLE: list[Recipe] = [
            notes="trace tr(t, j) = (gamma lam)^(t - j) ('recent') or max with (gamma lam)^j ('both') inside the ratio"),
     Recipe("entropy-advantage", "Cheng et al. 2025, Reasoning with Exploration (arXiv 2506.14758)",
            credit="entropy-advantage", credit_params={"alpha": 0.4, "kappa": 2.0}, eps_low=0.2, eps_high=0.28,
-           notes="Â = A + min(alpha H, |A| / kappa), H detached; clip-higher (alpha, kappa our choice: see credit/shaping.py)"),
+           notes="Â = A + min(alpha H, |A| / kappa), H detached; clip-higher (alpha, kappa our choice: see credit/token_shaping.py)"),
     Recipe("advantage-reweighting", "Yang et al. 2025, Advantage Reweighting, NeurIPS (arXiv 2505.12929)",
            credit="advantage-reweighting", credit_params={"alpha": 0.3}, eps_low=0.2, eps_high=0.24, kl_coef=0.001,
            notes="Â = (alpha pi_old + 1 - alpha) A, alpha 0.3; clip 0.2/0.24 and KL 0.001 as the authors' script"),

@@ -7,14 +7,15 @@ Both reports read `--methods` the same way (`tokencredit.recipes.resolve`: recip
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tokencredit import credit
 from tokencredit.batch import BatchValidationError, RolloutBatch
+from tokencredit.builder import needs_of
 from tokencredit.errors import ConfigError
-from tokencredit.recipes import Recipe, TokenCredit, credit_needs, resolve, token_credit
+from tokencredit.recipes import Recipe, TokenCredit, resolve, token_credit
 
 __all__ = ["NA_LORA", "MethodCredit", "MethodSpec", "method_credit", "resolve_methods"]
 
@@ -89,15 +90,6 @@ def resolve_methods(
     return specs
 
 
-def needed_signals(specs: Iterable[MethodSpec], *, lora: bool = True) -> set[str]:
-    """The signals the columns need (LoRA-only methods left out when the model has no adapter)."""
-    needs: set[str] = set()
-    for s in specs:
-        if lora or not credit.get(s.recipe.credit).requires_lora:
-            needs |= credit_needs(s.recipe)
-    return needs
-
-
 @dataclass(frozen=True)
 class MethodCredit:
     """A column's credit on a batch, or why there is none (`credit` None, `reason` says why)."""
@@ -124,7 +116,7 @@ def method_credit(
     says why it is missing), or the configuration / data error the method raised on this batch."""
     if credit.get(spec.recipe.credit).requires_lora and not lora:
         return MethodCredit(spec, None, NA_LORA)
-    missing = sorted(credit_needs(spec.recipe) - batch.available_signals())
+    missing = sorted(needs_of(spec.recipe).signals - batch.available_signals())
     if missing:
         why = dict(unavailable or {})
         return MethodCredit(

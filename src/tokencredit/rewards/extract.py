@@ -1,6 +1,6 @@
 """Answer extraction and light normalisation for math completions (pure string functions).
 
-Extraction order (evaluation.md): the last complete ``\\boxed{...}`` (braces balanced, escaped
+Extraction order (docs/spec/evaluation.md#answer-extraction): the last complete ``\\boxed{...}`` (braces balanced, escaped
 ``\\{`` / ``\\}`` ignored), then the last ``<answer>...</answer>`` span (the r1-zero template asks
 for it), then a GSM8K-style ``#### 42`` line, then, only when the task allows it, the last number.
 Everything here is linear in the length of the text, so adversarial completions (thousands of

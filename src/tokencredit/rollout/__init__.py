@@ -6,6 +6,9 @@ with the KV cache on and finished sequences stopped at EOS. The output is right-
 rollout i, ``response_ids[i, :L_i]`` are the generated tokens up to and including the EOS that
 ended it, and ``response_mask`` marks exactly those.
 
+How to sample (temperature, top_p, top_k, max_new_tokens, batch_size) is one frozen `SamplingSettings`
+(`tokencredit.rollout.settings`), passed as ``sampling=`` or field by field as keywords.
+
 Four changes to what ``generate`` would do on its own make decoding cheaper without changing what it
 samples (benchmarks/bench_generation.py, BENCHMARKS.md section 6):
 
@@ -57,11 +60,12 @@ from torch import Tensor
 from tokencredit.rollout.cache import cache_kwarg, decode_cache, prefill_shared
 from tokencredit.rollout.cascade import cascade_decoding, cascade_supported, prefill_common, to_cascade
 from tokencredit.rollout.decode import decode_loop, layered_supported
+from tokencredit.rollout.settings import SamplingSettings
 from tokencredit.signals.prefix import MIN_COMMON, common_prefix
 
 __all__ = [
-    "PromptResponseLayout", "Rollouts", "generate", "generate_ids", "generation_config", "response_mask_from_ids",
-    "special_ids",
+    "PromptResponseLayout", "Rollouts", "SamplingSettings", "generate", "generate_ids", "generation_config",
+    "response_mask_from_ids", "sampling_settings", "special_ids",
 ]  # fmt: skip
 
 
@@ -238,12 +242,8 @@ def generate_ids(
     *,
     eos_ids: Sequence[int],
     pad_id: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    max_new_tokens: int = 256,
+    sampling: SamplingSettings,
     seed: int | None = None,
-    batch_size: int | None = None,
     shared_attention: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Sample `num_samples` continuations of each left-padded prompt of token ids [U, P] (`prompt_mask`
@@ -251,18 +251,20 @@ def generate_ids(
     N = U x num_samples, responses right-padded with `pad_id`, valid up to and including the EOS.
 
     The id-level core of `generate` (which tokenises text prompts and decodes the responses); the
-    Monte-Carlo oracle calls it on prompt + response prefixes, token for token. Batches of
-    `batch_size` sequences (all at once by default), one seeded RNG fork for the whole call.
-    `shared_attention` False keeps every row's own copy of its prompt in the cache (the shared-prefix
-    attention of `tokencredit.rollout.cascade` off).
+    Monte-Carlo oracle calls it on prompt + response prefixes, token for token. `sampling`: the settings,
+    batches of `sampling.batch_size` sequences (all at once by default); one seeded RNG fork for the whole call. `shared_attention` False keeps every
+    row's own copy of its prompt in the cache (the shared-prefix attention of
+    `tokencredit.rollout.cascade` off).
     """
-    gen_cfg = generation_config(temperature, top_p, top_k, max_new_tokens, eos_ids, pad_id)
+    gen_cfg = generation_config(
+        sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_new_tokens, eos_ids, pad_id
+    )
     device = next(model.parameters()).device
     prompt_index = torch.arange(prompt_ids.shape[0]).repeat_interleave(num_samples)
     ids_all = prompt_ids.to(torch.long).repeat_interleave(num_samples, dim=0)
     mask_all = prompt_mask.to(torch.bool).repeat_interleave(num_samples, dim=0)
     n = ids_all.shape[0]
-    step = n if batch_size is None else batch_size
+    step = n if sampling.batch_size is None else sampling.batch_size
     chunks: list[Tensor] = []
     cascade = shared_attention and cascade_supported(model)
     with _rng(seed, device), torch.no_grad():
@@ -322,39 +324,54 @@ def _generate_chunk(
     return out[:, ids.shape[1] :]
 
 
-def generate(
-    model: Any,
-    tokenizer: Any,
-    prompts: Sequence[str],
-    num_samples: int = 1,
-    *,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    max_new_tokens: int = 256,
-    seed: int | None = None,
-    generator: torch.Generator | None = None,
-    batch_size: int | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    add_special_tokens: bool | None = None,
-    shared_attention: bool = True,
-) -> Rollouts:
-    """Sample `num_samples` completions for each already-templated prompt.
-
-    temperature == 0 decodes greedily. `top_k` = 0 disables top-k (the model's generation config
-    is overridden, so sampling follows softmax(logits / temperature) restricted only by top_p).
-    `seed` (or a draw from `generator`) seeds sampling without disturbing the global RNG.
-    `batch_size` caps the sequences per ``generate`` call (default: all in one call).
-    `add_special_tokens` (default: True unless the prompts already start with the BOS token)
-    is passed to the tokenizer. `shared_attention`: see `generate_ids`.
-    """
-    _check_settings(num_samples, max_new_tokens, temperature, top_p, batch_size)
+def _checked_prompts(prompts: Sequence[str], num_samples: int) -> list[str]:
+    """`prompts` as a list; ValueError for no prompts, a prompt that is not a str, or num_samples < 1."""
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     prompts = list(prompts)
     if not prompts:
         raise ValueError("no prompts to generate from")
     for i, p in enumerate(prompts):
         if not isinstance(p, str):
             raise ValueError(f"prompt {i}: expected a str, got {type(p).__name__}")
+    return prompts
+
+
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    num_samples: int = 1,
+    *,
+    sampling: SamplingSettings | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    max_new_tokens: int | None = None,
+    batch_size: int | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    add_special_tokens: bool | None = None,
+    shared_attention: bool = True,
+) -> Rollouts:
+    """Sample `num_samples` completions for each already-templated prompt.
+
+    The sampling settings come as one `SamplingSettings` (`sampling`) or as its fields by keyword
+    (`temperature`, `top_p`, `top_k`, `max_new_tokens`, `batch_size`; those not given take the
+    `SamplingSettings` defaults: 1.0, 1.0, 0, 256, None), not both. temperature == 0 decodes greedily;
+    `top_k` = 0 disables top-k (the model's generation config is overridden, so sampling follows
+    softmax(logits / temperature) restricted only by top_p and top_k); `batch_size` caps the sequences
+    per ``generate`` call (default: all in one call).
+    `seed` (or a draw from `generator`) seeds sampling without disturbing the global RNG.
+    `add_special_tokens` (default: True unless the prompts already start with the BOS token)
+    is passed to the tokenizer. `shared_attention`: see `generate_ids`.
+    """
+    sampling = sampling_settings(
+        sampling, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+    )  # fmt: skip
+    prompts = _checked_prompts(prompts, num_samples)
     eos_ids, pad_id = special_ids(model, tokenizer, eos_token_id)
     if add_special_tokens is None:
         bos = getattr(tokenizer, "bos_token", None)
@@ -363,9 +380,8 @@ def generate(
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)
         p_ids, p_mask = enc["input_ids"].to(torch.long), enc["attention_mask"].to(torch.bool)
         prompt_index, response_ids, response_mask, truncated = generate_ids(
-            model, p_ids, p_mask, num_samples, eos_ids=eos_ids, pad_id=pad_id, temperature=temperature,
-            top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, seed=_seed_from(seed, generator),
-            batch_size=batch_size, shared_attention=shared_attention,
+            model, p_ids, p_mask, num_samples, eos_ids=eos_ids, pad_id=pad_id, sampling=sampling,
+            seed=_seed_from(seed, generator), shared_attention=shared_attention,
         )  # fmt: skip
     texts = tokenizer.batch_decode(
         [response_ids[i, response_mask[i]].tolist() for i in range(len(prompt_index))], skip_special_tokens=True
@@ -383,16 +399,12 @@ def generate(
     )
 
 
-def _check_settings(
-    num_samples: int, max_new_tokens: int, temperature: float, top_p: float, batch_size: int | None
-) -> None:
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+def sampling_settings(sampling: SamplingSettings | None = None, **fields: Any) -> SamplingSettings:
+    """`sampling`, or a `SamplingSettings` of the keyword `fields` given (not None) over its defaults;
+    a ValueError when both are given (the keyword API of `generate` / `generate_ids`)."""
+    given = {k: v for k, v in fields.items() if v is not None}
+    if sampling is None:
+        return SamplingSettings(**given)
+    if given:
+        raise ValueError(f"give either sampling or {', '.join(sorted(given))}, not both")
+    return sampling

@@ -15,7 +15,7 @@ part; a decoding query attends to all of them in one softmax:
 
 Same attention, read differently: the result equals SDPA's to float rounding (a different summation
 order), not bit for bit, so a sample can differ from plain ``generate``'s where two tokens' cumulative
-probabilities straddle the uniform draw within rounding; tests/test_rollout.py checks the outputs equal
+probabilities straddle the uniform draw within rounding; tests/rollout/test_rollout.py checks the outputs equal
 plain ``generate``'s on the toy and tiny Qwen3 models.
 
 Mechanisms are transformers' own: a `DynamicLayer` subclass (`CascadeLayer`) keeps the levels and

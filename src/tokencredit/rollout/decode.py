@@ -16,7 +16,7 @@ Sampling is ``generate``'s: float32 logits of the last position, transformers' o
 on), softmax and ``torch.multinomial`` (argmax when greedy), finished rows fed the pad id, stop at
 EOS on every row or `max_new_tokens`. Same ops in the same order as the model's forward, so the
 same logits and, under the same seed, the same tokens as ``generate`` on the same cache
-(tests/test_rollout.py: toy, tiny Qwen3 fp32 and bf16, LoRA, top-p + top-k).
+(tests/rollout/test_rollout.py: toy, tiny Qwen3 fp32 and bf16, LoRA, top-p + top-k).
 
 Used only for the architectures whose decoder layer is exactly the pre-norm block above
 (`LAYERED`); any other model decodes with ``generate``.

@@ -16,17 +16,18 @@ import torch
 from torch import Tensor
 
 from tokencredit import rollout
-from tokencredit.data import benchmarks, load_problems
+from tokencredit.data import load_problems, math_benchmarks
 from tokencredit.data.synthetic import ArithmeticTask
 from tokencredit.errors import ConfigError, TrainingError
 from tokencredit.models import TOY_VARIANTS, toy_task
 from tokencredit.rewards import Reward, format_reward, overlong_penalty
 from tokencredit.rewards.custom import RewardError
-from tokencredit.rollout import PromptResponseLayout
+from tokencredit.rollout import PromptResponseLayout, SamplingSettings
+from tokencredit.train.config import RolloutConfig
 
 __all__ = [
-    "PromptSampler", "StepRollouts", "collect", "informative_rows", "load_problems_for", "sample_round", "seed_for",
-    "with_greedy_baselines", "with_mc_signals",
+    "PromptSampler", "StepRollouts", "collect", "informative_rows", "load_problems_for", "rollout_sampling",
+    "sample_round", "seed_for", "with_greedy_baselines", "with_mc_signals",
 ]  # fmt: skip
 
 
@@ -36,6 +37,15 @@ def seed_for(*parts: int) -> int:
     for p in parts:
         h = ((h ^ (p & 0xFFFFFFFFFFFF)) * 1099511628211) % (1 << 64)
     return h % (2**31 - 1)
+
+
+def rollout_sampling(c: RolloutConfig) -> SamplingSettings:
+    """The sampling settings of a run's rollouts (`c`: its `[rollout]` table): temperature, top_p,
+    max_new_tokens, and generation_batch_size rows per generate call (0 = all at once)."""
+    return SamplingSettings(
+        temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens,
+        batch_size=c.generation_batch_size or None,
+    )  # fmt: skip
 
 
 def load_problems_for(spec: str, data: Any, split: str) -> list[Any]:
@@ -50,8 +60,8 @@ def load_problems_for(spec: str, data: Any, split: str) -> list[Any]:
         return toy_task(name=spec).sample(size, split)
     out: list[Any] = []
     for part in (x.strip() for x in spec.split(",") if x.strip()):
-        if part in benchmarks.NAMES:
-            out += benchmarks.load(part, limit=limit)
+        if part in math_benchmarks.NAMES:
+            out += math_benchmarks.load(part, limit=limit)
         else:
             out += load_problems(
                 part, problem_field=data.problem_field or None, answer_field=data.answer_field or None, limit=limit
@@ -170,7 +180,7 @@ def sample_round(
     reward: Reward,
     format_weight: float,
     overlong_buffer: int,
-    sampling: dict[str, Any],
+    sampling: SamplingSettings,
     seed: int,
     group_offset: int,
     step: int,
@@ -178,12 +188,13 @@ def sample_round(
     """G = `group_size` completions for each prompt, scored: score = verifier reward (+ format reward
     x `format_weight`) (+ DAPO's overlong penalty with buffer `overlong_buffer`, 0 = off).
 
-    `sampling`: temperature, top_p, max_new_tokens, batch_size of `tokencredit.rollout.generate`.
+    `sampling`: how `tokencredit.rollout.generate` samples (`seed` seeds it; its max_new_tokens is the
+    overlong penalty's limit).
     Group ids are the prompt's index plus `group_offset` (distinct across resampling rounds). A
     completion the verifier could not judge in time scores 0 and is marked in `timed_out`.
     """
     try:
-        ro = rollout.generate(model, tokenizer, prompts, group_size, seed=seed, **sampling)
+        ro = rollout.generate(model, tokenizer, prompts, group_size, sampling=sampling, seed=seed)
     except RuntimeError as e:
         # torch.multinomial refuses a NaN/inf sampling distribution: the model's logits are not finite
         if "inf" in str(e) and "nan" in str(e):
@@ -200,7 +211,7 @@ def sample_round(
         scores = scores + format_weight * torch.tensor(format_reward(ro.texts), dtype=torch.float32)
     if overlong_buffer > 0:
         lengths = ro.response_mask.sum(-1)
-        scores = scores + overlong_penalty(lengths, sampling["max_new_tokens"], overlong_buffer).float()
+        scores = scores + overlong_penalty(lengths, sampling.max_new_tokens, overlong_buffer).float()
     return StepRollouts(
         problems=rows,
         prompt_ids=ro.prompt_ids,

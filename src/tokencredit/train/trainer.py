@@ -15,7 +15,7 @@ import copy
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,16 +24,16 @@ import torch
 from rich.console import Console
 from torch import Tensor
 
-from tokencredit import models, recipes, signals
-from tokencredit.batch import MC_SIGNALS, BatchValidationError, RolloutBatch
-from tokencredit.credit.gcpo import negative_prompt
+from tokencredit import models, recipes
+from tokencredit.batch import BatchValidationError, RolloutBatch
+from tokencredit.builder import Passes, build_batch, needs_of, rendered_negative_prompts
 from tokencredit.data.templates import render
 from tokencredit.errors import DiskFullError, Interrupted, TrainingError
-from tokencredit.evaluation import evaluate
+from tokencredit.evaluation import EvalSettings, evaluate
 from tokencredit.oracle import MCSettings, mc_signals
 from tokencredit.recipes import Recipe, TokenCredit
 from tokencredit.rewards import Reward
-from tokencredit.signals import negative_prompt_inputs
+from tokencredit.rollout import SamplingSettings
 from tokencredit.train import checkpoint as ckpt
 from tokencredit.train.config import TrainConfig, check_recipe, validate_config
 from tokencredit.train.progress import StepProgress
@@ -43,6 +43,7 @@ from tokencredit.train.sampling import (
     StepRollouts,
     collect,
     load_problems_for,
+    rollout_sampling,
     sample_round,
     seed_for,
     with_greedy_baselines,
@@ -96,12 +97,12 @@ class Trainer:
         self.model, self.tokenizer = ckpt.build_policy(cfg, self.device)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        self.needs = set(recipes.recipe_needs(self.recipe)) | {"entropy"}  # entropy is logged every step (same pass)
-        self.fields = recipes.batch_fields(self.recipe)  # ReMax: the greedy rollout's score as its baseline
         self.special_ids = models.special_token_ids(self.tokenizer)
-        self.fused_old = can_fuse_old_pass(self.model, cfg.optim, self.recipe, recipes.credit_needs(self.recipe))
+        self.fused_old = can_fuse_old_pass(self.model, cfg.optim, self.recipe, needs_of(self.recipe).forward)
+        # entropy is logged every step (same pass); ReMax's greedy baseline and the oracle's values are sampled
+        self.needs = needs_of(self.recipe, objective=True, extra={"entropy"}, fused_old=self.fused_old)
         self.ref_model = None
-        if "ref_log_probs" in self.needs and cfg.model.lora_rank <= 0:
+        if "ref_log_probs" in self.needs.forward and cfg.model.lora_rank <= 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         params = [p for p in self.model.parameters() if p.requires_grad]
         o = cfg.optim
@@ -147,9 +148,10 @@ class Trainer:
                       "generated_tokens": ro.generated_tokens,
                       "skipped": "no informative group after dynamic sampling"}  # fmt: skip
             return StepResult(record, ro)
-        batch, seq, attn = self.old_policy_batch(ro)  # signals: one no-grad pass of the old policy
+        batch = self.old_policy_batch(ro)  # signals: one no-grad pass of the old policy
         credit = self.credit(batch)  # advantage A, then the credit method's token advantages Â
         t_sig = time.perf_counter() - t0 - t_gen
+        seq, attn = ro.sequences.to(self.device), ro.attention_mask.to(self.device)
         upd = policy_update(
             self.model, self.optimizer, batch, credit, seq, attn, ro.prompt_ids.shape[1], self.cfg.optim,
             temperature=self.cfg.rollout.temperature, fuse_old=self.fused_old, seed=self.cfg.run.seed, step=step,
@@ -157,16 +159,17 @@ class Trainer:
         self.scheduler.step()
         times = {"generate": t_gen, "signals": t_sig, "update": time.perf_counter() - t0 - t_gen - t_sig}
         lr = float(self.scheduler.get_last_lr()[0])
-        return StepResult(step_record(step + 1, ro, batch, credit, upd, times, lr), ro, batch, credit)
+        # the fused pass's old log-probs and entropy join a copy: the batch credit read stays as it was
+        logged = batch.with_signals(upd.old_signals) if upd.old_signals else batch
+        return StepResult(step_record(step + 1, ro, logged, credit, upd, times, lr), ro, logged, credit)
 
     def sample(self, step: int) -> StepRollouts:
         """The step's scored rollouts; with dynamic sampling only groups whose rewards differ; for ReMax
         also the score of one greedy rollout per prompt (its baseline)."""
         c = self.cfg.rollout
-        sampling = {"temperature": c.temperature, "top_p": c.top_p, "max_new_tokens": c.max_new_tokens,
-                    "batch_size": c.generation_batch_size or None}  # fmt: skip
+        sampling = rollout_sampling(c)
 
-        def scored(problems: list[Any], group_size: int, how: dict[str, Any], seed: int, offset: int) -> StepRollouts:
+        def scored(problems: list[Any], group_size: int, how: SamplingSettings, seed: int, offset: int) -> StepRollouts:
             return sample_round(
                 self.model, self.tokenizer, problems, [self._prompt_text(p.problem) for p in problems],
                 group_size=group_size, reward=self.reward_fn, format_weight=self.cfg.reward.format_weight,
@@ -179,43 +182,37 @@ class Trainer:
             groups=c.prompts_per_step, dynamic=self.recipe.dynamic_sampling, max_rounds=c.max_resample_rounds,
             pad_id=self.tokenizer.pad_token_id,
         )  # fmt: skip
-        if "baseline_scores" in self.fields and len(ro):
-            ro = with_greedy_baselines(ro, lambda problems: scored(problems, 1, {**sampling, "temperature": 0.0}, 0, 0))
-        if self.needs & set(MC_SIGNALS) and len(ro):
+        if "baseline_scores" in self.needs.fields and len(ro):
+            ro = with_greedy_baselines(ro, lambda problems: scored(problems, 1, replace(sampling, temperature=0.0), 0, 0))
+        if self.needs.sampled and len(ro):
             ro = with_mc_signals(ro, lambda r: self._mc_signals(r, seed_for(self.cfg.run.seed, step, 17)))
         return ro
 
     def _mc_signals(self, ro: StepRollouts, seed: int) -> tuple[dict[str, Tensor], Any]:
         """The Monte-Carlo values the recipe reads (oracle, VinePPO), with the rollouts' sampling settings and
         the verifier's correctness as the reward (in [0, 1]; format and overlong shaping are not values)."""
-        c, q = self.cfg.rollout, self.cfg.oracle
+        q = self.cfg.oracle
         settings = MCSettings(q.k, q.delta, q.vine_k, q.vine_max_steps, q.delimiter, q.batch_size)
         return mc_signals(
-            self.model, self.tokenizer, ro, [p.answer for p in ro.problems], self.reward_fn, self.needs,
-            temperature=c.temperature, max_new_tokens=c.max_new_tokens, top_p=c.top_p, settings=settings, seed=seed,
+            self.model, self.tokenizer, ro, [p.answer for p in ro.problems], self.reward_fn, self.needs.sampled,
+            sampling=rollout_sampling(self.cfg.rollout), settings=settings, seed=seed,
         )  # fmt: skip
 
-    def old_policy_batch(self, ro: StepRollouts) -> tuple[RolloutBatch, Tensor, Tensor]:
-        """(RolloutBatch with the recipe's signals, sequences, attention mask) on the device.
+    def old_policy_batch(self, ro: StepRollouts) -> RolloutBatch:
+        """The RolloutBatch of the step's rollouts with the recipe's signals, on the device (`builder.build_batch`).
 
         The signals come from one no-grad pass of the old policy (plus the reference / negative-
         prompt passes a recipe asks for); with the fused pass the old log-probs and entropy come
-        from the training forward instead (`update.policy_update`).
+        from the training forward instead (`update.policy_update`); the Monte-Carlo values were
+        sampled with the rollouts (`sample`).
         """
-        dev = self.device
-        seq, attn, mask = ro.sequences.to(dev), ro.attention_mask.to(dev), ro.response_mask.to(dev)
-        neg = self._negative_prompts(ro) if "neg_log_probs" in self.needs else {}
-        needs = (self.needs - {"old_log_probs", "entropy"} if self.fused_old else self.needs) - set(MC_SIGNALS)
-        sig = signals.compute_signals(
-            self.model, seq, attn, ro.prompt_ids.shape[1], mask, needs, temperature=self.cfg.rollout.temperature,
-            ref_model=self.ref_model, batch_size=self.cfg.optim.micro_batch_size or None, **neg,
+        passes = Passes(
+            temperature=self.cfg.rollout.temperature, batch_size=self.cfg.optim.micro_batch_size or None,
+            ref_model=self.ref_model, tokenizer=self.tokenizer,
+            negative_prompts=rendered_negative_prompts([p.problem for p in ro.problems], self.cfg.data.template,
+                                                       self.tokenizer),
         )  # fmt: skip
-        batch = RolloutBatch(
-            token_ids=ro.response_ids.to(dev), mask=mask, group_ids=ro.group_ids.to(dev), scores=ro.scores.to(dev),
-            truncated=ro.truncated.to(dev), baseline_scores=None if ro.baseline_scores is None else ro.baseline_scores.to(dev),
-            **sig, **{k: v.to(dev) for k, v in ro.mc_signals.items()},
-        )  # fmt: skip
-        return batch, seq, attn
+        return build_batch(ro, self.needs, model=self.model, given=ro.mc_signals, passes=passes, device=self.device)
 
     def credit(self, batch: RolloutBatch) -> TokenCredit:
         """The step's credit: the one pipeline with this run's recipe, tokenizer special ids and length limit."""
@@ -223,21 +220,19 @@ class Trainer:
             self.recipe, batch, special_ids=self.special_ids, max_response_length=self.cfg.rollout.max_new_tokens
         )
 
-    def _negative_prompts(self, ro: StepRollouts) -> dict[str, Any]:
-        """GCPO: the same responses after a prompt that asks for a wrong answer."""
-        texts = [self._prompt_text(negative_prompt(p.problem)) for p in ro.problems]
-        dev = self.device
-        return negative_prompt_inputs(self.tokenizer, texts, ro.response_ids.to(dev), ro.response_mask.to(dev))
-
     # ------------------------------------------------------------------ evaluation and saving
     def evaluate(self, step: int) -> dict[str, Any]:
         e = self.cfg.eval
-        res = evaluate(
-            self.model, self.tokenizer, self.eval_problems, samples=e.samples, temperature=e.temperature,
-            top_p=e.top_p, max_new_tokens=self.cfg.rollout.max_new_tokens, template=self.cfg.data.template,
-            seed=seed_for(self.cfg.run.seed, 31337), verifier=self.reward_fn.verifier, progress=False,
+        sampling = SamplingSettings(
+            temperature=e.temperature, top_p=e.top_p, max_new_tokens=self.cfg.rollout.max_new_tokens,
             batch_size=e.batch_size,
         )  # fmt: skip
+        settings = EvalSettings(
+            samples=e.samples, sampling=sampling, template=self.cfg.data.template, seed=seed_for(self.cfg.run.seed, 31337)
+        )
+        res = evaluate(
+            self.model, self.tokenizer, self.eval_problems, settings, verifier=self.reward_fn.verifier, progress=False
+        )
         rec: dict[str, Any] = {"step": step, "type": "eval"}
         rec.update({f"eval_{k}": float(v) for k, v in res.items()})
         if "greedy_acc" in res:

@@ -13,7 +13,7 @@ and a separate no-grad pass would only repeat work (TRL skips it the same way).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ class UpdateStats:
 
     metrics: dict[str, float]
     grad_norm: float
+    old_signals: dict[str, Tensor] = field(default_factory=dict)  # fused: old_log_probs, entropy [N,T] (detached)
 
 
 def _mean_metrics(mets: list[dict[str, float]]) -> dict[str, float]:
@@ -61,18 +62,20 @@ def policy_update(
     step: int,
 ) -> UpdateStats:
     """Update `model` in place on `batch` with `credit`; sequences / attention_mask [N, P+T] hold the
-    prompts (`prompt_len` columns) and responses. With `fuse_old`, batch.old_log_probs and
-    batch.entropy are filled from the training forward (see the module docstring)."""
+    prompts (`prompt_len` columns) and responses. With `fuse_old`, the old policy's log-probs and entropy
+    come from the training forward (see the module docstring) and are returned in `UpdateStats.old_signals`;
+    `batch`, which credit was computed on, is never written to."""
     model.train()
     n, mask = batch.num_rollouts, batch.mask
     g = torch.Generator().manual_seed(seed_for(seed, step, 99))
     params = [p for p in model.parameters() if p.requires_grad]
     mets: list[dict[str, float]] = []
     grad_norms: list[float] = []
+    fused: dict[str, Tensor] = {}
     if fuse_old:
-        batch.old_log_probs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        batch.entropy = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    forward = _Forward(model, sequences, attention_mask, prompt_len, temperature, fuse_old, step)
+        fused = {s: torch.zeros(mask.shape, dtype=torch.float32, device=mask.device) for s in ("old_log_probs", "entropy")}
+    old_log_probs = fused.get("old_log_probs", batch.old_log_probs)
+    forward = _Forward(model, sequences, attention_mask, prompt_len, temperature, fused, step)
     for _epoch in range(optim.ppo_epochs):
         order = torch.randperm(n, generator=g) if optim.mini_batches > 1 else torch.arange(n)
         for mb in order.tensor_split(optim.mini_batches):
@@ -84,11 +87,12 @@ def policy_update(
                 logp = forward(batch, micro)
                 loss, met = objectives.policy_loss(
                     logp,
-                    batch.old_log_probs[micro] if credit.recipe.uses_ratio else None,
+                    old_log_probs[micro] if credit.recipe.uses_ratio else None,
                     credit.token_advantages[micro],
                     credit.mask[micro],
+                    credit.objective.rows(micro),
                     ref_log_prob=None if batch.ref_log_probs is None else batch.ref_log_probs[micro],
-                    **counts, **credit.policy_kwargs(micro),
+                    **counts,
                 )  # fmt: skip
                 if not bool(torch.isfinite(loss)):
                     raise TrainingError(f"step {step + 1}: non-finite loss ({loss.item()})")
@@ -99,33 +103,34 @@ def policy_update(
                 raise TrainingError(f"step {step + 1}: non-finite gradient norm")
             grad_norms.append(float(gn))
             optimizer.step()
-    return UpdateStats(_mean_metrics(mets), sum(grad_norms) / len(grad_norms))
+    return UpdateStats(_mean_metrics(mets), sum(grad_norms) / len(grad_norms), fused)
 
 
 @dataclass(frozen=True)
 class _Forward:
-    """The training forward of a micro-batch: log pi(y_t) with grad (and, fused, the old policy's signals)."""
+    """The training forward of a micro-batch: log pi(y_t) with grad; fused (`fused` holds the buffers), also
+    the old policy's log-probs and entropy, written into `fused` at the micro-batch's rows."""
 
     model: torch.nn.Module
     sequences: Tensor
     attention_mask: Tensor
     prompt_len: int
     temperature: float
-    fuse_old: bool
+    fused: dict[str, Tensor]
     step: int
 
     def __call__(self, batch: RolloutBatch, micro: Tensor) -> Tensor:
         mask = batch.mask[micro]
         out = token_log_probs(
             self.model, self.sequences[micro], self.attention_mask[micro], self.prompt_len,
-            temperature=self.temperature, response_mask=mask, with_entropy=self.fuse_old,
+            temperature=self.temperature, response_mask=mask, with_entropy=bool(self.fused),
         )  # fmt: skip
-        logp = out[0] if self.fuse_old else out
+        logp = out[0] if self.fused else out
         if not bool(torch.isfinite(logp[mask]).all()):
             raise TrainingError(f"step {self.step + 1}: non-finite log-probs in the training forward")
-        if self.fuse_old:
-            batch.old_log_probs[micro] = logp.detach()
-            batch.entropy[micro] = out[1].detach()
+        if self.fused:
+            self.fused["old_log_probs"][micro] = logp.detach()
+            self.fused["entropy"][micro] = out[1].detach()
         return logp
 
 

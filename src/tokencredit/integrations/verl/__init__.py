@@ -20,7 +20,7 @@ What it registers (generated, never listed by hand):
 Inputs verl does not pass. A registered estimator receives only ``token_level_rewards``,
 ``response_mask``, ``index`` and ``config``; token credit needs the response token ids and, for
 some methods, the old policy's entropy. `install_hooks` (run once at import; the one place that
-touches verl) supplies them by the least invasive routes of the integration spec, patching each
+touches verl) supplies them by the least invasive routes of docs/integrations.md, patching each
 verl module right after it is first imported (`HOOK_TARGETS`), so ``import verl`` stays light:
 
 1. the module-level ``compute_advantage`` (in ``verl.trainer.ppo.ray_trainer`` and, on the v1

@@ -1,4 +1,5 @@
-"""verl's DataProto -> tokencredit's RolloutBatch: where each field and per-token signal is read from."""
+"""verl's DataProto -> tokencredit's RolloutBatch: where each field and per-token signal is read from (the
+batch itself is assembled by `tokencredit.builder.build_batch`, as in every engine)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from torch import Tensor
 from verl import DataProto
 
 from tokencredit.batch import RolloutBatch
+from tokencredit.builder import Needs, ScoredRollouts, build_batch
 from tokencredit.errors import ConfigError
 from tokencredit.integrations import verl_actor
 from tokencredit.integrations._common import group_ids_from_labels
@@ -37,21 +39,22 @@ def first_key(data: DataProto, keys: Iterable[str]) -> str | None:
 
 def batch_from_dataproto(
     data: DataProto,
-    needs: Iterable[str] = (),
+    needs: Needs | None = None,
     *,
     token_level_rewards: Tensor | None = None,
     response_mask: Tensor | None = None,
-    fields: Iterable[str] = (),
     who: str = "tokencredit",
 ) -> RolloutBatch:
-    """A RolloutBatch [bs, T] from a verl DataProto.
+    """A RolloutBatch [bs, T] from a verl DataProto, assembled by the one builder (`builder.build_batch`).
 
     token ids = ``responses``; mask = ``response_mask``; score = sum of ``token_level_rewards`` over
     the response (verl puts the outcome reward at the last valid token; an in-reward KL penalty is
-    summed in, as verl's GRPO does); group ids = ``non_tensor_batch["uid"]``; the per-token
-    signals `needs` from the keys in SIGNAL_KEYS and the batch `fields` (remax's baseline_scores) from
-    FIELD_KEYS. Raises ConfigError naming a missing field.
+    summed in, as verl's GRPO does); group ids = ``non_tensor_batch["uid"]``; the signals
+    `needs.forward` from the keys in SIGNAL_KEYS (verl's actor, or tokencredit's actor extension,
+    computed them) and the batch `needs.fields` (remax's baseline_scores) from FIELD_KEYS. Raises
+    ConfigError naming a missing field.
     """
+    needs = needs or Needs()
     batch = data.batch
     rewards = batch["token_level_rewards"] if token_level_rewards is None else token_level_rewards
     mask = batch["response_mask"] if response_mask is None else response_mask
@@ -69,26 +72,28 @@ def batch_from_dataproto(
             f"{who}: 'responses' has shape {tuple(token_ids.shape)} but 'response_mask' {tuple(mask.shape)}"
         )
     signals: dict[str, Tensor] = {}
-    for name in sorted(set(needs)):
+    for name in sorted(needs.forward):
         key = first_key(data, SIGNAL_KEYS[name])
         if key is None:
             raise ConfigError(_missing_signal_message(who, name))
         signals[name] = batch[key].float()
-    for name in sorted(set(fields)):
+    fields: dict[str, Tensor] = {}
+    for name in sorted(needs.fields):
         key = FIELD_KEYS[name]
         if key not in batch.keys():
             raise ConfigError(
                 f"{who} needs {name} (verl batch key {key!r}), which this DataProto lacks: verl generates the greedy "
                 "baseline rollout only for its own algorithm.adv_estimator=remax, so use verl's remax (uniform credit)"
             )
-        signals[name] = batch[key].float().reshape(-1)
-    return RolloutBatch(
-        token_ids=token_ids,
-        mask=mask.bool(),
+        fields[name] = batch[key].float().reshape(-1)
+    rollouts = ScoredRollouts(
+        response_ids=token_ids,
+        response_mask=mask.bool(),
         group_ids=group_ids_from_labels(data.non_tensor_batch["uid"]).to(token_ids.device),
         scores=rewards.float().sum(-1),
-        **signals,
+        **fields,
     )
+    return build_batch(rollouts, needs, given=signals, who=who)
 
 
 def _missing_signal_message(who: str, name: str) -> str:

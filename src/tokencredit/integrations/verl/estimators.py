@@ -15,11 +15,12 @@ from verl.trainer.ppo import core_algos
 
 from tokencredit import objectives
 from tokencredit.batch import MC_SIGNALS
+from tokencredit.builder import needs_of
 from tokencredit.errors import ConfigError, closest
 from tokencredit.integrations._common import slug
 from tokencredit.integrations.verl.batch import SIGNAL_KEYS, batch_from_dataproto, first_key
 from tokencredit.models import special_token_ids
-from tokencredit.recipes import Recipe, batch_fields, credit_needs, resolve, token_credit, zero_outside
+from tokencredit.recipes import Recipe, resolve, token_credit, zero_outside
 
 __all__ = ["ESTIMATORS", "cfg_value", "estimator_spec", "register_estimator", "uses_keep"]
 
@@ -55,7 +56,7 @@ def cfg_value(config: Any, key: str, default: Any) -> Any:
 
 def needs_sampled_values(recipe: Recipe) -> bool:
     """True for recipes whose credit reads Monte-Carlo values (oracle, vineppo): no tc_ estimator for them."""
-    return bool(credit_needs(recipe) & set(MC_SIGNALS))
+    return bool(needs_of(recipe).sampled)
 
 
 def uses_keep(recipe: Recipe) -> bool:
@@ -63,7 +64,7 @@ def uses_keep(recipe: Recipe) -> bool:
 
 
 def _make_estimator(verl_name: str, spec: Recipe) -> Callable[..., tuple[Tensor, Tensor]]:
-    needs, fields = credit_needs(spec), batch_fields(spec)
+    needs = needs_of(spec)
 
     def estimator(
         token_level_rewards: Tensor,
@@ -77,16 +78,16 @@ def _make_estimator(verl_name: str, spec: Recipe) -> Callable[..., tuple[Tensor,
         if data is None:
             raise ConfigError(
                 f"verl estimator {verl_name!r} needs the whole DataProto (response token ids"
-                f"{', ' + ', '.join(sorted(needs)) if needs else ''}); tokencredit's compute_advantage "
+                f"{', ' + ', '.join(sorted(needs.forward)) if needs.forward else ''}); tokencredit's compute_advantage "
                 "hook passes it. The hook is installed when tokencredit.integrations.verl is imported "
                 "(automatically through verl's plugin entry point, or VERL_USE_EXTERNAL_MODULES) and covers verl's PPO trainers "
                 "(v1 and legacy); this call came from another code path"
             )
         ctx = _CONTEXT.get()
-        _fetch_missing(data, needs, ctx)
+        _fetch_missing(data, needs.forward, ctx)
         batch = batch_from_dataproto(
             data, needs, token_level_rewards=token_level_rewards, response_mask=response_mask,
-            fields=fields, who=f"verl estimator {verl_name!r}",
+            who=f"verl estimator {verl_name!r}",
         )  # fmt: skip
         special = ctx.special_ids if ctx is not None and ctx.special_ids else _LEGACY_SPECIAL_IDS[0]
         # A credit method on its own uses verl's own GRPO settings (eps 1e-6, norm_adv_by_std_in_grpo).

@@ -13,6 +13,7 @@ from torch import Tensor
 from verl import DataProto
 from verl.trainer.ppo import core_algos
 
+from tokencredit.builder import needs_of
 from tokencredit.integrations import verl_actor
 from tokencredit.integrations._import_hooks import PENDING, PostImportPatcher, when_imported
 from tokencredit.integrations.verl.estimators import (
@@ -23,7 +24,6 @@ from tokencredit.integrations.verl.estimators import (
     _StepContext,
 )
 from tokencredit.integrations.verl.losses import check_pairing
-from tokencredit.recipes import credit_needs
 
 __all__ = ["ACTOR_HOOK_TARGETS", "HOOK_TARGETS", "install_hooks"]
 
@@ -72,7 +72,7 @@ def _actor_request(config: Any) -> tuple[str, ...]:
     except (AttributeError, KeyError):
         return ()
     spec = ESTIMATORS.get(getattr(name, "value", name))
-    return verl_actor.requested(credit_needs(spec)) if spec is not None else ()
+    return verl_actor.requested(needs_of(spec).forward) if spec is not None else ()
 
 
 def _wrap_legacy_old_log_prob(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -70,23 +70,27 @@ def _make_loss(
         dp_size = float(info.get("dp_size") or 1)
         tokens, seqs = info.get("batch_num_tokens"), info.get("global_batch_size")
         mask = response_mask.bool()
-        kw: dict[str, Any] = {**params, **(loss_params or {}), **_clip_args(loss, config)}
+        kernel_args = dict(params)
         if uses_keep:
             # The kept set travels in the advantages: the paired estimator zeroes Â outside it.
             # A zero-advantage response has no loss term either way.
-            kw["keep"] = mask & (advantages != 0)
+            kernel_args["keep"] = mask & (advantages != 0)
+        args = objectives.ObjectiveArgs(
+            loss=loss,
+            loss_params={**(loss_params or {}), **_clip_args(loss, config)},
+            kernel=kernel,
+            kernel_args=kernel_args,
+            loss_agg_mode=loss_agg_mode,
+            norm_constant=info.get("loss_scale_factor"),
+        )
         value, metrics = objectives.policy_loss(
             log_prob,
             old_log_prob,
             advantages,
             mask,
-            loss=loss,
-            kernel=kernel,
-            loss_agg_mode=loss_agg_mode,
-            norm_constant=info.get("loss_scale_factor"),
+            args,
             global_tokens=None if tokens is None else float(tokens) / dp_size,
             global_seqs=None if seqs is None else float(seqs) / dp_size,
-            **kw,
         )
         out = {f"actor/tc_{k}": v for k, v in metrics.items()}
         out["actor/pg_clipfrac"] = metrics.get("clip_frac", 0.0)

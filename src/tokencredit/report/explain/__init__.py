@@ -19,7 +19,8 @@ ratio 1. A method whose signals cannot be had (e.g. ARCA without a LoRA adapter)
 note on the page; the rest of the report is still written.
 
 Modules: `inputs` (the groups), `options` (settings and their defaults), `assemble` (groups ->
-RolloutBatch), `signals` (saved vs recomputed, which model), `compute` (`explain_batch`: batch ->
+the scored rollouts and saved signals the batch builder reads), `signals` (saved vs recomputed, which
+model; the batch from `tokencredit.builder.build_batch`), `compute` (`explain_batch`: batch ->
 `ReportData` without a model), `views` (`ReportData`), `render` (`build_report`, a pure function
 of `ReportData`), `pipeline` (`write_report`: all of it, one file). The command line is
 `tokencredit.commands.explain`.
@@ -37,7 +38,7 @@ from tokencredit.report.explain.inputs import (
 from tokencredit.report.explain.options import DEFAULT_METHODS, ExplainOptions
 from tokencredit.report.explain.pipeline import ExplainResult, write_report
 from tokencredit.report.explain.render import build_report
-from tokencredit.report.explain.signals import recompute_signals
+from tokencredit.report.explain.signals import batch_with_signals
 from tokencredit.report.explain.views import GroupView, MethodView, ReportData, ResponseView
 
 __all__ = [
@@ -51,13 +52,13 @@ __all__ = [
     "ReportData",
     "ResponseView",
     "assemble_batch",
+    "batch_with_signals",
     "build_report",
     "display_tokens",
     "explain_batch",
     "load_jsonl",
     "load_run_rollouts",
     "make_groups",
-    "recompute_signals",
     "saved_steps",
     "write_report",
 ]

@@ -1,18 +1,20 @@
-"""Groups -> one right-padded `RolloutBatch` (credit is computed on every group at once, as in training)."""
+"""Groups -> the scored rollouts and saved signals the batch builder reads (credit is computed on every group
+at once, as in training)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
+from tokencredit.builder import Needs, ScoredRollouts, build_batch
 from tokencredit.errors import ConfigError
 from tokencredit.report.explain.inputs import SAVED_SIGNALS, GroupInput
 
-__all__ = ["assemble_batch", "padded", "with_signals"]
+__all__ = ["assemble_batch", "padded", "saved_signals", "scored_rollouts"]
 
 
 def padded(
@@ -30,14 +32,11 @@ def padded(
     return out, mask
 
 
-def assemble_batch(
-    groups: Sequence[GroupInput], tokenizer: Any = None, *, use_saved_signals: bool = True
-) -> RolloutBatch:
-    """A right-padded RolloutBatch of every completion of `groups` (rows in order, group ids from the groups).
+def scored_rollouts(groups: Sequence[GroupInput], tokenizer: Any = None) -> ScoredRollouts:
+    """Every completion of `groups` as right-padded scored rollouts (rows in order, group ids from the groups).
 
     Completions without token_ids are tokenised with `tokenizer` (no special tokens added; the ids
-    are stored on the completion). The saved signals (entropy, old_log_probs, an oracle / VinePPO
-    run's Monte-Carlo values) become batch signals when every completion carries them.
+    are stored on the completion). Responses are padded with the tokenizer's pad id (0 without one).
     """
     rows: list[list[int]] = []
     for g in groups:
@@ -52,23 +51,30 @@ def assemble_batch(
     comps = [c for g in groups for c in g.completions]
     pad = 0 if tokenizer is None or tokenizer.pad_token_id is None else int(tokenizer.pad_token_id)
     ids, mask = padded(rows, pad, torch.int64)
-    signals: dict[str, Tensor] = {}
-    if use_saved_signals:
-        for name in SAVED_SIGNALS:
-            if all(getattr(c, name) is not None for c in comps):
-                signals[name] = padded([getattr(c, name) for c in comps], 0.0, torch.float32)[0]
-    return RolloutBatch(
-        token_ids=ids,
-        mask=mask,
+    return ScoredRollouts(
+        response_ids=ids,
+        response_mask=mask,
         group_ids=torch.tensor([g.group_id for g in groups for _ in g.completions], dtype=torch.int64),
         scores=torch.tensor([c.score for c in comps], dtype=torch.float32),
         truncated=torch.tensor([c.truncated for c in comps], dtype=torch.bool),
-        **signals,
     )
 
 
-def with_signals(batch: RolloutBatch, signals: Mapping[str, Tensor]) -> RolloutBatch:
-    """`batch` with `signals` added (or replaced), moved to the batch's device."""
-    kwargs = {name: getattr(batch, name) for name in batch.__dataclass_fields__}
-    kwargs.update({k: v.to(batch.mask.device) for k, v in signals.items()})
-    return RolloutBatch(**kwargs)
+def saved_signals(groups: Sequence[GroupInput]) -> dict[str, Tensor]:
+    """The signals saved with the rollouts (entropy, old_log_probs, an oracle / VinePPO run's Monte-Carlo
+    values), [N,T] right-padded with 0, each only when every completion carries it."""
+    comps = [c for g in groups for c in g.completions]
+    return {
+        name: padded([getattr(c, name) for c in comps], 0.0, torch.float32)[0]
+        for name in SAVED_SIGNALS
+        if comps and all(getattr(c, name) is not None for c in comps)
+    }
+
+
+def assemble_batch(
+    groups: Sequence[GroupInput], tokenizer: Any = None, *, use_saved_signals: bool = True
+) -> RolloutBatch:
+    """The RolloutBatch of `groups` as saved (`scored_rollouts`, with `saved_signals` unless told not to),
+    through the one builder, computing nothing."""
+    given = saved_signals(groups) if use_saved_signals else None
+    return build_batch(scored_rollouts(groups, tokenizer), Needs(), given=given, who="explain")

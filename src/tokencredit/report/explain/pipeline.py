@@ -11,6 +11,7 @@ from torch import Tensor
 
 from tokencredit import advantages
 from tokencredit.batch import BatchValidationError, RolloutBatch
+from tokencredit.builder import needs_of
 from tokencredit.errors import ConfigError
 from tokencredit.models import resolve_device, special_token_ids
 from tokencredit.report.explain.compute import display_tokens, explain_batch, make_groups
@@ -18,7 +19,7 @@ from tokencredit.report.explain.options import ExplainOptions, Source, read_sour
 from tokencredit.report.explain.render import build_report
 from tokencredit.report.explain.signals import batch_with_signals
 from tokencredit.report.explain.views import GroupView
-from tokencredit.report.methods import MethodSpec, needed_signals, resolve_methods
+from tokencredit.report.methods import MethodSpec, resolve_methods
 
 __all__ = ["ExplainResult", "write_report"]
 
@@ -93,7 +94,7 @@ def write_report(opts: ExplainOptions) -> ExplainResult:
         advantage_params=src.advantage_params,
         run_recipe=src.recipe,
     )
-    needs = needed_signals(specs)
+    needs = set(needs_of([s.recipe for s in specs]).signals)
     notes = list(src.notes)
     device = resolve_device(opts.device, "--device")
     batch, tokenizer, unavailable = batch_with_signals(

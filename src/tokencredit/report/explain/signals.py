@@ -16,27 +16,28 @@ given, the default budget or the longest completion if longer, the math verifier
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from tokencredit.batch import MC_SIGNALS, RolloutBatch
-from tokencredit.credit.gcpo import negative_prompt
+from tokencredit.builder import Needs, Passes, ScoredRollouts, build_batch, rendered_negative_prompts
 from tokencredit.data.templates import render
 from tokencredit.errors import ConfigError
 from tokencredit.models import load_model, load_tokenizer
 from tokencredit.oracle import MCSettings, mc_signals
-from tokencredit.report.explain.assemble import assemble_batch, padded, with_signals
+from tokencredit.report.explain.assemble import padded, saved_signals, scored_rollouts
 from tokencredit.report.explain.inputs import DISPLAY_SIGNALS, GroupInput
 from tokencredit.report.explain.options import Source
 from tokencredit.rewards import Reward
-from tokencredit.rollout import PromptResponseLayout
-from tokencredit.signals import compute_signals, has_lora_adapter, negative_prompt_inputs
+from tokencredit.rollout import SamplingSettings
+from tokencredit.signals import has_lora_adapter
 from tokencredit.train.checkpoint import load_run_policy
 from tokencredit.train.config import TrainConfig
 
-__all__ = ["batch_with_signals", "recompute_signals"]
+__all__ = ["batch_with_signals", "sample_mc_signals"]
 
 _LORA_SIGNALS = frozenset({"base_hidden", "base_log_probs"})
 
@@ -52,66 +53,34 @@ def _prompt_texts(groups: Sequence[GroupInput], tokenizer: Any, template: str) -
     return [g.prompt if g.prompt is not None else render(template, g.problem, tokenizer) for g in groups]  # type: ignore[arg-type]
 
 
-def _layout(tokenizer: Any, groups: Sequence[GroupInput], batch: RolloutBatch, template: str) -> PromptResponseLayout:
-    """The batch's rows as left-padded prompts (rebuilt from the groups) + right-padded responses, on the CPU."""
+def _with_prompts(tokenizer: Any, groups: Sequence[GroupInput], scored: ScoredRollouts, template: str) -> ScoredRollouts:
+    """The rollouts with their prompts (rebuilt from the groups, left-padded) and pad ids in the responses, on the CPU."""
     pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     prompts = _prompt_texts(groups, tokenizer, template)
     p_rows = [_bos_aware_ids(tokenizer, p) for g, p in zip(groups, prompts) for _ in g.completions]
     p_ids, p_att = padded(p_rows, pad, torch.int64, left=True)
-    resp = torch.where(batch.mask, batch.token_ids, torch.full_like(batch.token_ids, pad))
-    return PromptResponseLayout(p_ids, p_att, resp.cpu(), batch.mask.cpu())
-
-
-def recompute_signals(
-    model: Any,
-    tokenizer: Any,
-    groups: Sequence[GroupInput],
-    batch: RolloutBatch,
-    needs: set[str],
-    *,
-    template: str,
-    temperature: float,
-    batch_size: int,
-) -> dict[str, Tensor]:
-    """The signals `needs` for the batch's rows with `model` (prompts rebuilt from the groups), on the model's device."""
-    device = next(model.parameters()).device
-    layout = _layout(tokenizer, groups, batch, template)
-    p_ids, resp = layout.prompt_ids, layout.response_ids
-    seq, att = layout.sequences.to(device), layout.attention_mask.to(device)
-    neg: dict[str, Any] = {}
-    if "neg_log_probs" in needs:
-        texts = [render(template, negative_prompt(g.problem), tokenizer) for g in groups for _ in g.completions]  # type: ignore[arg-type]
-        neg = negative_prompt_inputs(tokenizer, texts, resp.to(device), batch.mask.to(device))
-    return compute_signals(
-        model,
-        seq,
-        att,
-        int(p_ids.shape[1]),
-        batch.mask.to(device),
-        needs,
-        temperature=temperature,
-        batch_size=batch_size,
-        **neg,
-    )
+    mask = scored.response_mask
+    resp = torch.where(mask, scored.response_ids, torch.full_like(scored.response_ids, pad))
+    return replace(scored, response_ids=resp.cpu(), response_mask=mask.cpu(), prompt_ids=p_ids, prompt_mask=p_att)
 
 
 def sample_mc_signals(
-    model: Any, tokenizer: Any, src: Source, batch: RolloutBatch, needs: set[str], notes: list[str]
+    model: Any, tokenizer: Any, src: Source, rollouts: ScoredRollouts, needs: set[str], notes: list[str]
 ) -> dict[str, Tensor]:
-    """The Monte-Carlo signals `needs` of the batch's rows, sampled with `model` (module docstring), on
-    the CPU; their cost is appended to `notes`. Every group must carry its gold `answer`."""
+    """The Monte-Carlo signals `needs` of the rollouts (with their prompts, `_with_prompts`), sampled with
+    `model` (module docstring), on the CPU; their cost is appended to `notes`. Every group must carry its
+    gold `answer`."""
     cfg = src.cfg or TrainConfig()
     q = cfg.oracle
     settings = MCSettings(q.k, q.delta, q.vine_k, q.vine_max_steps, q.delimiter, q.batch_size)
-    budget = cfg.rollout.max_new_tokens if src.cfg else max(cfg.rollout.max_new_tokens, int(batch.mask.sum(1).max()))
+    budget = cfg.rollout.max_new_tokens if src.cfg else max(cfg.rollout.max_new_tokens, int(rollouts.response_mask.sum(1).max()))
     golds = [g.answer for g in src.groups for _ in g.completions]
+    sampling = SamplingSettings(temperature=src.temperature, top_p=cfg.rollout.top_p, max_new_tokens=budget)
     fn = cfg.reward.function
     with Reward(fn, timeout=cfg.reward.timeout, retry_timeouts=cfg.reward.retry_timeouts) as reward:
         got, cost = mc_signals(
-            model, tokenizer, _layout(tokenizer, src.groups, batch, src.template), golds, reward, needs,
-            temperature=src.temperature, max_new_tokens=budget, top_p=cfg.rollout.top_p, settings=settings,
-            seed=cfg.run.seed,
-        )  # fmt: skip
+            model, tokenizer, rollouts, golds, reward, needs, sampling=sampling, settings=settings, seed=cfg.run.seed
+        )
     c = cost.as_dict()
     notes.append(
         f"Monte-Carlo values sampled ({', '.join(sorted(got))}; reward {fn}, budget {budget} tokens, K = {q.k} per "
@@ -170,7 +139,8 @@ def batch_with_signals(
     src: Source, needs: set[str], notes: list[str], *, device: torch.device, batch_size: int
 ) -> tuple[RolloutBatch, Any, dict[str, str]]:
     """(batch with every obtainable signal, tokenizer or None, {signal: why unavailable}); what was
-    used, recomputed or missing is appended to `notes` (see the module docstring)."""
+    used, recomputed or missing is appended to `notes` (see the module docstring). The batch comes from
+    the one builder (`tokencredit.builder.build_batch`), on the CPU."""
     recompute_all = src.run_dir is None
     model = tokenizer = None
     model_desc = f"model {src.model_path}"
@@ -179,9 +149,9 @@ def batch_with_signals(
         model, tokenizer = load_model(src.model_path, device=device)
     else:
         tokenizer = _display_tokenizer(src, notes)
-    batch = assemble_batch(src.groups, tokenizer, use_saved_signals=not recompute_all)
-    saved = batch.available_signals()
-    wanted = (needs | set(DISPLAY_SIGNALS)) - saved
+    scored = scored_rollouts(src.groups, tokenizer)
+    saved = {} if recompute_all else saved_signals(src.groups)
+    wanted = (needs | set(DISPLAY_SIGNALS)) - set(saved)
     if "neg_log_probs" in wanted and any(g.problem is None for g in src.groups):
         wanted.discard("neg_log_probs")
         unavailable["neg_log_probs"] = "GCPO's negative prompt needs each group's 'problem' text"
@@ -189,7 +159,7 @@ def batch_with_signals(
         if any(g.answer is None for g in src.groups):
             wanted.discard(name)
             unavailable[name] = "the Monte-Carlo values need each group's 'answer' for the verifier"
-    if model is None and needs - saved:
+    if model is None and needs - set(saved):
         loaded = _recompute_model(src, wanted, device, notes, unavailable)
         if loaded is not None:
             model, tokenizer, model_desc = loaded
@@ -202,17 +172,22 @@ def batch_with_signals(
         wanted -= _LORA_SIGNALS
     sampled = wanted & set(MC_SIGNALS)  # sampled continuations, not a forward pass
     wanted -= sampled
+    given = dict(saved)
+    if wanted or sampled:
+        scored = _with_prompts(tokenizer, src.groups, scored, src.template)
     if sampled:
         notes.append(f"Monte-Carlo values sampled with {model_desc} (expensive)")
-        batch = with_signals(batch, sample_mc_signals(model, tokenizer, src, batch, sampled, notes))
+        given.update(sample_mc_signals(model, tokenizer, src, scored, sampled, notes))
+    passes = Passes(
+        temperature=src.temperature, batch_size=batch_size, tokenizer=tokenizer,
+        negative_prompts=rendered_negative_prompts([g.problem for g in src.groups for _ in g.completions],
+                                                   src.template, tokenizer),  # type: ignore[misc]
+    )  # fmt: skip
+    need = Needs(forward=frozenset(wanted), sampled=frozenset(sampled))
+    batch = build_batch(scored, need, model=model, given=given, passes=passes, device="cpu", who="explain")
     if wanted:
-        sig = recompute_signals(
-            model, tokenizer, src.groups, batch, wanted, template=src.template, temperature=src.temperature,
-            batch_size=batch_size,
-        )  # fmt: skip
-        batch = with_signals(batch, {k: v.cpu() for k, v in sig.items()})
         origin = "recomputed" if recompute_all else "recomputed (the saved rollouts lack them)"
-        notes.append(f"signals {origin} with {model_desc}: {', '.join(sorted(sig))}")
+        notes.append(f"signals {origin} with {model_desc}: {', '.join(sorted(wanted))}")
     if saved:
         notes.append(f"from the saved rollouts (the policy that sampled them): {', '.join(sorted(saved))}")
     for s in sorted(set(unavailable) & needs):

@@ -10,17 +10,18 @@ as `tokencredit.evaluation.load_benchmark` reads it. Only the synthetic tasks ha
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tokencredit import advantages
-from tokencredit.data import benchmarks
+from tokencredit.data import math_benchmarks
 from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError, closest
 from tokencredit.models import TOY_VARIANTS, toy_task
 from tokencredit.oracle import DEFAULT_DELTA
 from tokencredit.recipes import Recipe
+from tokencredit.rollout import SamplingSettings
 from tokencredit.train.config import TrainConfig
 
 __all__ = [
@@ -39,34 +40,70 @@ DEFAULT_METHODS = (
 )
 DEFAULT_KS: tuple[int, ...] = (1, 3, 10)
 DEFAULT_MAX_NEW_TOKENS = 96
+DEFAULT_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=DEFAULT_MAX_NEW_TOKENS, batch_size=64)
+"""The probe's sampling when neither the options nor a probed run say otherwise."""
 
 
 @dataclass
 class ProbeConfig:
-    """How rollouts are sampled and scored (the task's difficulty / digits pick the held-out problems)."""
+    """How the probe's rollouts are sampled and scored; `probe_config` builds a checked one from the options.
+
+    The problems:
+      data              "toy" (the synthetic task below), "toy-hard", a shipped benchmark name or a data file.
+      groups            problems (groups) probed; on a data set at most all of its problems.
+      difficulty        arithmetic steps of the synthetic task (--data toy).
+      digits            digits of its running totals.
+      operand_digits    digits of its added operands (None: the task's default).
+      seed              picks the problems, seeds the sampling, the oracle and the random baselines.
+    The rollouts:
+      group_size        rollouts per problem (G >= 2, for a group baseline).
+      template          the prompt template (a name, or a string containing {problem}).
+      sampling          how they are sampled (`SamplingSettings`: temperature, top_p 1, max_new_tokens);
+                        its batch_size is the probe's rows per generate call and also per forward pass
+                        of the signals and per generate call of the Monte-Carlo estimates.
+    The scores:
+      advantage         the group estimator of plain credit methods (a name of `tokencredit.advantages`).
+      advantage_params  its parameters (a probed run's recipe's, else none).
+      ks                the k values of blame@k, sorted and distinct.
+      random_draws      draws averaged for the random (chance) baseline.
+      oracle_k          Monte-Carlo continuations per state for the ground-truth A* (0: no oracle table).
+      oracle_delta      the oracle's skip: tokens of probability >= 1 - delta get A* = 0.
+
+    The settings are grouped in the docstring, not in nested objects (but for the sampling), because
+    they are the flat options of ``tokencredit probe`` and the flat "config" of its JSON (`record`).
+    """
 
     groups: int = 64
     group_size: int = 8
     seed: int = 0
     difficulty: int = 3
     digits: int = 2
-    operand_digits: int | None = None  # None: the task's default
+    operand_digits: int | None = None
     template: str = "qwen-math"
-    temperature: float = 1.0
-    max_new_tokens: int = 96
+    sampling: SamplingSettings = DEFAULT_SAMPLING
     advantage: str = "grpo"
     advantage_params: dict[str, Any] = field(default_factory=dict)
     ks: tuple[int, ...] = DEFAULT_KS
     random_draws: int = 20
-    batch_size: int = 64  # rows per forward for signals and per generate call
-    data: str = "toy"  # "toy" (the task above), "toy-hard", a benchmark name or a data file
-    oracle_k: int = 0  # Monte-Carlo continuations per state for A* (0: no oracle)
-    oracle_delta: float = DEFAULT_DELTA  # the oracle's skip: tokens of p >= 1 - delta get A* = 0
+    data: str = "toy"
+    oracle_k: int = 0
+    oracle_delta: float = DEFAULT_DELTA
 
     @property
     def synthetic(self) -> bool:
         """The data is a synthetic task, with checker truth (the first wrong token)."""
         return self.data in TOY_VARIANTS
+
+    def record(self) -> dict[str, Any]:
+        """The settings as the probe's JSON "config" holds them: flat, the sampling's temperature,
+        max_new_tokens and batch_size among the others."""
+        d = asdict(self)
+        s = d.pop("sampling")
+        keys = ("groups", "group_size", "seed", "difficulty", "digits", "operand_digits", "template")
+        head = {k: d.pop(k) for k in keys}
+        tail = {k: d.pop(k) for k in ("advantage", "advantage_params", "ks", "random_draws")}
+        return {**head, "temperature": s["temperature"], "max_new_tokens": s["max_new_tokens"], **tail,
+                "batch_size": s["batch_size"], **d}  # fmt: skip
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
@@ -110,9 +147,9 @@ def default_max_new_tokens(data: str) -> int:
 
 def _check_data(data: str) -> None:
     """A toy task, a shipped benchmark or an existing data file / directory (ConfigError otherwise)."""
-    if data in TOY_VARIANTS or data in benchmarks.COUNTS or Path(data).exists():
+    if data in TOY_VARIANTS or data in math_benchmarks.COUNTS or Path(data).exists():
         return
-    names = [*TOY_VARIANTS, *benchmarks.NAMES]
+    names = [*TOY_VARIANTS, *math_benchmarks.NAMES]
     raise ConfigError(
         f"--data: {data!r} is neither a toy task, a shipped benchmark nor an existing file{closest(data, names)}; "
         f"one of {', '.join(names)}, or a .jsonl / .json / .parquet file or a datasets directory"
@@ -218,6 +255,9 @@ def probe_config(
         data, run_cfg, {"difficulty": difficulty, "digits": digits, "operand_digits": operand_digits}
     )
     template, temperature = _sampling(run_cfg, template, temperature)
+    sampling = SamplingSettings(
+        temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens, batch_size=batch_size
+    )
     return ProbeConfig(
         groups=groups,
         group_size=group_size,
@@ -226,13 +266,11 @@ def probe_config(
         digits=task[1],
         operand_digits=task[2],
         template=template,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
+        sampling=sampling,
         advantage=_estimator(advantage, recipe),
         advantage_params=dict(recipe.advantage_params) if recipe is not None and advantage is None else {},
         ks=parse_ks(ks) if isinstance(ks, str) else tuple(ks),
         random_draws=random_draws,
-        batch_size=batch_size,
         data=data,
         oracle_k=oracle,
         oracle_delta=float(oracle_delta),

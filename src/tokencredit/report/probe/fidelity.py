@@ -6,7 +6,7 @@ of probability >= 1 - delta), on the probe's own rollouts of mixed groups: those
 advantage is not 0, the rows every group-based method credits and the checker metrics score. The
 continuations use the rollouts' sampling settings and the same reward: the synthetic task's checker,
 or the math verifier on other data. Each method's effective credit Â on those rollouts is scored
-against A* (`tokencredit.oracle.fidelity`, z = `ORACLE_Z`):
+against A* (`tokencredit.oracle.agreement`, z = `ORACLE_Z`):
 
 - rho pooled / rho per response: Spearman correlation of Â and A* over all their tokens, and the
   mean of each response's own correlation (over the responses where both vary);
@@ -91,15 +91,15 @@ def run_oracle(
     """A* (`oracle_credit`, `cfg.oracle_k` continuations per state, `cfg.oracle_delta`) of the
     rollouts where `rows` (bool [N]) holds, sampled as the probe sampled them; None when no row is
     selected. golds[i]: rollout i's gold for `reward_fn`; old_log_probs [N,T]: the probe's signal
-    at `cfg.temperature` when it has one (else computed for the selected rows)."""
+    at `cfg.sampling.temperature` when it has one (else computed for the selected rows)."""
     idx = rows.bool().cpu().nonzero().squeeze(1)
     if not idx.numel():
         return None
     credit = oracle_credit(
         model, tokenizer, select_rollouts(ro, idx), [golds[i] for i in idx.tolist()], reward_fn,
-        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, k=cfg.oracle_k,
-        delta=cfg.oracle_delta, old_log_probs=None if old_log_probs is None else old_log_probs.cpu()[idx],
-        seed=cfg.seed, batch_size=cfg.batch_size, log=log,
+        temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens, top_p=cfg.sampling.top_p,
+        k=cfg.oracle_k, delta=cfg.oracle_delta, old_log_probs=None if old_log_probs is None else old_log_probs.cpu()[idx],
+        seed=cfg.seed, batch_size=cfg.sampling.batch_size, log=log,
     )  # fmt: skip
     return ProbeOracle(idx, credit, oracle_targets(credit, ORACLE_Z))
 
@@ -139,7 +139,7 @@ def score_fidelity(credit: Tensor, oracle: ProbeOracle, ks: Sequence[int]) -> di
     """The fidelity numbers of a credit tensor [N,T] of the whole batch, on the oracle's rows.
 
     Keys: spearman, spearman_per_response, responses, sign_agreement, significant_share,
-    significant_tokens, tokens (`tokencredit.oracle.fidelity`), oracle_blame_rollouts,
+    significant_tokens, tokens (`tokencredit.oracle.agreement`), oracle_blame_rollouts,
     oracle_blame@k, oracle_blame@k_se and oracle_blame_by_outcome (None where no rollout qualifies).
     """
     c = credit.detach().float().cpu()

@@ -15,18 +15,25 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tokencredit.batch import MC_SIGNALS
+from tokencredit.builder import (
+    Needs,
+    Passes,
+    ScoredRollouts,
+    build_batch,
+    forward_signals,
+    needs_of,
+    rendered_negative_prompts,
+)
 from tokencredit.models import special_token_ids
-from tokencredit.report.methods import MethodCredit, MethodSpec, needed_signals
+from tokencredit.report.methods import MethodCredit, MethodSpec
 from tokencredit.report.probe.config import ProbeConfig
 from tokencredit.report.probe.fidelity import oracle_section, run_oracle
 from tokencredit.report.probe.points import ProbePoint
 from tokencredit.report.probe.sample import (
     mc_column_signals,
     probe_problems,
-    rollout_batch,
-    rollout_signals,
     sample_rollouts,
+    scored,
 )
 from tokencredit.report.probe.score import method_credits, score_baselines, score_methods
 from tokencredit.report.probe.truth import (
@@ -77,15 +84,26 @@ def _checker_result(
     }
 
 
-def _sample(
-    model: Any, tokenizer: Any, needs: set[str], cfg: ProbeConfig, say: Callable[[str], None]
-) -> tuple[Rollouts, list[Any], dict[str, Tensor]]:
-    """(rollouts, each rollout's problem, signals) of the probe's problems."""
+def _sample(model: Any, tokenizer: Any, cfg: ProbeConfig, say: Callable[[str], None]) -> tuple[Rollouts, list[Any]]:
+    """(rollouts, each rollout's problem) of the probe's problems."""
     problems = probe_problems(cfg)
     say(f"sampling {len(problems)} x {cfg.group_size} rollouts ...")
     ro = sample_rollouts(model, tokenizer, problems, cfg)
-    rows = [problems[int(i)] for i in ro.prompt_index]
-    return ro, rows, rollout_signals(model, tokenizer, ro, rows, needs, cfg, log=say)
+    return ro, [problems[int(i)] for i in ro.prompt_index]
+
+
+def _signals(
+    model: Any, tokenizer: Any, rollouts: ScoredRollouts, rows: Sequence[Any], needs: Needs, cfg: ProbeConfig,
+    say: Callable[[str], None],
+) -> dict[str, Tensor]:  # fmt: skip
+    """The forward signals of `needs` (one no-grad pass of `model`; rows[i]: rollout i's problem, for GCPO)."""
+    if needs.forward:
+        say(f"signals: {', '.join(sorted(needs.forward))}")
+    passes = Passes(
+        temperature=cfg.sampling.temperature, batch_size=cfg.sampling.batch_size, tokenizer=tokenizer,
+        negative_prompts=rendered_negative_prompts([p.problem for p in rows], cfg.template, tokenizer),
+    )  # fmt: skip
+    return forward_signals(model, rollouts, needs.forward, passes, who="probe")
 
 
 def _judge(
@@ -116,19 +134,21 @@ def probe_model(
     (`fidelity.oracle_section`)."""
     say = log or (lambda _msg: None)
     lora = has_lora_adapter(model)
-    needs = needed_signals(specs, lora=lora)
-    ro, rows, signals = _sample(model, tokenizer, needs, cfg, say)
+    needs = needs_of([s.recipe for s in specs], lora=lora)
+    ro, rows = _sample(model, tokenizer, cfg, say)
     with _reward(cfg) as reward:
         truth, truths, scores, golds = _judge(cfg, reward, ro, rows, tokenizer)
+        rollouts = scored(ro, scores)
+        signals = _signals(model, tokenizer, rollouts, rows, needs, cfg, say)
         mc_cost = None
-        if needs & set(MC_SIGNALS):
-            say(f"Monte-Carlo signals of the {', '.join(sorted(needs & set(MC_SIGNALS)))} columns (expensive) ...")
+        if needs.sampled:
+            say(f"Monte-Carlo signals of the {', '.join(sorted(needs.sampled))} columns (expensive) ...")
             mc, mc_cost = mc_column_signals(
-                model, tokenizer, ro, golds, reward, mixed_rows(ro.prompt_index, scores), needs, cfg,
+                model, tokenizer, ro, golds, reward, mixed_rows(ro.prompt_index, scores), set(needs.sampled), cfg,
                 old_log_probs=signals.get("old_log_probs"), log=say,
             )  # fmt: skip
             signals = {**signals, **mc}
-        batch = rollout_batch(ro, scores, signals)
+        batch = build_batch(rollouts, needs, given=signals, device="cpu", who="probe")
         say("scoring credit ...")
         got = method_credits(batch, specs, lora=lora, special_ids=special_token_ids(tokenizer))
         out = (

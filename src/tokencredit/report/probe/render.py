@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ def probe_result(
     return {
         "command": command,
         "model": model,
-        "config": asdict(cfg),
+        "config": cfg.record(),
         "ks": list(cfg.ks),
         "methods": [s.name for s in specs],
         "points": points,

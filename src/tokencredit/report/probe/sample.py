@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tokencredit.batch import MC_SIGNALS, RolloutBatch
-from tokencredit.credit.gcpo import negative_prompt
+from tokencredit.batch import MC_SIGNALS
+from tokencredit.builder import ScoredRollouts
 from tokencredit.data.synthetic import ArithmeticTask
 from tokencredit.data.templates import render
 from tokencredit.errors import ConfigError
@@ -24,15 +24,13 @@ from tokencredit.evaluation import load_benchmark
 from tokencredit.oracle import MCSettings, mc_signals
 from tokencredit.report.probe.config import ProbeConfig
 from tokencredit.rollout import Rollouts, generate
-from tokencredit.signals import compute_signals, negative_prompt_inputs
 
 __all__ = [
     "data_problems",
     "heldout_problems",
     "mc_column_signals",
     "probe_problems",
-    "rollout_batch",
-    "rollout_signals",
+    "scored",
     "sample_rollouts",
     "select_rollouts",
 ]
@@ -62,76 +60,18 @@ def probe_problems(cfg: ProbeConfig) -> list[Any]:
 
 
 def sample_rollouts(model: Any, tokenizer: Any, problems: Sequence[Any], cfg: ProbeConfig) -> Rollouts:
-    """`cfg.group_size` completions of every problem (its `.problem` text rendered with `cfg.template`)."""
+    """`cfg.group_size` completions of every problem (its `.problem` text rendered with `cfg.template`),
+    sampled with `cfg.sampling` under `cfg.seed`."""
     prompts = [render(cfg.template, p.problem, tokenizer) for p in problems]
-    return generate(
-        model,
-        tokenizer,
-        prompts,
-        cfg.group_size,
-        temperature=cfg.temperature,
-        top_p=1.0,
-        max_new_tokens=cfg.max_new_tokens,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-    )
+    return generate(model, tokenizer, prompts, cfg.group_size, sampling=cfg.sampling, seed=cfg.seed)
 
 
-def _negative_prompt_inputs(
-    tokenizer: Any, rows: Sequence[Any], ro: Rollouts, template: str, device: Any
-) -> dict[str, Any]:
-    """GCPO's negative-prompt sequences, built as the trainer builds them."""
-    texts = [render(template, negative_prompt(p.problem), tokenizer) for p in rows]
-    return negative_prompt_inputs(tokenizer, texts, ro.response_ids.to(device), ro.response_mask.to(device))
-
-
-def rollout_signals(
-    model: Any,
-    tokenizer: Any,
-    ro: Rollouts,
-    rows: Sequence[Any],
-    needs: set[str],
-    cfg: ProbeConfig,
-    *,
-    log: Callable[[str], None] | None = None,
-) -> dict[str, Tensor]:
-    """The signals in `needs` ({} when none), from one no-grad pass of `model` on the rollouts.
-
-    rows[i]: the problem of rollout i (for GCPO's negative prompt). Tensors stay on the model's device.
-    """
-    needs = set(needs) - set(MC_SIGNALS)  # sampled, not a forward pass: `mc_column_signals`
-    if not needs:
-        return {}
-    if log is not None:
-        log(f"signals: {', '.join(sorted(needs))}")
-    device = next(model.parameters()).device
-    seq, att = ro.sequences.to(device), ro.attention_mask.to(device)
-    neg = (
-        _negative_prompt_inputs(tokenizer, rows, ro, cfg.template, device) if "neg_log_probs" in needs else {}
-    )
-    return compute_signals(
-        model,
-        seq,
-        att,
-        int(ro.prompt_ids.shape[1]),
-        ro.response_mask.to(device),
-        needs,
-        temperature=cfg.temperature,
-        batch_size=cfg.batch_size,
-        **neg,
-    )
-
-
-def rollout_batch(ro: Rollouts, scores: Tensor, signals: dict[str, Tensor]) -> RolloutBatch:
-    """The RolloutBatch of the sampled responses with `scores` [N] (the verifier's) and the signals on CPU."""
-    return RolloutBatch(
-        token_ids=ro.response_ids,
-        mask=ro.response_mask,
-        group_ids=ro.prompt_index.long(),
-        scores=scores,
-        truncated=ro.truncated,
-        **{k: v.cpu() for k, v in signals.items()},
-    )
+def scored(ro: Rollouts, scores: Tensor) -> ScoredRollouts:
+    """The sampled rollouts with `scores` [N] (the reward), each prompt's samples a group, for the batch builder."""
+    return ScoredRollouts(
+        response_ids=ro.response_ids, response_mask=ro.response_mask, group_ids=ro.prompt_index.long(), scores=scores,
+        truncated=ro.truncated, prompt_ids=ro.prompt_ids, prompt_mask=ro.prompt_mask,
+    )  # fmt: skip
 
 
 def select_rollouts(ro: Rollouts, rows: Tensor) -> Rollouts:
@@ -173,7 +113,7 @@ def mc_column_signals(
         return full, {"rows": 0}
     got, cost = mc_signals(
         model, tokenizer, select_rollouts(ro, idx), [golds[i] for i in idx.tolist()], reward_fn, wanted,
-        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, settings=MCSettings(batch_size=cfg.batch_size),
+        sampling=cfg.sampling, settings=MCSettings(batch_size=cfg.sampling.batch_size),
         old_log_probs=None if old_log_probs is None else old_log_probs.cpu()[idx], seed=cfg.seed, log=log,
     )  # fmt: skip
     for s, v in got.items():

@@ -1,6 +1,6 @@
 """Shared-prefix decoding attention (`tokencredit.rollout.cascade`): the same attention as SDPA over
 the repeated prompt rows, the cache layer's bookkeeping, and when it is (not) used. That `generate`
-returns the same tokens as plain ``model.generate`` with it is tests/test_rollout.py's job."""
+returns the same tokens as plain ``model.generate`` with it is tests/rollout/test_rollout.py's job."""
 
 import copy
 
@@ -197,7 +197,7 @@ def test_only_for_sdpa_models(tiny):
 
 
 def test_switched_off_keeps_repeated_rows(tiny):
-    from tokencredit.rollout import generate_ids
+    from tokencredit.rollout import SamplingSettings, generate_ids
 
     model, tok = tiny
     enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
@@ -208,7 +208,7 @@ def test_switched_off_keeps_repeated_rows(tiny):
     try:
         outs = [
             generate_ids(model, enc["input_ids"], enc["attention_mask"], 4, eos_ids=[BYTE_EOS], pad_id=0,
-                         max_new_tokens=6, seed=3, shared_attention=shared)  # fmt: skip
+                         sampling=SamplingSettings(max_new_tokens=6), seed=3, shared_attention=shared)  # fmt: skip
             for shared in (False, True)
         ]
     finally:

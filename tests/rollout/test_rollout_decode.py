@@ -5,9 +5,9 @@ import functools
 
 import pytest
 import torch
+from test_rollout import SETTINGS, TEMPLATED, decoding_logits, frequent_stops, reference
 
 from conftest import BYTE_EOS, byte_tokenizer, tiny_qwen3
-from test_rollout import SETTINGS, TEMPLATED, decoding_logits, frequent_stops, reference
 from tokencredit.rollout import decode as decode_module
 from tokencredit.rollout import generate, generation_config
 

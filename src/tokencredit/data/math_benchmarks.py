@@ -1,7 +1,7 @@
 """The math benchmarks shipped with tokencredit (package data, offline).
 
 Converted to JSONL (id, problem, answer) from the evaluation suite and GSM8K training split of the
-Apache-2.0 repository sail-sg/oat; provenance and licences in ``benchmarks/README.md``.
+Apache-2.0 repository sail-sg/oat; provenance and licences in ``math_benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def path(name: str):
     """The packaged JSONL file of benchmark `name` (an importlib.resources Traversable)."""
     if name not in COUNTS:
         raise ConfigError(f"unknown benchmark {name!r}; available: {', '.join(NAMES)}" + closest(name, NAMES))
-    return resources.files("tokencredit.data").joinpath("benchmarks", f"{name}.jsonl")
+    return resources.files("tokencredit.data").joinpath("math_benchmarks", f"{name}.jsonl")
 
 
 def load(name: str, limit: int | None = None) -> list[Problem]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from test_signals import CountForwards, P, T, make_batch, tiny_model
+
 from tokencredit.signals import compute_signals
 from tokencredit.signals.head import _chunked_stats
 

@@ -1,16 +1,9 @@
 import pytest
 
 from tokencredit import advantages, credit, objectives
+from tokencredit.builder import needs_of
 from tokencredit.errors import ConfigError
-from tokencredit.recipes import (
-    RECIPES,
-    batch_fields,
-    credit_needs,
-    get_recipe,
-    recipe_needs,
-    requires_lora,
-    resolve,
-)
+from tokencredit.recipes import RECIPES, get_recipe, requires_lora, resolve
 
 REQUIRED = [
     "grpo", "dr-grpo", "rloo", "dapo", "gspo", "entropy-80-20", "grpo+ktae", "dapo+ktae", "delta",
@@ -34,10 +27,10 @@ def test_every_named_recipe_exists_and_refers_to_registered_pieces():
 
 
 def test_needs_and_lora_flags():
-    assert recipe_needs(get_recipe("grpo")) == {"old_log_probs"}
-    assert "entropy" in recipe_needs(get_recipe("strace"))
-    assert "ref_log_probs" in recipe_needs(get_recipe("grpo+ktae"))
-    assert {"hidden", "old_log_probs"} <= recipe_needs(get_recipe("delta"))
+    assert needs_of(get_recipe("grpo"), objective=True).signals == {"old_log_probs"}
+    assert "entropy" in needs_of(get_recipe("strace"), objective=True).signals
+    assert "ref_log_probs" in needs_of(get_recipe("grpo+ktae"), objective=True).signals
+    assert {"hidden", "old_log_probs"} <= needs_of(get_recipe("delta"), objective=True).signals
     assert requires_lora(get_recipe("arca")) and not requires_lora(get_recipe("dapo"))
 
 
@@ -51,11 +44,11 @@ def test_unknown_recipe_and_override():
 
 
 def test_new_pieces_declare_what_they_read():
-    assert credit_needs(get_recipe("otb")) == {"old_log_probs", "sum_sq_probs"}  # before the update: no fusing
-    assert batch_fields(get_recipe("remax")) == {"baseline_scores"} and not batch_fields(get_recipe("grpo"))
-    assert "entropy" in credit_needs(get_recipe("entropy-advantage"))
-    assert "old_log_probs" in credit_needs(get_recipe("advantage-reweighting"))
-    assert recipe_needs(get_recipe("gpg")) == frozenset()  # REINFORCE loss: no old log-probs
+    assert needs_of(get_recipe("otb")).signals == {"old_log_probs", "sum_sq_probs"}  # before the update: no fusing
+    assert needs_of(get_recipe("remax")).fields == {"baseline_scores"} and not needs_of(get_recipe("grpo")).fields
+    assert "entropy" in needs_of(get_recipe("entropy-advantage")).signals
+    assert "old_log_probs" in needs_of(get_recipe("advantage-reweighting")).signals
+    assert needs_of(get_recipe("gpg"), objective=True).signals == frozenset()  # REINFORCE loss: no old log-probs
 
 
 def test_objective_labels_show_a_clip_only_for_losses_that_clip():

@@ -9,6 +9,7 @@ from conftest import BYTE_EOS, BYTE_PAD, byte_tokenizer, tiny_qwen3
 from tokencredit.cli import main
 from tokencredit.data import Problem
 from tokencredit.evaluation import (
+    EvalSettings,
     avg_at_k,
     evaluate,
     evaluate_benchmarks,
@@ -22,7 +23,7 @@ from tokencredit.evaluation import (
     powers_of_two,
 )
 from tokencredit.rewards import MathVerifier, Verification
-from tokencredit.rollout import Rollouts
+from tokencredit.rollout import Rollouts, SamplingSettings
 
 # ---- metrics ---------------------------------------------------------------------------------
 
@@ -113,10 +114,11 @@ def test_small_metrics():
 def scripted_generate(scripts):
     """A stand-in for rollout.generate that returns fixed texts per prompt and sample."""
 
-    def fake(model, tokenizer, prompts, num_samples=1, *, temperature, max_new_tokens, **kw):
+    def fake(model, tokenizer, prompts, num_samples=1, *, sampling, **kw):
+        max_new_tokens = sampling.max_new_tokens
         texts = []
         for p in prompts:
-            key = "greedy" if temperature == 0 else "sampled"
+            key = "greedy" if sampling.temperature == 0 else "sampled"
             texts += scripts[key][p][:num_samples]
         n = len(texts)
         lengths = torch.tensor([len(t) for t in texts])
@@ -155,19 +157,14 @@ def test_evaluate_metrics_plumbing(monkeypatch, verifier):
         },
     }
     monkeypatch.setattr(rollout, "generate", scripted_generate(scripts))
+    sampling = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=100, batch_size=3)
     m = evaluate(
         None,
         None,
         problems,
-        samples=4,
-        temperature=1.0,
-        top_p=1.0,
-        max_new_tokens=100,
-        template="{problem}",
-        seed=0,
+        EvalSettings(samples=4, sampling=sampling, template="{problem}", seed=0),
         verifier=verifier,
         progress=False,
-        batch_size=3,
     )
     assert m["num_problems"] == 2 and m["greedy_acc"] == 0.5
     assert m["avg@4"] == pytest.approx(3 / 8)
@@ -187,13 +184,12 @@ def test_evaluate_greedy_temperature_zero_repeats_the_greedy_answer(monkeypatch,
 
     scripts = {"greedy": {"Q": ["\\boxed{2}"]}, "sampled": {}}
     monkeypatch.setattr(rollout, "generate", scripted_generate(scripts))
+    greedy = SamplingSettings(temperature=0.0, top_p=0.95, max_new_tokens=1024, batch_size=64)
     m = evaluate(
         None,
         None,
         [Problem("q", "Q", "2")],
-        samples=2,
-        temperature=0.0,
-        template="{problem}",
+        EvalSettings(samples=2, sampling=greedy, template="{problem}"),
         verifier=verifier,
     )
     assert m["greedy_acc"] == m["avg@2"] == m["pass@2"] == m["maj@2"] == 1.0
@@ -213,9 +209,11 @@ def test_timed_out_verifications_are_counted_not_averaged(monkeypatch):
 
     scripts = {"greedy": {"Q": ["\\boxed{2}"]}, "sampled": {"Q": ["\\boxed{2}", "\\boxed{2}"]}}
     monkeypatch.setattr(rollout, "generate", scripted_generate(scripts))
+    sampling = SamplingSettings(temperature=1.0, top_p=0.95, max_new_tokens=1024, batch_size=64)
     res = evaluate_benchmarks(
-        None, None, {"b": [Problem("q", "Q", "2")]}, [0, 1], verifier=FirstAnswerTimesOut(), samples=2,
-        temperature=1.0, template="{problem}", progress=False,
+        None, None, {"b": [Problem("q", "Q", "2")]}, [0, 1],
+        EvalSettings(samples=2, sampling=sampling, template="{problem}"), verifier=FirstAnswerTimesOut(),
+        progress=False,
     )  # fmt: skip
     # seed 0: greedy (1 answer, timed out) + samples (first timed out); seed 1: samples only
     assert [m["verify_timeouts"] for m in res["b"]["per_seed"]] == [2.0, 1.0]
@@ -223,6 +221,27 @@ def test_timed_out_verifications_are_counted_not_averaged(monkeypatch):
     assert "verify_timeouts" not in res["b"]["metrics"] and "verify_timeouts" not in res["b"]["std"]
     assert res["b"]["metrics"]["avg@2"] == 0.5  # a timed-out answer counts as wrong
     assert "verify_timeouts" not in markdown_table(res)
+
+
+def test_greedy_only_with_several_seeds_runs_once(monkeypatch):
+    """`eval --samples 0 --seed 0,1`: the greedy answer does not depend on the seed, so it is evaluated once
+    (this used to fail on the second seed, which had nothing left to evaluate)."""
+    import tokencredit.rollout as rollout
+
+    calls = []
+    scripted = scripted_generate({"greedy": {"Q": ["\\boxed{2}"]}})
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return scripted(*args, **kwargs)
+
+    monkeypatch.setattr(rollout, "generate", counting)
+    res = evaluate_benchmarks(
+        None, None, {"b": [Problem("q", "Q", "2")]}, [0, 1], EvalSettings(samples=0, template="{problem}"),
+        verifier=MathVerifier(), progress=False,
+    )  # fmt: skip
+    assert len(calls) == 1 and len(res["b"]["per_seed"]) == 1 and "std" not in res["b"]
+    assert res["b"]["metrics"]["greedy_acc"] == 1.0
 
 
 # ---- end to end: tokencredit eval on a tiny random model ---------------------------------------
@@ -271,6 +290,27 @@ def test_cli_eval_errors(capsys):
     assert main(["eval", "--model", "toy", "--bench", "math5000"]) == 2
     assert "unknown benchmark 'math5000'" in capsys.readouterr().err
     assert main(["eval", "--model", "x", "--seed", "a,b"]) == 2
+
+
+def test_eval_settings_are_checked(capsys):
+    from tokencredit.errors import ConfigError
+
+    s = EvalSettings()
+    assert (s.samples, s.template, s.seed, s.greedy) == (4, "qwen-math", 0, True)
+    assert s.sampling == SamplingSettings(temperature=0.6, top_p=0.95, max_new_tokens=1024, batch_size=64)
+    with pytest.raises(ValueError, match="samples must be >= 0"):
+        EvalSettings(samples=-1)
+    with pytest.raises(ValueError, match="nothing to evaluate"):
+        EvalSettings(samples=0, greedy=False)
+    with pytest.raises(ConfigError, match="unknown prompt template"):
+        EvalSettings(template="nope")
+    with pytest.raises(ValueError, match="no problems"):
+        evaluate(None, None, [], s)
+    # the command names the option
+    assert main(["eval", "--model", "x", "--top-p", "1.5"]) == 2
+    assert "--top-p must be in (0, 1], got 1.5" in capsys.readouterr().err
+    assert main(["eval", "--model", "x", "--batch-size", "0"]) == 2
+    assert "--batch-size must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_cli_eval_toy_model(tmp_path):

@@ -296,7 +296,7 @@ def test_verl_path(name, verl_plugin, fixed, tokenizer):
     rewards = torch.zeros(N, T).scatter(1, (lengths - 1)[:, None], batch.scores[:, None])
     keys = {name: verl_plugin.SIGNAL_KEYS[name][0] for name in verl_plugin.SIGNAL_KEYS}
     tensors = {"responses": batch.token_ids, "response_mask": batch.mask.long(), "token_level_rewards": rewards}
-    tensors.update({keys[s]: getattr(batch, s) for s in keys})
+    tensors.update({keys[s]: getattr(batch, s) for s in keys if getattr(batch, s) is not None})
     uid = np.array([f"prompt-{int(g)}" for g in batch.group_ids], dtype=object)
     data = DataProto.from_dict(tensors=tensors, non_tensors={"uid": uid})
 

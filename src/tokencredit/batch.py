@@ -13,6 +13,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from tokencredit.distributed import Shard
+
 # Optional per-token signals and their trailing shape ("T" = per token, "TH" = per token vector).
 # They are produced by `tokencredit.signals` in one no-grad pass of the old policy (plus one
 # adapter-disabled pass for the base_* signals and one negative-prompt pass for GCPO).
@@ -28,9 +30,15 @@ SIGNALS: dict[str, str] = {
     # Monte-Carlo signals, computed by sampling continuations and scoring them (tokencredit.oracle.mc_signals)
     "mc_advantages": "T",  # A*_t = V(s_t+1) - V(s_t), token-level ground-truth advantage (the oracle recipe)
     "mc_step_advantages": "T",  # VinePPO: V(end of step) - V(start of step) on each reasoning step's tokens
+    # Hidden-state credit reduced where the hidden states live (verl's workers), so that [N,T,H] never moves:
+    "adapter_residual": "T",  # ARCA's alpha_t = ||hidden_t - base_hidden_t||_2
+    "delta_coefficients": "T",  # DelTA's c~ for this batch's own sequence advantages (whole-batch statistics)
 }
 # The signals that come from sampling continuations with the policy, not from a forward pass.
 MC_SIGNALS = ("mc_advantages", "mc_step_advantages")
+# The signals an engine computes from hidden states where they live and hands over instead of them; a credit
+# method that declares one (`register(..., reduced=...)`) reads it in place of its `needs` when present.
+REDUCED_SIGNALS = ("adapter_residual", "delta_coefficients")
 
 
 class BatchValidationError(ValueError):
@@ -54,6 +62,9 @@ class RolloutBatch:
       truncated [N] bool: the completion hit the length limit without EOS.
       baseline_scores [N] float: the reward of one greedy (temperature 0) rollout of each row's
         prompt (ReMax's baseline; every row of a group carries its prompt's value); must be finite.
+      shard: set when these N rollouts are this rank's part of a batch split across data-parallel
+        ranks (`tokencredit.distributed.Shard`); batch statistics are then the whole batch's, and
+        `group_ids` must be the same for a prompt on every rank.
     """
 
     token_ids: Tensor
@@ -70,8 +81,11 @@ class RolloutBatch:
     neg_log_probs: Tensor | None = None
     mc_advantages: Tensor | None = None
     mc_step_advantages: Tensor | None = None
+    adapter_residual: Tensor | None = None
+    delta_coefficients: Tensor | None = None
     truncated: Tensor | None = None
     baseline_scores: Tensor | None = None
+    shard: Shard | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -130,6 +144,11 @@ class RolloutBatch:
             if not b.dtype.is_floating_point:
                 self.baseline_scores = b = b.float()
             check_finite_scores(b, "RolloutBatch.baseline_scores")
+        if self.shard is not None and tuple(self.shard.rows.shape) != (n,):
+            raise BatchValidationError(
+                f"RolloutBatch.shard: rows must give the global index of each of the {n} rollouts, "
+                f"got shape {tuple(self.shard.rows.shape)}"
+            )
 
     def _check_signal(self, name: str, kind: str, n: int, t: int) -> None:
         """A per-token signal: a float tensor [N,T] ("T") or [N,T,H] ("TH"), finite on valid tokens."""
@@ -177,7 +196,7 @@ class RolloutBatch:
 
     def require(self, names: Iterable[str], who: str) -> None:
         """Raise a clear error if any of the per-token signals `names` is missing."""
-        missing = [n for n in names if getattr(self, n, None) is None]
+        missing = sorted(n for n in names if getattr(self, n, None) is None)
         if missing:
             raise BatchValidationError(
                 f"{who} needs the per-token signal(s) {', '.join(missing)}, which this RolloutBatch does not carry; "
@@ -185,7 +204,10 @@ class RolloutBatch:
             )
 
     def select(self, rows: Tensor) -> RolloutBatch:
-        """A new batch with the rollouts `rows` (index or bool mask over N)."""
+        """A new batch with the rollouts `rows` (index or bool mask over N); not for a rank's shard (the
+        selection would no longer be a split of the whole batch)."""
+        if self.shard is not None:
+            raise BatchValidationError("RolloutBatch.select: a sharded batch cannot be sub-selected")
         kwargs = {}
         for f in fields(self):
             v = getattr(self, f.name)
@@ -203,7 +225,8 @@ class RolloutBatch:
         return RolloutBatch(**kwargs)
 
     def to(self, device: torch.device | str) -> RolloutBatch:
-        kwargs = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device)) for f in fields(self)}
+        kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
+        kwargs.update({k: v.to(device) for k, v in kwargs.items() if isinstance(v, Tensor)})
         return RolloutBatch(**kwargs)
 
 

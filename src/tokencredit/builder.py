@@ -17,8 +17,9 @@ Every engine turns its rollouts into the batch that credit reads here: the train
   prompt passes only when asked for), refuses a needed signal that is neither given nor computable
   with a ConfigError naming it and the engine, and assembles the validated batch on one device.
 
-`forward_signals` is the pass itself, for an engine that must compute signals on its own rows
-before it gathers a batch across processes (the TRL plugin).
+`forward_signals` is the pass itself, for an engine that runs it on its own rows and model wrapper (the
+TRL plugin). A data-parallel engine builds each rank's batch of its own rows with `shard=` set
+(`tokencredit.distributed.Shard`): nothing per-token is gathered across ranks.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch import Tensor, nn
 from tokencredit.batch import MC_SIGNALS, SIGNALS, RolloutBatch
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.data.templates import render
+from tokencredit.distributed import Shard
 from tokencredit.errors import ConfigError, closest
 from tokencredit.recipes import Recipe, batch_fields, credit_needs, recipe_needs, requires_lora
 from tokencredit.signals import compute_signals, negative_prompt_inputs
@@ -207,6 +209,7 @@ def build_batch(
     passes: Passes = Passes(),
     device: torch.device | str | None = None,
     who: str = "tokencredit",
+    shard: Shard | None = None,
 ) -> RolloutBatch:
     """The validated RolloutBatch of `rollouts` carrying every signal of `needs` (and every `given` one).
 
@@ -214,6 +217,8 @@ def build_batch(
       the engine (verl's actor), or sampled (`needs.sampled` must all be here). They are used as they are.
     model: computes the `needs.forward` signals that are not given (`forward_signals`, with `passes`); without
       a model each of them must be given. `device`: where the batch lives (default: the responses' device).
+    shard: these rollouts are this rank's part of a batch split across data-parallel ranks
+      (`tokencredit.distributed.Shard`; group ids global): credit statistics are then the whole batch's.
     ConfigError names the engine (`who`) and every signal that is missing.
     """
     have = dict(given or {})
@@ -244,6 +249,7 @@ def build_batch(
         scores=rollouts.scores.to(dev),
         truncated=on(rollouts.truncated),
         baseline_scores=on(rollouts.baseline_scores),
+        shard=shard,
         **{k: v.to(dev) for k, v in have.items()},
     )
 

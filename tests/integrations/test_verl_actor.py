@@ -4,15 +4,19 @@ The end-to-end test runs in a child process (this file run as a script) because 
 torch.distributed process group (gloo, world size 1) and selects verl's hardware platform before any
 verl module reads it. What runs there is verl's own code, from the legacy trainer down to the model:
 
-    RayPPOTrainer._compute_old_log_prob   (hooked: asks for the estimator's signals, collects them)
+    RayPPOTrainer._compute_old_log_prob   (hooked: asks for the estimator's signals or reductions, sends
+                                           DelTA's sequence advantages, collects the results)
       -> ActorRolloutRefWorker.compute_log_prob -> TrainingWorker.infer_batch
-      -> FSDPEngineWithLMHead.infer_batch / forward_backward_batch / forward_step (hooked)
+      -> FSDPEngineWithLMHead.infer_batch (hooked: DelTA's coefficients) / forward_backward_batch /
+         forward_step (hooked: hidden states captured, ARCA's residual norms, extra passes)
          on a FSDP2-wrapped toy Qwen3 with a LoRA adapter loaded by verl (lora_adapter_path)
     ray_trainer.compute_advantage (hooked) with algorithm.adv_estimator = tc_delta / tc_arca /
       tc_policy_divergence / tc_gcpo
 
 and the advantages must equal the core's: tokencredit.signals.compute_signals on the same model,
-adapter and sequences, then advantages.grpo + credit.compute. Three stand-ins, each for what a CPU
+adapter and sequences, then advantages.grpo + credit.compute; what the workers return (DelTA's
+coefficients, ARCA's residual norms, the log-prob signals) must equal the core's functions on those
+signals, and no hidden state may come back. Three stand-ins, each for what a CPU
 machine lacks, not for verl logic: (1) Ray's RPC from the worker group to the worker is a direct
 call (one worker, so dispatch and collect are the identity); (2) verl has no CPU platform, so a
 minimal one is registered through verl's own `set_platform` hook (VERL_ENGINE_DEVICE=cuda picks the
@@ -54,11 +58,17 @@ from tokencredit.errors import ConfigError  # noqa: E402
 from tokencredit.integrations import verl_actor  # noqa: E402
 from tokencredit.recipes import credit_needs  # noqa: E402
 
-ACTOR_ESTIMATORS = {  # estimator -> (credit method, the signals only the extension provides)
-    "tc_delta": ("delta", ("hidden",)),
-    "tc_arca": ("arca", ("hidden", "base_hidden")),
+ACTOR_ESTIMATORS = {  # estimator -> (credit method, what the workers compute for it)
+    "tc_delta": ("delta", ("delta_coef",)),
+    "tc_arca": ("arca", ("adapter_residual",)),
     "tc_policy_divergence": ("policy-divergence", ("base_log_probs",)),
     "tc_gcpo": ("gcpo", ("neg_log_probs",)),
+}
+RETURNED = {  # estimator -> the batch keys the old-log-prob step adds
+    "tc_delta": ["tc_delta_coef", "tc_seq_adv"],
+    "tc_arca": ["tc_adapter_residual"],
+    "tc_policy_divergence": ["tc_base_log_probs"],
+    "tc_gcpo": ["tc_neg_log_probs"],
 }
 TEMPERATURE = 0.8
 GROUPS, G = 3, 4
@@ -95,9 +105,14 @@ def test_switch_and_requests(monkeypatch):
     monkeypatch.setenv(verl_actor.SWITCH, "1")
     assert verl_actor.enabled()
     for name, (_, extra) in ACTOR_ESTIMATORS.items():
-        assert verl_actor.requested(credit_needs(tc_verl.estimator_spec(name))) == extra
+        spec = tc_verl.estimator_spec(name)
+        assert verl_actor.requested(spec.credit, credit_needs(spec)) == extra
     for name in ("tc_ktae", "tc_entropy_80_20", "tc_strace", "tc_grpo"):  # stock verl covers these
-        assert verl_actor.requested(credit_needs(tc_verl.estimator_spec(name))) == ()
+        spec = tc_verl.estimator_spec(name)
+        assert verl_actor.requested(spec.credit, credit_needs(spec)) == ()
+    # hidden states never leave a worker: a method that reads them without a reduction is refused
+    with pytest.raises(ConfigError, match="do not send hidden states"):
+        verl_actor.requested("my-hidden-method", {"hidden", "old_log_probs"})
 
 
 def test_version_mismatch_of_a_wrapped_method_is_refused():
@@ -129,9 +144,9 @@ def test_actor_extension_through_verl_old_log_prob_path(tmp_path, layout):
     result = json.loads(out.read_text())
     assert set(result) == set(ACTOR_ESTIMATORS)
     for name, r in result.items():
-        _, extra = ACTOR_ESTIMATORS[name]
-        # exactly the signals the estimator needs came back (a [bs, T, H] tensor only when asked for)
-        assert r["returned"] == sorted(verl_actor.BATCH_KEYS[s] for s in extra), name
+        # exactly what the estimator needs came back, [bs, T] or [bs] each: never a hidden state
+        assert r["returned"] == RETURNED[name], name
+        assert r["max_dim"] <= 2, name
         assert r["dropped"], name  # and they were removed from the batch after the advantage step
         for signal, err in r["signal_err"].items():
             assert err < 1e-5, (name, signal, err)
@@ -286,7 +301,8 @@ def _core_advantages(
     method: str,
     needs: frozenset[str],
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The core's Â: compute_signals on the same model + adapter and sequences, then grpo + credit."""
+    """The core's Â: compute_signals on the same model + adapter and sequences, then grpo + credit; and the
+    core's value of each batch key the workers return (by key)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -326,8 +342,21 @@ def _core_advantages(
         **kw,
     )
     gids = group_ids_from_labels(batch.non_tensor_batch["uid"])
-    rb = RolloutBatch(b["responses"], b["response_mask"].bool(), gids, scores, **signals)
-    return credit.compute(method, rb, advantages.grpo(scores, gids)), signals
+    mask = b["response_mask"].bool()
+    rb = RolloutBatch(b["responses"], mask, gids, scores, **signals)
+    seq = advantages.grpo(scores, gids)
+    by_key = {verl_actor.BATCH_KEYS[s]: v for s, v in signals.items() if s in ("base_log_probs", "neg_log_probs")}
+    if method == "delta":
+        from tokencredit.credit.delta import discriminate
+
+        scale = (-torch.expm1(signals["old_log_probs"])).clamp(0, 1)
+        by_key["tc_delta_coef"] = discriminate(signals["hidden"], scale, seq, mask).coefficients
+        by_key["tc_seq_adv"] = seq
+    if method == "arca":
+        from tokencredit.credit.arca import residual_norm
+
+        by_key["tc_adapter_residual"] = residual_norm(signals["hidden"], signals["base_hidden"], mask)
+    return credit.compute(method, rb, seq), by_key
 
 
 def _child(out: Path, packed: bool) -> None:
@@ -386,23 +415,25 @@ def _child(out: Path, packed: bool) -> None:
             {"algorithm": {"adv_estimator": name}, "actor_rollout_ref": {"actor": {}}, "data": {}}
         )
         step = DataProto.from_dict(
-            tensors=dict(batch.batch.items()),
+            # rm_scores: the rewards, known before the old-log-prob step (fit's extract_reward reads them)
+            tensors={**dict(batch.batch.items()), "rm_scores": rewards},
             non_tensors=dict(batch.non_tensor_batch),
             meta_info=dict(batch.meta_info),
         )
         old, _ = trainer._compute_old_log_prob(step)
-        returned = sorted(k for k in old.batch.keys() if k in verl_actor.BATCH_KEYS.values())
+        returned = sorted(k for k in old.batch.keys() if k in verl_actor.ADDED_KEYS)
+        max_dim = max(old.batch[k].dim() for k in returned)
         step = step.union(old)
         step.batch["token_level_rewards"] = rewards
         signals_verl = {k: step.batch[k].clone() for k in returned}
         step = ray_trainer.compute_advantage(step, adv_estimator=name, config=AlgoConfig(adv_estimator=name))
         adv = step.batch["advantages"]
         needs = credit_needs(tc_verl.estimator_spec(name))
-        want, signals = _core_advantages(tok, root, batch, scores, chats, method, needs)
-        by_key = {verl_actor.BATCH_KEYS[s]: v for s, v in signals.items() if s in verl_actor.BATCH_KEYS}
+        want, by_key = _core_advantages(tok, root, batch, scores, chats, method, needs)
         result[name] = {
             "returned": returned,
-            "dropped": not any(k in step.batch.keys() for k in verl_actor.BATCH_KEYS.values()),
+            "max_dim": max_dim,
+            "dropped": not any(k in step.batch.keys() for k in verl_actor.ADDED_KEYS),
             "signal_err": {k: float((signals_verl[k].float() - by_key[k]).abs().max()) for k in returned},
             "adv_err": float((adv - want).abs().max()),
             "adv_abs_mean": float(adv[mask].abs().mean()),

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from tokencredit.batch import SIGNALS, BatchValidationError, RolloutBatch, check_finite_scores
+from tokencredit.distributed import gather_rows
 from tokencredit.errors import ConfigError
 from tokencredit.registry import Registry, keyword_defaults
 
@@ -42,6 +43,7 @@ __all__ = [
     "get_estimator",
     "grpo",
     "grpo_batch",
+    "on_whole_batch",
     "register_estimator",
     "rloo",
 ]
@@ -141,6 +143,7 @@ class Estimator:
     token_level: bool = False  # A [N,T]: only credit methods that take token advantages accept it
     paper: str = ""
     scores_fn: Callable[..., Tensor] | None = field(default=None, repr=False)  # fn(scores, group_ids, **params)
+    sharded: bool = False  # fn reduces its batch statistics over `batch.shard` itself (tokencredit.distributed)
 
 
 ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
@@ -158,15 +161,23 @@ def register_estimator(
     fields: tuple[str, ...] = (),
     token_level: bool = False,
     paper: str = "",
+    sharded: bool = False,
 ) -> Callable[[EstimatorFn], EstimatorFn]:
-    """Register `fn(batch, **params) -> A`; its keyword defaults are its hyperparameters."""
+    """Register `fn(batch, **params) -> A`; its keyword defaults are its hyperparameters.
+
+    sharded=True: fn computes the whole batch's statistics when `batch.shard` is set (this rank's rows of
+    a batch split across ranks), e.g. with `on_whole_batch` or `tokencredit.distributed`; without it, a
+    sharded batch is refused."""
     unknown = [n for n in needs if n not in SIGNALS] + [f for f in fields if f not in FIELDS]
     if unknown:
         raise ValueError(f"advantage estimator {name!r}: unknown signal or field(s) {unknown}")
 
     def deco(fn: EstimatorFn) -> EstimatorFn:
         ESTIMATORS.add(
-            Estimator(name, fn, keyword_defaults(fn, skip=1), frozenset(needs), frozenset(fields), token_level, paper)
+            Estimator(
+                name, fn, keyword_defaults(fn, skip=1), frozenset(needs), frozenset(fields), token_level, paper,
+                sharded=sharded,
+            )
         )
         return fn
 
@@ -223,6 +234,33 @@ def compute(name: str, scores: Tensor, group_ids: Tensor, **params: Any) -> Tens
     return est.scores_fn(scores, group_ids, **params)
 
 
+def on_whole_batch(batch: RolloutBatch, fn: Callable[..., Tensor], *per_rollout: Tensor) -> Tensor:
+    """fn(*per_rollout) -> [N, ...] evaluated on the whole batch, this rank's rows returned.
+
+    per_rollout: [N] values of this batch's rollouts (scores, prompt ids, lengths: scalars, never per-token
+    tensors). Without a shard this is fn(*per_rollout); with one, each is gathered over the ranks first
+    (a few bytes per rollout), so a prompt's responses may sit on different ranks.
+    """
+    if batch.shard is None:
+        return fn(*per_rollout)
+    gathered = [gather_rows(v, batch.shard) for v in per_rollout]
+    return fn(*gathered)[batch.shard.rows.to(gathered[0].device)]
+
+
+def _sharded(est: Estimator, name: str, batch: RolloutBatch, params: Mapping[str, Any]) -> Tensor:
+    """An estimator on one rank's part of a split batch (`RolloutBatch.shard`): a score-only one on the
+    whole batch's gathered scores and prompt ids; one that reads more must say it reduces over the ranks
+    itself (`register_estimator(..., sharded=True)`), any other is refused."""
+    if est.scores_fn is not None:
+        return on_whole_batch(batch, lambda s, g: est.scores_fn(s, g, **params), batch.scores, batch.group_ids).float()
+    if not est.sharded:
+        raise ConfigError(
+            f"advantage estimator {name!r} reads more than scores and prompt ids and does not reduce its statistics "
+            "over data-parallel ranks; it is not supported on a batch split across ranks (RolloutBatch.shard)"
+        )
+    return est.fn(batch, **params).float()
+
+
 def estimate(name: str, batch: RolloutBatch, **params: Any) -> Tensor:
     """The estimator `name` on `batch`: A [N] float32, or A [N,T] float32 (0 off `batch.mask`) for a
     token-level estimator; detached. A missing signal is a BatchValidationError, a missing batch field
@@ -238,7 +276,7 @@ def estimate(name: str, batch: RolloutBatch, **params: Any) -> Tensor:
             "engine did not supply"
         )
     with torch.no_grad():
-        out = est.fn(batch, **params).float()
+        out = _sharded(est, name, batch, params) if batch.shard is not None else est.fn(batch, **params).float()
     want = tuple(batch.mask.shape) if est.token_level else (batch.num_rollouts,)
     if tuple(out.shape) != want:
         raise ValueError(f"advantage estimator {name!r} returned shape {tuple(out.shape)}, expected {want}")

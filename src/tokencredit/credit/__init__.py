@@ -20,6 +20,11 @@ it: `uniform` (Â = A) and the per-token shapings that are functions of each tok
 (KTAE adds a per-id value to A_i, DelTA and ARCA redistribute A_i over the response, ...), so
 `compute` refuses A [N,T] for them with a ConfigError, and `tokencredit.recipes.validate`
 refuses such a recipe before any model loads.
+
+Data-parallel ranks. A batch whose `shard` is set holds one rank's rows of a batch split across
+ranks; the methods with whole-batch statistics (delta, entropy-80-20, ktae) reduce them over the
+ranks with `tokencredit.distributed`, the others are functions of each response alone, so every
+rank gets its rows of the single-process Â (tests/test_distributed.py, 2 gloo processes).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tokencredit.batch import SIGNALS, RolloutBatch
+from tokencredit.batch import REDUCED_SIGNALS, SIGNALS, RolloutBatch
 from tokencredit.errors import ConfigError
 from tokencredit.registry import Registry, import_submodules, keyword_defaults
 
@@ -50,6 +55,7 @@ class CreditMethod:
     description: str = ""
     requires_lora: bool = False
     token_advantages: bool = False  # also accepts a token-level A [N,T] (see the module docstring)
+    reduced: str | None = None  # a REDUCED_SIGNALS name that stands in for `needs` when the batch carries it
 
 
 CREDIT_METHODS: Registry[CreditMethod] = Registry("credit method")
@@ -63,19 +69,24 @@ def register(
     description: str = "",
     requires_lora: bool = False,
     token_advantages: bool = False,
+    reduced: str | None = None,
 ) -> Callable[[CreditFn], CreditFn]:
     """Register `fn(batch, advantages, **params) -> Â[N,T]`; its keyword defaults are its hyperparameters.
 
-    `advantages` is A [N] float32, or A [N,T] when `token_advantages` (the method takes a token-level A)."""
+    `advantages` is A [N] float32, or A [N,T] when `token_advantages` (the method takes a token-level A).
+    `reduced`: the signal of `tokencredit.batch.REDUCED_SIGNALS` an engine may hand over instead of the
+    hidden states in `needs` (computed where they live); fn must then read it."""
     unknown = [n for n in needs if n not in SIGNALS]
     if unknown:
         raise ValueError(f"credit method {name!r}: unknown signal(s) {unknown}; known: {sorted(SIGNALS)}")
+    if reduced is not None and reduced not in REDUCED_SIGNALS:
+        raise ValueError(f"credit method {name!r}: reduced={reduced!r} is not one of {REDUCED_SIGNALS}")
 
     def deco(fn: CreditFn) -> CreditFn:
         doc = description or (fn.__doc__ or "").strip().split("\n")[0]
         defaults = keyword_defaults(fn, skip=2)
         CREDIT_METHODS.add(
-            CreditMethod(name, fn, frozenset(needs), defaults, paper, doc, requires_lora, token_advantages)
+            CreditMethod(name, fn, frozenset(needs), defaults, paper, doc, requires_lora, token_advantages, reduced)
         )
         return fn
 
@@ -105,7 +116,8 @@ def compute(name: str, batch: RolloutBatch, advantages: Tensor, **params: Any) -
             f"credit method {name!r}: advantages must have shape ({batch.num_rollouts},)"
             f"{' or ' + str(tuple(batch.mask.shape)) if method.token_advantages else ''}, got {shape}"
         )
-    batch.require(method.needs, f"credit method {name!r}")
+    reduced = method.reduced is not None and getattr(batch, method.reduced) is not None
+    batch.require((method.reduced,) if reduced else method.needs, f"credit method {name!r}")
     with torch.no_grad():
         out = method.fn(batch, advantages.detach().float(), **params)
         out = torch.where(batch.mask, out.float(), torch.zeros((), dtype=torch.float32, device=out.device))

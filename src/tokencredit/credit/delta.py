@@ -35,6 +35,7 @@ from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
 from tokencredit.credit import register
+from tokencredit.distributed import Shard, all_sum
 from tokencredit.errors import ConfigError
 
 # Elements per float32 block when hidden states must be upcast or copied (64 MiB: few blocks,
@@ -65,19 +66,30 @@ class DeltaTerms:
 
 
 # ---------------------------------------------------------------------------- passes over h
-def _row_blocks(hidden: Tensor) -> Iterator[tuple[int, int, Tensor]]:
-    """(i0, i1, hidden[i0:i1] as a contiguous float32 [B,T,H] tensor).
+def _upcast_buffer(hidden: Tensor) -> Tensor | None:
+    """The float32 block buffer the passes over `hidden` share, or None when no copy is needed.
 
-    Contiguous float32 input is one zero-copy block; anything else (bf16, fp16, strided) is
-    upcast / copied one block of rollouts at a time, so no full float32 copy is made.
+    One buffer per `discriminate` call, reused by every pass: a fresh 64 MiB block per pass costs
+    more in page faults than the copy itself (BENCHMARKS.md, section 10).
     """
     n, t, h = hidden.shape
     if hidden.dtype == torch.float32 and hidden.is_contiguous():
+        return None
+    rows = max(1, min(n, _CHUNK_ELEMS // max(1, t * h)))
+    return torch.empty(rows, t, h, dtype=torch.float32, device=hidden.device)
+
+
+def _row_blocks(hidden: Tensor, buf: Tensor | None) -> Iterator[tuple[int, int, Tensor]]:
+    """(i0, i1, hidden[i0:i1] as a contiguous float32 [B,T,H] tensor).
+
+    Contiguous float32 input (buf None) is one zero-copy block; anything else (bf16, fp16, strided)
+    is upcast / copied into `buf` one block of rollouts at a time, so no full float32 copy is made.
+    """
+    n = hidden.shape[0]
+    if buf is None:
         yield 0, n, hidden
         return
-    rows = max(1, min(n, _CHUNK_ELEMS // max(1, t * h)))
-    # One reused buffer: a fresh allocation per block costs more in page faults than the copy.
-    buf = torch.empty(rows, t, h, dtype=torch.float32, device=hidden.device)
+    rows = buf.shape[0]
     for i0 in range(0, n, rows):
         i1 = min(n, i0 + rows)
         block = buf[: i1 - i0]
@@ -85,16 +97,16 @@ def _row_blocks(hidden: Tensor) -> Iterator[tuple[int, int, Tensor]]:
         yield i0, i1, block
 
 
-def _project(hidden: Tensor, direction: Tensor) -> Tensor:
+def _project(hidden: Tensor, buf: Tensor | None, direction: Tensor) -> Tensor:
     """[N,T] float32: h[i,t] . direction (one mat-vec pass over h)."""
     n, t, h = hidden.shape
     out = torch.empty(n, t, dtype=torch.float32, device=hidden.device)
-    for i0, i1, block in _row_blocks(hidden):
+    for i0, i1, block in _row_blocks(hidden, buf):
         torch.mv(block.view(-1, h), direction, out=out[i0:i1].view(-1))
     return out
 
 
-def _rollout_sums(hidden: Tensor, weights: Tensor) -> Tensor:
+def _rollout_sums(hidden: Tensor, buf: Tensor | None, weights: Tensor) -> Tensor:
     """[N,H] float32: sum over t of weights[i,t] * h[i,t] (one batched mat-vec pass over h).
 
     Per-rollout sums serve both centroids in one pass, because a rollout's tokens all sit on
@@ -102,7 +114,7 @@ def _rollout_sums(hidden: Tensor, weights: Tensor) -> Tensor:
     """
     n, _, h = hidden.shape
     out = torch.empty(n, h, dtype=torch.float32, device=hidden.device)
-    for i0, i1, block in _row_blocks(hidden):
+    for i0, i1, block in _row_blocks(hidden, buf):
         torch.bmm(weights[i0:i1].unsqueeze(1), block, out=out[i0:i1].unsqueeze(1))
     return out
 
@@ -111,27 +123,36 @@ def _rollout_sums(hidden: Tensor, weights: Tensor) -> Tensor:
 # A rollout's tokens all share its side (sign of A_i), so side bookkeeping is per rollout ([N]
 # tensors) and per-token work is a handful of [N,T] element-wise ops per stage.
 class _Sides:
-    """Per-rollout side (sign of A), token counts per side, and the side statistics."""
+    """Per-rollout side (sign of A), token counts per side, and the side statistics.
 
-    def __init__(self, adv: Tensor, valid: Tensor) -> None:
+    Under a shard every side total is the sum over ranks (`all_sum`), so the statistics are the
+    whole batch's on every rank.
+    """
+
+    def __init__(self, adv: Tensor, valid: Tensor, shard: Shard | None) -> None:
+        self.shard = shard
         self.sign = torch.sign(adv)  # [N] +1 P, -1 Q, 0 Z
         self.pos, self.neg = self.sign > 0, self.sign < 0
         lengths = valid.sum(1).to(torch.float64)
-        self.count_pos = lengths[self.pos].sum()
-        self.count_neg = lengths[self.neg].sum()
+        self.count_pos, self.count_neg = self.side_sums(lengths)
         self.abs_len = adv.abs().to(torch.float64) * lengths  # sum over a row's tokens of |A|
+
+    def side_sums(self, per_row: Tensor) -> tuple[Tensor, ...]:
+        """(sum over P rows, sum over Q rows) of float64 per-row values [N, ...], summed over ranks in one call."""
+        local = torch.stack([per_row[self.pos].sum(0), per_row[self.neg].sum(0)])
+        return tuple(all_sum(local, self.shard).unbind(0))
 
     def temperatures(self, margins: Tensor, valid_f: Tensor) -> tuple[Tensor, Tensor]:
         """Population std of the margins over P and over Q (variance floored at 1e-8), float32."""
-        row_sum = margins.sum(1).to(torch.float64)
-        mean_pos = row_sum[self.pos].sum() / self.count_pos.clamp(min=1)
-        mean_neg = row_sum[self.neg].sum() / self.count_neg.clamp(min=1)
+        sum_pos, sum_neg = self.side_sums(margins.sum(1).to(torch.float64))
+        mean_pos = sum_pos / self.count_pos.clamp(min=1)
+        mean_neg = sum_neg / self.count_neg.clamp(min=1)
         row_mean = torch.where(self.pos, mean_pos, torch.where(self.neg, mean_neg, 0.0)).to(torch.float32)
         # Two-pass variance: margins are not centred, so E[m^2] - E[m]^2 could cancel.
         dev = margins - row_mean[:, None]
-        row_sq = dev.square_().mul_(valid_f).sum(1).to(torch.float64)
-        var_pos = row_sq[self.pos].sum() / self.count_pos.clamp(min=1)
-        var_neg = row_sq[self.neg].sum() / self.count_neg.clamp(min=1)
+        sq_pos, sq_neg = self.side_sums(dev.square_().mul_(valid_f).sum(1).to(torch.float64))
+        var_pos = sq_pos / self.count_pos.clamp(min=1)
+        var_neg = sq_neg / self.count_neg.clamp(min=1)
         return (
             var_pos.clamp(min=_VAR_FLOOR).sqrt().to(torch.float32),
             var_neg.clamp(min=_VAR_FLOOR).sqrt().to(torch.float32),
@@ -142,35 +163,37 @@ class _Sides:
         return torch.where(self.pos, gammas[0], gammas[1])[:, None]
 
 
-def _centroids(hidden: Tensor, weights: Tensor, den_rows: Tensor, sides: _Sides) -> tuple[Tensor, Tensor]:
+def _centroids(
+    hidden: Tensor, buf: Tensor | None, weights: Tensor, den_rows: Tensor, sides: _Sides
+) -> tuple[Tensor, Tensor]:
     """mu+/- = sum_side weights * h / max(sum_side den, 1e-8), float32 [H] each.
 
     weights [N,T] = omega * s (0 on Z rows and masked positions); den_rows [N] = a row's sum of
     omega (the centroid denominators do not include s).
     """
-    per_rollout = _rollout_sums(hidden, weights)
+    per_rollout = _rollout_sums(hidden, buf, weights)
     if not bool(torch.isfinite(per_rollout).all()):
         i = int((~torch.isfinite(per_rollout)).any(1).nonzero()[0, 0])
         raise ValueError(
             f"DelTA: hidden states / proxy of rollout {i} hold inf or NaN (masked positions are read "
             "too with weight 0, so padding must be finite, e.g. zeros); the centroid sums are not finite"
         )
-    per_rollout = per_rollout.to(torch.float64)
-    den_pos = den_rows[sides.pos].sum().clamp(min=_DEN_FLOOR)
-    den_neg = den_rows[sides.neg].sum().clamp(min=_DEN_FLOOR)
-    mu_pos = (per_rollout[sides.pos].sum(0) / den_pos).to(torch.float32)
-    mu_neg = (per_rollout[sides.neg].sum(0) / den_neg).to(torch.float32)
+    # One reduction per stage: [2, H + 1] (the side sums and their denominators).
+    rows = torch.cat([per_rollout.to(torch.float64), den_rows.to(torch.float64)[:, None]], 1)
+    sum_pos, sum_neg = sides.side_sums(rows)
+    mu_pos = (sum_pos[:-1] / sum_pos[-1].clamp(min=_DEN_FLOOR)).to(torch.float32)
+    mu_neg = (sum_neg[:-1] / sum_neg[-1].clamp(min=_DEN_FLOOR)).to(torch.float32)
     return mu_pos, mu_neg
 
 
 def _margins(
-    hidden: Tensor, scale: Tensor, valid_f: Tensor, mu_pos: Tensor, mu_neg: Tensor, sides: _Sides
+    hidden: Tensor, buf: Tensor | None, scale: Tensor, valid_f: Tensor, mu_pos: Tensor, mu_neg: Tensor, sides: _Sides
 ) -> Tensor:
     """m [N,T] = side * (2 s h.(mu+ - mu-) + |mu-|^2 - |mu+|^2): |v - mu_other|^2 - |v - mu_own|^2.
 
     0 on Z rows and masked positions (s = 0 and valid_f = 0 there).
     """
-    proj = _project(hidden, mu_pos - mu_neg)
+    proj = _project(hidden, buf, mu_pos - mu_neg)
     offset = (mu_neg.double().square().sum() - mu_pos.double().square().sum()).to(torch.float32)
     m = torch.add(valid_f * offset, proj.mul_(scale), alpha=2.0)
     return m.mul_(sides.sign[:, None])
@@ -221,6 +244,8 @@ def discriminate(
     lam_min: float = 0.8,
     lam_max: float = 1.2,
     refine_iters: int = 1,
+    *,
+    shard: Shard | None = None,
 ) -> DeltaTerms:
     """DelTA coefficients for proxies v = scale * hidden, with every intermediate (DeltaTerms).
 
@@ -230,6 +255,10 @@ def discriminate(
     hidden [N,T,H] float (bf16/fp16 are upcast per chunk), scale [N,T] (s = 1 - p_old; None
     means 1, i.e. `hidden` already is the proxy), advantages [N], mask [N,T] bool/0-1.
     Scope is the whole batch. Masked positions of `hidden` are read (weight 0) and must be finite.
+    `shard`: this process holds only its rows of a batch split across ranks (`tokencredit.distributed`);
+    the statistics (side counts, centroid sums, margin moments, the normaliser) are then summed over
+    the ranks, one all-reduce each, so every rank gets its rows of the whole batch's c~. Collective:
+    every rank calls it, also one without rollouts.
 
     Degenerate inputs give finite, documented values:
     - no token with A != 0 (all-zero advantages, e.g. only all-correct / all-wrong /
@@ -249,17 +278,19 @@ def discriminate(
     valid = mask.to(device) != 0
     valid_f = valid.to(torch.float32)
     adv = advantages.to(device=device, dtype=torch.float32)
-    sides = _Sides(adv, valid)
+    sides = _Sides(adv, valid, shard)
     s = valid_f if scale is None else torch.where(valid, scale.to(device=device, dtype=torch.float32), 0.0)
     abs_adv = adv.abs()[:, None]
     floor = torch.tensor(_VAR_FLOOR, dtype=torch.float32, device=device).sqrt()
 
-    if bool((sides.sign != 0).any()) and bool(valid.any()):
+    # Decided on whole-batch counts, so all ranks take the same branch (and make the same collectives).
+    if bool(sides.count_pos + sides.count_neg > 0):
         # Initial weights omega = |A| (0 on Z rows, since |A| = 0 there).
         base = s * abs_adv
-        mu_pos, mu_neg = _centroids(hidden, base, sides.abs_len, sides)
+        buf = _upcast_buffer(hidden)
+        mu_pos, mu_neg = _centroids(hidden, buf, base, sides.abs_len, sides)
         centroids = [(mu_pos, mu_neg)]
-        margins = _margins(hidden, s, valid_f, mu_pos, mu_neg, sides)
+        margins = _margins(hidden, buf, s, valid_f, mu_pos, mu_neg, sides)
         initial = margins
         # The released code's disc_steps loop (dp_actor.py::compute_log_prob_h): the sigmoid of
         # margins m_{k-1} uses the temperature of m_{k-2} (m_0's own for k = 1); the temperature
@@ -269,9 +300,9 @@ def discriminate(
             sig = torch.sigmoid(margins / sides.row_gamma(gammas))
             gammas = sides.temperatures(margins, valid_f)
             den_rows = (sig * valid_f).sum(1).to(torch.float64) * abs_adv[:, 0].to(torch.float64)
-            mu_pos, mu_neg = _centroids(hidden, sig.mul_(base), den_rows, sides)
+            mu_pos, mu_neg = _centroids(hidden, buf, sig.mul_(base), den_rows, sides)
             centroids.append((mu_pos, mu_neg))
-            margins = _margins(hidden, s, valid_f, mu_pos, mu_neg, sides)
+            margins = _margins(hidden, buf, s, valid_f, mu_pos, mu_neg, sides)
         sig = torch.sigmoid(margins / sides.row_gamma(gammas))
         scored = (sides.sign != 0)[:, None] & valid
         raw = torch.where(scored, sig.mul_(lam_max - lam_min).add_(lam_min), valid_f * lam_min)
@@ -283,8 +314,7 @@ def discriminate(
         gam_pos = gam_neg = floor
         raw = valid_f * lam_min
 
-    n_valid = valid_f.sum(dtype=torch.float64)
-    total = raw.sum(dtype=torch.float64)
+    n_valid, total = all_sum(torch.stack([valid_f.sum(dtype=torch.float64), raw.sum(dtype=torch.float64)]), shard)
     factor = torch.where(n_valid > 0, n_valid / total.clamp(min=1e-30), 0.0).to(torch.float32)
     return DeltaTerms(raw * factor, raw, margins, initial, tuple(centroids), (gam_pos, gam_neg))
 
@@ -297,12 +327,14 @@ def coefficients_from_hidden(
     lam_min: float = 0.8,
     lam_max: float = 1.2,
     refine_iters: int = 1,
+    *,
+    shard: Shard | None = None,
 ) -> Tensor:
     """c~[N,T] for the proxy v = scale[..., None] * hidden, without materialising v.
 
-    See `discriminate` for shapes and the values on degenerate inputs.
+    See `discriminate` for shapes, `shard` and the values on degenerate inputs.
     """
-    return discriminate(hidden, scale, advantages, mask, lam_min, lam_max, refine_iters).coefficients
+    return discriminate(hidden, scale, advantages, mask, lam_min, lam_max, refine_iters, shard=shard).coefficients
 
 
 def coefficients(
@@ -326,6 +358,7 @@ def coefficients(
     "delta",
     needs=("hidden", "old_log_probs"),
     paper="Zhang, Wu, Lin, DelTA, 2026 (arXiv 2605.21467); follows the released code",
+    reduced="delta_coefficients",
 )
 def delta(
     batch: RolloutBatch,
@@ -334,8 +367,22 @@ def delta(
     lam_max: float = 1.2,
     refine_iters: int = 1,
 ) -> Tensor:
-    """Discriminative token credit: Â[i,t] = A_i * c~[i,t], proxy v = (1 - p_old) * h."""
+    """Discriminative token credit: Â[i,t] = A_i * c~[i,t], proxy v = (1 - p_old) * h.
+
+    A batch carrying `delta_coefficients` (c~ computed where the hidden states live, e.g. verl's workers,
+    with these hyperparameters and these A; the engine checks the A) gives Â = A c~ without reading h.
+    """
+    if batch.delta_coefficients is not None:
+        return advantages.float()[:, None] * batch.delta_coefficients.float()
     assert batch.hidden is not None and batch.old_log_probs is not None  # checked by compute()
+    return advantages.float()[:, None] * delta_coefficients(batch, advantages, lam_min, lam_max, refine_iters)
+
+
+def delta_coefficients(
+    batch: RolloutBatch, advantages: Tensor, lam_min: float = 0.8, lam_max: float = 1.2, refine_iters: int = 1
+) -> Tensor:
+    """c~ [N,T] of a batch carrying `hidden` and `old_log_probs` (the proxy's s = 1 - p_old), for A [N];
+    the whole batch's statistics when `batch.shard` is set (collective)."""
     logp = batch.old_log_probs.to(torch.float32)
     bad = (logp > 1e-3) & batch.mask
     if bool(bad.any()):
@@ -345,7 +392,6 @@ def delta(
         )
     # 1 - p via expm1 keeps precision for small p; clamp absorbs rounding of log p ~ 0.
     scale = (-torch.expm1(logp)).clamp(0.0, 1.0)
-    coef = coefficients_from_hidden(
-        batch.hidden, scale, advantages, batch.mask, lam_min, lam_max, refine_iters
+    return coefficients_from_hidden(
+        batch.hidden, scale, advantages, batch.mask, lam_min, lam_max, refine_iters, shard=batch.shard
     )
-    return advantages.float()[:, None] * coef

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
 from tokencredit.credit import register
+from tokencredit.distributed import Shard, all_sum, global_top_k
 
 __all__ = ["entropy_80_20", "entropy_from_logits", "keep_count", "top_entropy_mask"]
 
@@ -52,7 +53,9 @@ def _top_k_rows(values: Tensor, valid: Tensor, keep_ratio: float) -> Tensor:
     return valid & (rank < k[:, None])
 
 
-def top_entropy_mask(entropy: Tensor, mask: Tensor, keep_ratio: float = 0.2, scope: str = "batch") -> Tensor:
+def top_entropy_mask(
+    entropy: Tensor, mask: Tensor, keep_ratio: float = 0.2, scope: str = "batch", *, shard: Shard | None = None
+) -> Tensor:
     """bool[N,T]: the top `keep_ratio` fraction of the valid tokens by entropy, exactly k of them.
 
     entropy [N,T] float (any dtype; compared in float32), mask [N,T] bool/0-1. scope="batch": one
@@ -79,6 +82,9 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, keep_ratio: float = 0.2, sco
             f"entropy is {float(ent[row, pos])} at valid token (response {row}, position {pos}); "
             f"{int(bad.sum())} valid tokens have a non-finite entropy"
         )
+    if scope == "batch" and shard is not None:
+        n_valid = all_sum(valid.sum().to(torch.int64).reshape(1), shard)
+        return global_top_k(ent, valid, int(keep_count(n_valid, keep_ratio)[0]), shard)
     if scope == "batch":
         return _top_k_rows(ent.reshape(1, -1), valid.reshape(1, -1), keep_ratio).reshape(valid.shape)
     return _top_k_rows(ent, valid, keep_ratio)
@@ -114,5 +120,5 @@ def entropy_80_20(
     batch: RolloutBatch, advantages: Tensor, keep_ratio: float = 0.2, scope: str = "batch"
 ) -> Tensor:
     """Â = A on the top-`keep_ratio` high-entropy tokens (exactly ceil(keep_ratio * n)), 0 elsewhere."""
-    keep = top_entropy_mask(batch.entropy, batch.mask, keep_ratio, scope)
+    keep = top_entropy_mask(batch.entropy, batch.mask, keep_ratio, scope, shard=batch.shard)
     return advantages[:, None] * keep.to(advantages.dtype)

@@ -40,6 +40,7 @@ from tokencredit.credit.ktae_tables import (
     fisher_pvalue_official_fp32,
     table_statistics,
 )
+from tokencredit.distributed import Shard, sum_by_key
 from tokencredit.errors import ConfigError, closest
 
 __all__ = [
@@ -110,6 +111,15 @@ def _groups(valid: Tensor, correct: Tensor, group_ids: Tensor) -> _Groups:
     return _Groups(gidx, size, n_true, len_true, len_false, (n_true > 0) & (n_true < size))
 
 
+def _global_groups(g: _Groups, group_ids: Tensor, shard: Shard) -> tuple[_Groups, Tensor]:
+    """The local groups' counts summed over all ranks, and which of them are split across ranks [n] bool."""
+    uniq = torch.unique(group_ids.to(g.index.device))  # row r of the counts is group uniq[r] (as g.index)
+    local = torch.stack([g.size, g.n_true, g.len_true, g.len_false], 1)
+    size, n_true, len_true, len_false = sum_by_key(uniq[:, None], local, shard).unbind(1)
+    mixed = (n_true > 0) & (n_true < size)
+    return _Groups(g.index, size, n_true, len_true, len_false, mixed), size > g.size
+
+
 @dataclass(frozen=True)
 class _Pairs:
     """Statistics of every (group, token id) pair occurring in the live tokens.
@@ -127,6 +137,18 @@ class _Pairs:
     token_id: Tensor
     perm: Tensor
     pair_of_sorted: Tensor
+
+
+def _global_pairs(p: _Pairs, split: Tensor, group_ids: Tensor, shard: Shard) -> _Pairs:
+    """Pair counts of the groups split across ranks summed over the ranks (only those pairs are exchanged)."""
+    uniq = torch.unique(group_ids.to(p.a.device))
+    shared = split[p.group]
+    keys = torch.stack([uniq[p.group[shared]], p.token_id[shared]], 1)
+    counts = torch.stack([p.count_all, p.count_true, p.a, p.b], 1)
+    summed = counts.clone()
+    summed[shared] = sum_by_key(keys, counts[shared], shard)
+    count_all, count_true, a, b = summed.unbind(1)
+    return _Pairs(count_all, count_true, a, b, p.group, p.token_id, p.perm, p.pair_of_sorted)
 
 
 def _pairs(token_ids: Tensor, live: Tensor, correct: Tensor, g: _Groups) -> _Pairs:
@@ -230,6 +252,8 @@ def key_token_values(
     top: float = 1.0,
     fisher: str = "exact",
     ignore_token_ids: tuple[int, ...] | list[int] | Tensor = (),
+    *,
+    shard: Shard | None = None,
 ) -> Tensor:
     """Per-token key value k[N,T] float32 (KTAE, arXiv 2505.16826, official-code formulas).
 
@@ -246,24 +270,37 @@ def key_token_values(
       no tolerance, F = 0 only when p == 1.0 exactly in float32), for reproducing the paper's
       runs; see `fisher_pvalue_official_fp32`.
     - If the correct (wrong) side of a group has no valid token, its frequencies are 0.
+    - `shard`: these rows are one rank's part of a batch split across ranks (`tokencredit.distributed`;
+      `group_ids` global). The per-group counts are summed over ranks, and the per-(group, id) counts
+      of the groups whose rollouts sit on several ranks; k is then the single-process value. Collective.
     """
     _check_inputs(token_ids, mask, correct, group_ids)
     _check_params(fisher, alpha, beta)
     device = token_ids.device
     out = torch.zeros(token_ids.shape, dtype=torch.float32, device=device)
     if token_ids.shape[0] == 0:
+        if shard is not None:  # a rank without rollouts still takes part in both exchanges
+            empty = token_ids.new_zeros(0, 4)
+            sum_by_key(token_ids.new_zeros(0, 1), empty, shard)
+            sum_by_key(token_ids.new_zeros(0, 2), empty, shard)
         return out
     correct = correct.to(device=device, dtype=torch.bool)
     valid = mask.to(device) != 0
-    g = _groups(valid, correct, group_ids)
+    g = local = _groups(valid, correct, group_ids)
+    if shard is not None:
+        g, split = _global_groups(local, group_ids, shard)
     negative = valid & (token_ids < 0)
     if bool(negative.any()):
         i, j = (int(x) for x in negative.nonzero()[0])
         raise ValueError(f"token_ids: negative id {int(token_ids[i, j])} at rollout {i}, token {j}")
     live = valid & g.mixed[g.index][:, None]  # only valid tokens of groups with both outcomes
     if not bool(live.any()):
+        if shard is not None:  # still take part in the other ranks' exchange of pair counts
+            sum_by_key(token_ids.new_zeros(0, 2), token_ids.new_zeros(0, 4), shard)
         return out
-    pairs = _pairs(token_ids, live, correct, g)
+    pairs = _pairs(token_ids, live, correct, local)  # local sizes: the rank of a rollout in its group here
+    if shard is not None:
+        pairs = _global_pairs(pairs, split, group_ids, shard)
     strength, direction = _strength_direction(g, pairs, fisher, float(alpha), float(beta))
     if use_tf:
         direction = direction + _tf_contrast(g, pairs)
@@ -304,5 +341,6 @@ def ktae(
         top=top,
         fisher=fisher,
         ignore_token_ids=ignore_token_ids,
+        shard=batch.shard,
     )
     return torch.where(batch.mask, advantages.float()[:, None] + k, 0.0)

@@ -11,12 +11,20 @@ before TRL shuffles and splits the generation batch:
 - scores: TRL gathers every reward function's output across processes (`_calculate_rewards`,
   captured here); the score of a completion is their weighted sum, as TRL's default
   ``multi_objective_aggregation="sum_then_normalize"`` uses;
-- a prompt's group (``num_generations`` consecutive completions of the global batch) may span
-  processes, so the completion ids, masks and signals are padded and gathered, the core computes
-  Â on the global batch, and each process keeps its own rows, cut to its ``completion_ids.size(1)``;
+- each process computes Â for its own rows only: its completion ids, masks and per-token signals
+  never leave it (DelTA's and ARCA's hidden states [B, T, H] above all). A prompt's group
+  (``num_generations`` consecutive completions of the global batch) may span processes, so the batch
+  is a `tokencredit.distributed.Shard` of the global one: its rows are TRL's ``process_slice`` (process
+  ``i`` holds global rows ``i * B_local`` to ``(i + 1) * B_local - 1``, the order of TRL's gathered
+  rewards), group ids are global (row // num_generations), and the core reduces every batch statistic
+  (group baselines, DelTA's centroid sums, the 80/20 kept set's global top-k, KTAE's counts) with
+  `torch.distributed` collectives over accelerate's default group. Only per-rollout scalars cross
+  processes; the Â of a process equals the rows it holds of the Â computed on the gathered batch
+  (a recipe whose statistics the core cannot reduce across processes raises its ConfigError, on every
+  process, at the first scoring);
 - TRL computes no entropy or hidden state at scoring time: when the credit method needs per-token
-  signals, ONE extra no-grad pass (`tokencredit.builder.forward_signals`) computes exactly those, and the
-  global batch is assembled by the one builder (`tokencredit.builder.build_batch`).
+  signals, ONE extra no-grad pass (`tokencredit.builder.forward_signals`) computes exactly those for
+  this process's rows, and the batch is assembled by the one builder (`tokencredit.builder.build_batch`).
 
 Group baseline: a recipe name brings its own (`tokencredit.recipes`); a bare credit method uses
 TRL's normalisation (``scale_rewards`` group / batch / none, eps 1e-4), so ``credit="uniform"``
@@ -35,6 +43,7 @@ from torch import Tensor
 from tokencredit import advantages as adv_mod
 from tokencredit import builder, objectives
 from tokencredit.credit.gcpo import negative_prompt
+from tokencredit.distributed import Shard
 from tokencredit.errors import ConfigError
 from tokencredit.integrations._common import ENGINE_KERNELS, check_supported
 from tokencredit.models import special_token_ids
@@ -100,8 +109,9 @@ class CreditGRPOTrainer(GRPOTrainer):
         ids are ignored (`ignore_token_ids`) unless given here.
     negative_prompt: GCPO only: example -> the negative prompt (string or messages). By default the
         dataset's "problem" text inside the prompt is replaced by tokencredit.credit.gcpo.negative_prompt.
-    After each scoring, `last_credit` holds this process's rows: completion ids, mask, scores, group ids,
-    the sequence advantages A and the token advantages Â handed to the loss, and the signals used.
+    After each scoring, `last_credit` holds this process's rows: completion ids, mask, scores, global group
+    ids and row indices, the sequence advantages A and the token advantages Â handed to the loss, the
+    recipe's kept set of loss tokens (None without one) and the signals used.
     """
 
     def __init__(
@@ -202,14 +212,16 @@ class CreditGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ credit
     def _token_advantages(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> Tensor:
-        """Â (B_local, T_local) for this process's rows, computed on the gathered global batch."""
+        """Â (B_local, T_local) for this process's rows, computed on those rows alone (`_shard` for the layout).
+
+        Every process must call it (TRL's scoring does): with several processes the core's batch statistics
+        are collectives."""
         if self._tc_rewards is None:
             raise RuntimeError("CreditGRPOTrainer: no rewards were captured for this batch")
         if "pixel_values" in output:
             raise ConfigError(
                 "CreditGRPOTrainer supports text-only models (the signals pass takes no images)"
             )
-        acc = self.accelerator
         rewards, self._tc_rewards = self._tc_rewards, None
         unscorable = torch.isnan(rewards).all(dim=1)
         if bool(unscorable.any()):
@@ -218,55 +230,56 @@ class CreditGRPOTrainer(GRPOTrainer):
                 f"every reward function returned None for completion {i} of the global batch; token credit needs "
                 "a score for every completion"
             )
-        scores = (rewards * self.reward_weights.to(rewards.device).unsqueeze(0)).nansum(dim=1)
+        scores = (rewards * self.reward_weights.to(rewards.device).unsqueeze(0)).nansum(dim=1)  # [B_global]
 
         ids = output["completion_ids"]
         mask = output["completion_mask"].bool()
         if "tool_mask" in output:
             mask = mask & output["tool_mask"].bool()
-        n_local, t_local = ids.shape
-        needs = builder.needs_of(self._engine_recipe())
+        recipe = self._engine_recipe()
+        needs = builder.needs_of(recipe)
+        rows, group_ids, shard = self._shard(ids.shape[0], scores.numel(), ids.device)
         signals = self._signals(inputs, output, mask, needs)
-
-        ids_all, mask_all, signals_all = self._gather(ids, mask, signals)
-        n_all = ids_all.shape[0]
-        if scores.numel() != n_all:
-            raise RuntimeError(f"CreditGRPOTrainer: {scores.numel()} scores for {n_all} gathered completions")
-        mode = "train" if self.model.training else "eval"
-        group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        group_ids = adv_mod.consecutive_group_ids(n_all, group_size, ids_all.device)  # TRL's RepeatSampler layout
-
         rollouts = builder.ScoredRollouts(
-            response_ids=ids_all, response_mask=mask_all, group_ids=group_ids, scores=scores.float().to(ids_all.device)
-        )
-        batch = builder.build_batch(rollouts, needs, given=signals_all, who="CreditGRPOTrainer")
-        tc = token_credit(self._engine_recipe(), batch, special_ids=special_token_ids(self._text_tokenizer))
-        seq_adv, tok_adv = tc.seq_advantages, tc.token_advantages
-        rows = slice(acc.process_index * n_local, (acc.process_index + 1) * n_local)
-        local = tok_adv[rows, :t_local].to(device=ids.device, dtype=torch.float32).contiguous()
+            response_ids=ids, response_mask=mask, group_ids=group_ids,
+            scores=scores.to(ids.device)[rows].float(),
+        )  # fmt: skip
+        batch = builder.build_batch(rollouts, needs, given=signals, who="CreditGRPOTrainer", shard=shard)
+        tc = token_credit(recipe, batch, special_ids=special_token_ids(self._text_tokenizer))
+        local = tc.token_advantages.to(device=ids.device, dtype=torch.float32).contiguous()
         self.last_credit = {
             "completion_ids": ids.detach().clone(),
             "mask": mask.detach().clone(),
-            "scores": batch.scores[rows].detach().clone(),
-            "group_ids": group_ids[rows].detach().clone(),
-            "sequence_advantages": seq_adv[rows].detach().clone(),
+            "scores": batch.scores.detach().clone(),
+            "group_ids": group_ids.detach().clone(),
+            "rows": rows.detach().clone(),
+            "sequence_advantages": tc.seq_advantages.detach().clone(),
             "advantages": local.detach().clone(),
+            "keep": None if tc.keep is None else tc.keep.detach().clone(),
             "signals": {k: v.detach().clone() for k, v in signals.items()},
         }
         return local
 
-    def _gather(self, ids: Tensor, mask: Tensor, signals: dict[str, Tensor]) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """(ids, mask, signals) of every process's rows, in process order, padded to the widest response: a
-        prompt's group may span processes, and credit is computed on the global batch."""
+    def _shard(self, n_local: int, n_global: int, device: torch.device) -> tuple[Tensor, Tensor, Shard | None]:
+        """(rows, group_ids, shard) of this process's completions within TRL's global batch.
+
+        rows [B_local]: their indices in the global batch, TRL's ``process_slice`` (process i holds rows
+        i * B_local .. (i + 1) * B_local - 1, the order in which TRL gathers the rewards); group_ids [B_local]:
+        global prompt ids (TRL's RepeatSampler puts a prompt's num_generations completions consecutively);
+        shard: the `Shard` the core reduces its batch statistics over (accelerate's default process group),
+        None on one process."""
         acc = self.accelerator
-        if acc.num_processes == 1:
-            return ids, mask, signals
-
-        def gather(x: Tensor, pad: float) -> Tensor:
-            return acc.gather(acc.pad_across_processes(x, dim=1, pad_index=pad))
-
-        pad_id = self._text_tokenizer.pad_token_id
-        return gather(ids, pad_id), gather(mask, 0).bool(), {k: gather(v, 0) for k, v in signals.items()}
+        if n_global != n_local * acc.num_processes:
+            raise RuntimeError(
+                f"CreditGRPOTrainer: {n_global} scores for {acc.num_processes} process(es) of {n_local} completions"
+            )
+        mode = "train" if self.model.training else "eval"
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        start = acc.process_index * n_local
+        rows = torch.arange(start, start + n_local, device=device)
+        group_ids = adv_mod.consecutive_group_ids(n_global, group_size, device)[rows]
+        shard = Shard(rows=rows, num_rows=n_global) if acc.num_processes > 1 else None
+        return rows, group_ids, shard
 
     def _signals(
         self, inputs: list[dict[str, Any]], output: dict[str, Any], mask: Tensor, needs: builder.Needs

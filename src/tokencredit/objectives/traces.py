@@ -174,7 +174,7 @@ def _geometric_sum(clock: Tensor, lam: float, dtype: torch.dtype) -> Tensor:
 
 def kept_set(batch: RolloutBatch, keep_ratio: float = 0.2, scope: str = "batch") -> dict[str, Tensor]:
     """S-trace's kept set: the top-`keep_ratio` old-policy entropy tokens (as the 80/20 rule), detached."""
-    return {"keep": top_entropy_mask(batch.entropy, batch.mask, keep_ratio, scope)}
+    return {"keep": top_entropy_mask(batch.entropy, batch.mask, keep_ratio, scope, shard=batch.shard)}
 
 
 KEPT_SET = Preparation(kept_set, needs=frozenset({"entropy"}), provides=frozenset({"keep"}))

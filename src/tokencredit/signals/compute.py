@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tokencredit.batch import MC_SIGNALS, SIGNALS
+from tokencredit.batch import MC_SIGNALS, REDUCED_SIGNALS, SIGNALS
 from tokencredit.errors import ConfigError, closest
 from tokencredit.signals.forward import _check_ids, _check_layout, _forward_stats
 from tokencredit.signals.head import DEFAULT_CHUNK_SIZE
@@ -76,6 +76,11 @@ def _check_needs(needs: Iterable[str]) -> set[str]:
         if name in MC_SIGNALS:
             raise ConfigError(
                 f"signal {name!r} comes from sampling continuations (tokencredit.oracle.mc_signals), not a forward pass"
+            )
+        if name in REDUCED_SIGNALS:
+            raise ConfigError(
+                f"signal {name!r} is a reduction of hidden states that an engine computes where they live (verl's "
+                "workers); here the credit method reads the hidden states themselves"
             )
     return needs
 

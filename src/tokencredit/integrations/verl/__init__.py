@@ -36,9 +36,20 @@ Signals verl never computes (final hidden states for DelTA / ARCA, the adapter-f
 negative-prompt pass) come from the actor extension, `tokencredit.integrations.verl_actor`, switched
 on by ``TOKENCREDIT_VERL_ACTOR_SIGNALS=1`` (driver and Ray workers; legacy trainer): it hooks verl's
 FSDP engine and the legacy trainer's ``_compute_old_log_prob``, so the old-log-prob step also
-returns exactly the signals the selected estimator needs, under the batch keys of `SIGNAL_KEYS`
-(``tc_hidden``, ...). Without them those estimators raise a `ConfigError` naming the switch. The
-S-trace loss reads its kept token set from the advantages (see `register_loss`).
+returns exactly what the selected estimator needs. Hidden states stay in the workers: for DelTA
+they return the coefficients c~ (``tc_delta_coef``, computed with batch statistics summed over the
+data-parallel ranks from the sequence advantages the driver sends, ``tc_seq_adv``), for ARCA the
+adapter residual norms (``tc_adapter_residual``); the estimator reads those [bs, T] values as the core's
+reduced signals (``delta_coefficients``, ``adapter_residual``), which the credit methods take in place of
+the hidden states, so Â comes from the one pipeline (`tokencredit.recipes.token_credit`); for DelTA it
+checks that the A of that pipeline is the A the workers used. Without them those estimators raise
+a `ConfigError` naming the switch. The S-trace loss reads its kept token set from the advantages
+(see `register_loss`).
+
+Each estimator also leaves its credit diagnostics (`estimators.credit_metrics`: credit Gini,
+effective-token ratio, share of |Â| on high-entropy tokens, Â min / max, as ``tokencredit/<name>``)
+for verl's step log: the legacy trainer's ``compute_data_metrics`` and the v1 trainer's
+``_compute_advantage`` metrics are hooked to carry them.
 """
 
 from __future__ import annotations

@@ -18,14 +18,18 @@ __all__ = ["FIELD_KEYS", "SIGNAL_KEYS", "batch_from_dataproto", "first_key"]
 
 # Where each per-token signal is read from in a DataProto's batch, first match wins. verl's own
 # keys: old_log_probs, ref_log_prob, entropy (v1 TransferQueue field), entropys (legacy
-# old-log-prob output, kept as tc_entropy by our hook); the other tc_* keys come from the actor
-# extension (tokencredit.integrations.verl_actor, switched on by TOKENCREDIT_VERL_ACTOR_SIGNALS=1).
+# old-log-prob output, kept as tc_entropy by our hook); the other tc_* keys name the actor extension's
+# signals (tokencredit.integrations.verl_actor, switched on by TOKENCREDIT_VERL_ACTOR_SIGNALS=1), whose
+# workers return base_log_probs / neg_log_probs as they are and, in place of hidden / base_hidden, their
+# reduction (verl_actor.REDUCTIONS: tc_delta_coef, tc_adapter_residual), read as the core's reduced signals
+# delta_coefficients and adapter_residual.
 SIGNAL_KEYS: dict[str, tuple[str, ...]] = {
     "old_log_probs": ("old_log_probs",),
     "ref_log_probs": ("ref_log_prob",),
     "entropy": ("tc_entropy", "entropy", "entropys"),
     "sum_sq_probs": ("sum_pi_squared",),  # verl's own, with actor.calculate_sum_pi_squared=True
     **{name: (key,) for name, key in verl_actor.BATCH_KEYS.items()},
+    **{r.signal: (r.key,) for r in verl_actor.REDUCTIONS.values()},  # adapter_residual, delta_coefficients
 }
 # RolloutBatch fields beyond the signals (tokencredit.advantages.FIELDS) and verl's batch key for each.
 FIELD_KEYS: dict[str, str] = {"baseline_scores": "reward_baselines"}
@@ -98,6 +102,9 @@ def batch_from_dataproto(
 
 def _missing_signal_message(who: str, name: str) -> str:
     keys = " / ".join(SIGNAL_KEYS[name])
+    reduced = [r.key for r in verl_actor.REDUCTIONS.values() if name in r.replaces]
+    if reduced:  # the workers never send hidden states, only their reduction for DelTA / ARCA
+        keys += f", or the actor workers' reduction of it, {' / '.join(reduced)}"
     if name == "sum_sq_probs":
         how = "set actor_rollout_ref.actor.calculate_sum_pi_squared=True (verl then computes it with the old log-probs)"
     elif name == "entropy":

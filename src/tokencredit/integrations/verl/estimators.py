@@ -13,18 +13,27 @@ from torch import Tensor
 from verl import DataProto
 from verl.trainer.ppo import core_algos
 
-from tokencredit import objectives
-from tokencredit.batch import MC_SIGNALS
-from tokencredit.builder import needs_of
+from tokencredit import advantages, diagnostics, objectives
+from tokencredit.batch import MC_SIGNALS, RolloutBatch
+from tokencredit.builder import Needs, needs_of
 from tokencredit.errors import ConfigError, closest
+from tokencredit.integrations import verl_actor
 from tokencredit.integrations._common import slug
 from tokencredit.integrations.verl.batch import SIGNAL_KEYS, batch_from_dataproto, first_key
+from tokencredit.integrations.verl_actor.reductions import REDUCTIONS
 from tokencredit.models import special_token_ids
 from tokencredit.recipes import Recipe, resolve, token_credit, zero_outside
 
-__all__ = ["ESTIMATORS", "cfg_value", "estimator_spec", "register_estimator", "uses_keep"]
+__all__ = [
+    "ESTIMATORS", "METRICS_KEY", "cfg_value", "credit_metrics", "estimator_spec", "register_estimator", "uses_keep",
+    "worker_advantages",
+]  # fmt: skip
 
 ESTIMATORS: dict[str, Recipe] = {}  # verl estimator name -> resolved recipe
+# DataProto.meta_info key under which an estimator leaves its credit diagnostics for verl's step log.
+METRICS_KEY = "tokencredit_metrics"
+_ADV_TOL = 1e-5  # DelTA: |A here - A the workers used| allowed (the same float32 computation, twice)
+
 
 
 # ---------------------------------------------------------------------------------------------- step context
@@ -34,6 +43,8 @@ class _StepContext:
 
     special_ids: tuple[int, ...] | None = None
     fetch: Callable[[list[str]], dict[str, Tensor]] | None = None  # v1: fields from the TransferQueue
+    has_entropy: bool = False  # v1: the TransferQueue holds the old policy's entropy (for the diagnostics)
+    metrics: dict[str, float] | None = None  # v1: the estimator's credit diagnostics, for the step's metrics
 
 
 _CONTEXT: contextvars.ContextVar[_StepContext | None] = contextvars.ContextVar("tc_verl_step", default=None)
@@ -63,8 +74,92 @@ def uses_keep(recipe: Recipe) -> bool:
     return recipe.uses_ratio and objectives.get_kernel(recipe.kernel).uses_keep
 
 
+def _recipe(spec: Recipe, config: Any) -> Recipe:
+    """The recipe an estimator runs: a credit method on its own uses verl's GRPO settings (eps 1e-6,
+    norm_adv_by_std_in_grpo False: Dr.GRPO's mean-only baseline); a table recipe keeps its own baseline."""
+    baseline = "grpo" if bool(cfg_value(config, "norm_adv_by_std_in_grpo", True)) else "dr-grpo"
+    return spec.with_method_baseline(baseline)
+
+
+def worker_advantages(verl_name: str, data: DataProto, config: Any) -> Tensor:
+    """DelTA's sequence advantages A [bs] float32 for the workers, before the old-log-prob step.
+
+    `data` is the legacy trainer's batch at that step, whose ``rm_scores`` are the rewards (``fit``'s
+    ``extract_reward``), ``uid`` the groups; `config` verl's ``algorithm`` config. The baseline is the one
+    the estimator uses at the advantage step (`_recipe`), on the batch `batch_from_dataproto` builds there;
+    the estimator checks that both agree.
+    """
+    spec = estimator_spec(verl_name)
+    who = f"verl estimator {verl_name!r} (DelTA's advantages for the workers)"
+    if bool(cfg_value(config, "use_kl_in_reward", False)):
+        raise ConfigError(
+            f"{who}: algorithm.use_kl_in_reward=True subtracts a KL penalty from the rewards after the old-log-prob "
+            "step, where the workers compute DelTA's coefficients from the advantages; use the KL loss instead "
+            "(actor_rollout_ref.actor.use_kl_loss=True, algorithm.use_kl_in_reward=False)"
+        )
+    if "rm_scores" not in data.batch.keys():
+        raise ConfigError(f"{who}: the batch has no 'rm_scores' (the rewards) at the old-log-prob step")
+    recipe = _recipe(spec, config)
+    estimator = advantages.get_estimator(recipe.advantage)
+    if estimator.needs:
+        raise ConfigError(
+            f"{who}: advantage estimator {recipe.advantage!r} reads {', '.join(sorted(estimator.needs))}, which "
+            "verl computes in the old-log-prob step itself; DelTA's workers need A before it"
+        )
+    rewards = data.batch["rm_scores"]
+    batch = batch_from_dataproto(
+        data, Needs(fields=needs_of(spec).fields), token_level_rewards=rewards,
+        response_mask=data.batch["response_mask"], who=who,
+    )  # fmt: skip
+    adv = advantages.estimate(recipe.advantage, batch, **recipe.advantage_params)
+    if adv.dim() != 1:
+        raise ConfigError(f"{who}: DelTA assigns a sequence advantage A [N]; {recipe.advantage!r} gives A [N,T]")
+    return adv.detach().float().cpu()
+
+
+def credit_metrics(
+    token_advantages: Tensor, mask: Tensor, seq_advantages: Tensor, entropy: Tensor | None = None
+) -> dict[str, float]:
+    """verl step-log metrics of one batch's credit (``tokencredit/<name>``): `tokencredit.diagnostics.summary`
+    (credit Gini, effective-token ratio, sign flips; with the entropy, the share of |Â| on the top-20%
+    entropy tokens and the sign x entropy quadrants) and Â's min / max over the valid tokens."""
+    tok, m = token_advantages.detach().float().cpu(), mask.bool().cpu()
+    ent = None if entropy is None else entropy.detach().float().cpu()
+    out = diagnostics.summary(tok, m, seq_advantages.detach().float().cpu(), ent)
+    valid = tok[m]
+    out["adv_min"] = float(valid.min()) if valid.numel() else 0.0
+    out["adv_max"] = float(valid.max()) if valid.numel() else 0.0
+    return {f"tokencredit/{k}": float(v) for k, v in out.items()}
+
+
+def _check_sent_advantages(data: DataProto, seq_adv: Tensor, who: str) -> None:
+    """DelTA's workers computed c~ for the A the driver sent before the old-log-prob step: it must be this A."""
+    sent = data.batch[verl_actor.SEQ_ADV] if verl_actor.SEQ_ADV in data.batch.keys() else None
+    if sent is None:
+        raise ConfigError(f"{who}: the batch has DelTA's coefficients but not the advantages the workers used")
+    sent = sent.to(device=seq_adv.device, dtype=torch.float32)
+    if sent.shape != seq_adv.shape or not torch.allclose(sent, seq_adv, rtol=_ADV_TOL, atol=_ADV_TOL):
+        diff = float((sent - seq_adv).abs().max()) if sent.shape == seq_adv.shape else float("nan")
+        raise ConfigError(
+            f"{who}: the sequence advantages at the advantage step differ from the ones the workers computed "
+            f"DelTA's coefficients with at the old-log-prob step (max |diff| {diff:.3g}): the rewards changed in "
+            "between (algorithm.use_kl_in_reward=True, a reward shaping or filtering step); DelTA in the workers "
+            "needs the final rewards before the old-log-prob step"
+        )
+
+
+def _entropy_for_metrics(data: DataProto, batch: RolloutBatch, ctx: _StepContext | None) -> Tensor | None:
+    if batch.entropy is not None:
+        return batch.entropy
+    if ctx is not None and ctx.fetch is not None and ctx.has_entropy:
+        _fetch_missing(data, {"entropy"}, ctx)
+    key = first_key(data, SIGNAL_KEYS["entropy"])
+    return None if key is None else data.batch[key].float()
+
+
 def _make_estimator(verl_name: str, spec: Recipe) -> Callable[..., tuple[Tensor, Tensor]]:
     needs = needs_of(spec)
+    reduction = REDUCTIONS.get(spec.credit)
 
     def estimator(
         token_level_rewards: Tensor,
@@ -84,17 +179,28 @@ def _make_estimator(verl_name: str, spec: Recipe) -> Callable[..., tuple[Tensor,
                 "(v1 and legacy); this call came from another code path"
             )
         ctx = _CONTEXT.get()
-        _fetch_missing(data, needs.forward, ctx)
+        who = f"verl estimator {verl_name!r}"
+        # The actor extension's workers send a reduction of the hidden states, never the states themselves: the
+        # batch carries it as the core's reduced signal, which the credit method reads in their place.
+        reduced = reduction if reduction is not None and reduction.key in data.batch.keys() else None
+        step_needs = needs
+        if reduced is not None:
+            step_needs = replace(needs, forward=(needs.forward - set(reduced.replaces)) | {reduced.signal})
+        _fetch_missing(data, step_needs.forward, ctx)
         batch = batch_from_dataproto(
-            data, needs, token_level_rewards=token_level_rewards, response_mask=response_mask,
-            who=f"verl estimator {verl_name!r}",
-        )  # fmt: skip
+            data, step_needs, token_level_rewards=token_level_rewards, response_mask=response_mask, who=who
+        )
         special = ctx.special_ids if ctx is not None and ctx.special_ids else _LEGACY_SPECIAL_IDS[0]
-        # A credit method on its own uses verl's own GRPO settings (eps 1e-6, norm_adv_by_std_in_grpo).
-        baseline = "grpo" if bool(cfg_value(config, "norm_adv_by_std_in_grpo", True)) else "dr-grpo"
-        tc = token_credit(spec.with_method_baseline(baseline), batch, special_ids=special)
+        tc = token_credit(_recipe(spec, config), batch, special_ids=special)
+        if reduced is not None and reduced.sends_advantages:
+            _check_sent_advantages(data, tc.seq_advantages, who)
         # The kept set (S-trace) travels to the paired loss in the advantages: 0 outside it.
-        tok = zero_outside(tc.token_advantages, tc.keep).to(device=token_level_rewards.device)
+        tok = zero_outside(tc.token_advantages, tc.keep)
+        metrics = credit_metrics(tok, batch.mask, tc.seq_advantages, _entropy_for_metrics(data, batch, ctx))
+        data.meta_info[METRICS_KEY] = metrics  # legacy trainer: merged into the step log (hooks)
+        if ctx is not None and ctx.metrics is not None:
+            ctx.metrics.update(metrics)  # v1 trainer: its _compute_advantage's metrics
+        tok = tok.to(device=token_level_rewards.device)
         return tok, tok.clone()
 
     estimator.__name__ = f"tokencredit_{slug(verl_name)}"

@@ -20,8 +20,11 @@ from tokencredit.integrations.verl.estimators import (
     _CONTEXT,
     _LEGACY_SPECIAL_IDS,
     ESTIMATORS,
+    METRICS_KEY,
     _special_ids,
     _StepContext,
+    cfg_value,
+    worker_advantages,
 )
 from tokencredit.integrations.verl.losses import check_pairing
 
@@ -54,8 +57,8 @@ def _wrap_compute_advantage(original: Callable[..., DataProto]) -> Callable[...,
         )
         data.batch["advantages"] = adv
         data.batch["returns"] = returns
-        for key in verl_actor.BATCH_KEYS.values():
-            # [bs, T, H] hidden states are for the estimator only; do not ship them to the actor update.
+        for key in verl_actor.ADDED_KEYS:
+            # the actor extension's signals are for the estimator only; do not ship them to the actor update.
             data.batch.pop(key, None)
         return data
 
@@ -63,16 +66,20 @@ def _wrap_compute_advantage(original: Callable[..., DataProto]) -> Callable[...,
     return compute_advantage
 
 
-def _actor_request(config: Any) -> tuple[str, ...]:
-    """The actor-extension signals the configured tc_ estimator needs; () when the switch is off."""
+def _actor_request(config: Any) -> tuple[str | None, tuple[str, ...]]:
+    """(the configured tc_ estimator, what the actor extension's workers must compute for it); (None, ())
+    when the switch is off or the estimator is not ours."""
     if not verl_actor.enabled():
-        return ()
+        return None, ()
     try:
         name = config.algorithm.adv_estimator
     except (AttributeError, KeyError):
-        return ()
-    spec = ESTIMATORS.get(getattr(name, "value", name))
-    return verl_actor.requested(needs_of(spec).forward) if spec is not None else ()
+        return None, ()
+    name = getattr(name, "value", name)
+    spec = ESTIMATORS.get(name)
+    if spec is None:
+        return None, ()
+    return name, verl_actor.requested(spec.credit, needs_of(spec).forward)
 
 
 def _wrap_legacy_old_log_prob(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -86,10 +93,17 @@ def _wrap_legacy_old_log_prob(original: Callable[..., Any]) -> Callable[..., Any
         config = getattr(self, "config", None)
         check_pairing(config)
         _LEGACY_SPECIAL_IDS[0] = _special_ids(getattr(self, "tokenizer", None))
-        wanted = _actor_request(config)
+        name, wanted = _actor_request(config)
         if wanted:
             batch = args[0] if args else kwargs["batch"]
-            with verl_actor.requesting(self, batch, wanted) as signals:
+            delta: dict[str, Any] = {}
+            if "delta_coef" in wanted:  # DelTA's workers need A now (verl_actor's docstring)
+                spec = ESTIMATORS[name]
+                delta = {
+                    "seq_adv": worker_advantages(name, batch, config.algorithm),
+                    "delta_params": verl_actor.REDUCTIONS["delta"].worker_params(spec.credit_params),
+                }
+            with verl_actor.requesting(self, batch, wanted, **delta) as signals:
                 result = original(self, *args, **kwargs)
         else:
             result, signals = original(self, *args, **kwargs), {}
@@ -123,18 +137,42 @@ def _wrap_v1_compute_advantage(original: Callable[..., Any], tq_module: Any) -> 
             padded = got.to_padded_tensor()
             return {f: padded[f] for f in fields}
 
-        token = _CONTEXT.set(_StepContext(_special_ids(getattr(self, "tokenizer", None)), fetch))
+        rollout_corr = cfg_value(self.config.algorithm, "rollout_correction", None)
+        bypass = bool(cfg_value(rollout_corr, "bypass_mode", False))  # no old-log-prob step, hence no entropy
+        ctx = _StepContext(_special_ids(getattr(self, "tokenizer", None)), fetch, has_entropy=not bypass, metrics={})
+        token = _CONTEXT.set(ctx)
         try:
-            return original(self, batch, *args, **kwargs)
+            out = original(self, batch, *args, **kwargs)
         finally:
             _CONTEXT.reset(token)
+        metrics = args[0] if args else kwargs.get("metrics")
+        if isinstance(metrics, dict):
+            metrics.update(ctx.metrics or {})  # the credit diagnostics, in verl's step log
+        return out
 
     _compute_advantage.tokencredit_hook = True  # type: ignore[attr-defined]
     return _compute_advantage
 
 
+def _wrap_compute_data_metrics(original: Callable[..., dict]) -> Callable[..., dict]:
+    """verl's step metrics plus the credit diagnostics our estimator left in the batch (legacy trainer)."""
+    if getattr(original, "tokencredit_hook", False):
+        return original
+
+    @functools.wraps(original)
+    def compute_data_metrics(batch: DataProto, *args: Any, **kwargs: Any) -> dict:
+        out = original(batch, *args, **kwargs)
+        extra = batch.meta_info.pop(METRICS_KEY, None) if isinstance(getattr(batch, "meta_info", None), dict) else None
+        return {**out, **extra} if extra else out
+
+    compute_data_metrics.tokencredit_hook = True  # type: ignore[attr-defined]
+    return compute_data_metrics
+
+
 def _patch_ray_trainer(module: ModuleType) -> None:
     module.compute_advantage = _wrap_compute_advantage(module.compute_advantage)
+    if hasattr(module, "compute_data_metrics"):
+        module.compute_data_metrics = _wrap_compute_data_metrics(module.compute_data_metrics)
     legacy = getattr(module, "RayPPOTrainer", None)
     if legacy is not None and hasattr(legacy, "_compute_old_log_prob"):
         legacy._compute_old_log_prob = _wrap_legacy_old_log_prob(legacy._compute_old_log_prob)
@@ -153,6 +191,7 @@ def _patch_v1_trainer_base(module: ModuleType) -> None:
 def _patch_fsdp_engine(module: ModuleType) -> None:
     engine = module.FSDPEngineWithLMHead
     engine.forward_step = verl_actor.wrap_forward_step(engine.forward_step)
+    engine.infer_batch = verl_actor.wrap_infer_batch(engine.infer_batch)
 
 
 # verl module -> the patch applied right after it is executed (or at once if it already was).

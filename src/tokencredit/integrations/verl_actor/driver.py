@@ -1,8 +1,8 @@
-"""Driver side of the actor extension: ask verl's workers for the signals, pad what they return."""
+"""Driver side of the actor extension: ask verl's workers for the signals and reductions, pad what they return."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -12,7 +12,15 @@ from torch import Tensor
 
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.errors import ConfigError
-from tokencredit.integrations.verl_actor.keys import _NEG_IDS, _NEG_LENS, _REQUEST, BATCH_KEYS, SWITCH
+from tokencredit.integrations.verl_actor.keys import (
+    _DELTA_PARAMS,
+    _NEG_IDS,
+    _NEG_LENS,
+    _REQUEST,
+    OUTPUT_KEYS,
+    SEQ_ADV,
+    SWITCH,
+)
 
 __all__ = ["collect", "negative_prompts", "requesting"]
 
@@ -50,13 +58,13 @@ def negative_prompts(
 
 
 def collect(output: TensorDict, response_mask: Tensor, wanted: Sequence[str]) -> dict[str, Tensor]:
-    """The requested signals from the workers' output, padded to [bs, T(, H)] and 0 outside response_mask."""
+    """The requested rows from the workers' output (`OUTPUT_KEYS`), padded to [bs, T] and 0 outside response_mask."""
     from verl.utils import tensordict_utils as tu
 
     mask = response_mask.bool()
     out = {}
     for name in wanted:
-        key = BATCH_KEYS[name]
+        key = OUTPUT_KEYS[name]
         value = tu.get(output, key)
         if value is None:
             raise ConfigError(
@@ -71,9 +79,21 @@ def collect(output: TensorDict, response_mask: Tensor, wanted: Sequence[str]) ->
 
 
 @contextmanager
-def requesting(trainer: Any, batch: Any, wanted: Sequence[str]) -> Iterator[dict[str, Tensor]]:
-    """Within the block, the trainer's ``actor_rollout_wg.compute_log_prob`` asks for `wanted` and the yielded
-    dict is filled with the padded signals when the call returns (see `collect`)."""
+def requesting(
+    trainer: Any,
+    batch: Any,
+    wanted: Sequence[str],
+    *,
+    seq_adv: Tensor | None = None,
+    delta_params: Mapping[str, Any] | None = None,
+) -> Iterator[dict[str, Tensor]]:
+    """Within the block, the trainer's ``actor_rollout_wg.compute_log_prob`` asks for `wanted` (keys of
+    `OUTPUT_KEYS`) and the yielded dict is filled with the padded results when the call returns (see
+    `collect`). DelTA's coefficients (``delta_coef``) need the sequence advantages `seq_adv` [bs] of the
+    batch's rows and the method's `delta_params`; `seq_adv` is sent with the rows (each data-parallel rank
+    gets its own) and also yielded under `SEQ_ADV`, for the estimator's check."""
+    if "delta_coef" in wanted and (seq_adv is None or tuple(seq_adv.shape) != (len(batch),)):
+        raise ConfigError(f"{SWITCH}: DelTA's coefficients need the sequence advantages [bs] of the batch ({SEQ_ADV})")
     group = trainer.actor_rollout_wg
     call = group.compute_log_prob
     own = "compute_log_prob" in vars(group)
@@ -94,8 +114,14 @@ def requesting(trainer: Any, batch: Any, wanted: Sequence[str]) -> Iterator[dict
         tu.assign_non_tensor(data, **{_REQUEST: ",".join(wanted)})
         if negatives is not None:
             data[_NEG_IDS], data[_NEG_LENS] = negatives
+        if "delta_coef" in wanted:
+            assert seq_adv is not None  # checked above
+            data[SEQ_ADV] = seq_adv.detach().float().cpu()
+            tu.assign_non_tensor(data, **{_DELTA_PARAMS: dict(delta_params or {})})
         output = call(data, *args, **kwargs)
         result.update(collect(output, data["response_mask"], wanted))
+        if "delta_coef" in wanted:
+            result[SEQ_ADV] = seq_adv.detach().float().cpu()
         return output
 
     group.compute_log_prob = compute_log_prob

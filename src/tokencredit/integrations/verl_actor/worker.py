@@ -13,17 +13,21 @@ from torch import Tensor, nn
 
 from tokencredit.credit.entropy import entropy_from_logits
 from tokencredit.errors import ConfigError
+from tokencredit.integrations.verl_actor import reductions
 from tokencredit.integrations.verl_actor.keys import (
     _BASE,
+    _DELTA_PARAMS,
+    _HIDDEN_ROWS,
     _NEG_IDS,
     _NEG_LENS,
     _REQUEST,
-    BATCH_KEYS,
+    OUTPUT_KEYS,
+    SEQ_ADV,
     SWITCH,
     check_target,
 )
 
-__all__ = ["float32_entropy", "wrap_forward_step"]
+__all__ = ["delta_coefficients", "float32_entropy", "wrap_forward_step", "wrap_infer_batch"]
 
 # verl is imported inside the functions: an optional dependency, needed only once verl calls them.
 
@@ -82,7 +86,7 @@ def _jagged(values: Tensor, resp_lens: Tensor) -> Tensor:
 
 
 def _hidden_rows(hidden: Tensor, micro_batch: TensorDict, resp_lens: Tensor) -> Tensor:
-    """Jagged [bs, r_i, H] response rows of the captured LM-head input.
+    """[sum r_i, H] response rows of the captured LM-head input, sequence after sequence.
 
     Its layout follows verl's use_remove_padding flag: packed [1, nnz (+ pad suffix), H] with the
     sequences back to back, or padded [bs, L_max, H] with each sequence left-aligned.
@@ -95,7 +99,7 @@ def _hidden_rows(hidden: Tensor, micro_batch: TensorDict, resp_lens: Tensor) -> 
         values = hidden[0, (offsets[:-1][rows] + pos).to(hidden.device)]
     else:
         values = hidden[rows.to(hidden.device), pos.to(hidden.device)]
-    return _jagged(values, resp_lens)
+    return values
 
 
 def _log_prob_rows(log_probs: Tensor, resp_lens: Tensor) -> Tensor:
@@ -110,7 +114,7 @@ def _derived(micro_batch: TensorDict, **tensors: Tensor) -> TensorDict:
     from verl.utils import tensordict_utils as tu
 
     out = micro_batch.copy()
-    for key in (_REQUEST, _NEG_IDS, _NEG_LENS):
+    for key in (_REQUEST, _DELTA_PARAMS, SEQ_ADV, _NEG_IDS, _NEG_LENS):
         out.pop(key, None)
     for key, value in tensors.items():
         out[key] = value
@@ -209,7 +213,7 @@ def float32_entropy(engine: Any, micro_batch: TensorDict) -> Iterator[None]:
 
 
 def _forward_only_step(original: Callable[..., Any], self: Any, micro_batch: TensorDict, loss_function: Any) -> Any:
-    """verl's forward-only step, plus the signals the micro-batch requests (`_REQUEST`), if any."""
+    """verl's forward-only step, plus what the micro-batch requests (`_REQUEST`), if anything."""
     from verl.utils import tensordict_utils as tu
 
     request = tu.get_non_tensor_data(data=micro_batch, key=_REQUEST, default="")
@@ -219,24 +223,26 @@ def _forward_only_step(original: Callable[..., Any], self: Any, micro_batch: Ten
     _check_supported(self, micro_batch, wanted)
     resp_lens = _response_lengths(micro_batch)
     extra: dict[str, Tensor] = {}
+    hidden_wanted = {"delta_coef", "adapter_residual"} & set(wanted)
 
-    with _head_inputs(self.module) if "hidden" in wanted else nullcontext([]) as seen:
+    with _head_inputs(self.module) if hidden_wanted else nullcontext([]) as seen:
         loss, output = original(self, micro_batch, loss_function, True)
-    if "hidden" in wanted:
-        extra[BATCH_KEYS["hidden"]] = _hidden_rows(_only(seen, "policy"), micro_batch, resp_lens)
+    hidden = _hidden_rows(_only(seen, "policy"), micro_batch, resp_lens) if hidden_wanted else None
+    if "delta_coef" in wanted:
+        # kept on this worker: the rank's DelTA runs once infer_batch has every micro-batch (wrap_infer_batch)
+        extra[_HIDDEN_ROWS] = _jagged(hidden, resp_lens)
 
     if set(wanted) & set(_BASE):
-        capture = _head_inputs(self.module) if "base_hidden" in wanted else nullcontext([])
+        capture = _head_inputs(self.module) if "adapter_residual" in wanted else nullcontext([])
         with self.disable_adapter(), capture as seen:
             _, base = original(self, _derived(micro_batch), None, True)
-        if "base_hidden" in wanted:
-            extra[BATCH_KEYS["base_hidden"]] = _hidden_rows(
-                _only(seen, "adapter-free"), micro_batch, resp_lens
+        if "adapter_residual" in wanted:
+            base_hidden = _hidden_rows(_only(seen, "adapter-free"), micro_batch, resp_lens)
+            extra[OUTPUT_KEYS["adapter_residual"]] = _jagged(
+                reductions.adapter_residual(hidden, base_hidden), resp_lens
             )
         if "base_log_probs" in wanted:
-            extra[BATCH_KEYS["base_log_probs"]] = _log_prob_rows(
-                base["model_output"]["log_probs"], resp_lens
-            )
+            extra[OUTPUT_KEYS["base_log_probs"]] = _log_prob_rows(base["model_output"]["log_probs"], resp_lens)
 
     if "neg_log_probs" in wanted:
         if micro_batch.get("routed_experts", None) is not None:
@@ -244,7 +250,52 @@ def _forward_only_step(original: Callable[..., Any], self: Any, micro_batch: Ten
                 f"{SWITCH}: GCPO's negative-prompt pass cannot replay MoE routing (router_replay)"
             )
         _, neg = original(self, _negative_batch(micro_batch, resp_lens), None, True)
-        extra[BATCH_KEYS["neg_log_probs"]] = _log_prob_rows(neg["model_output"]["log_probs"], resp_lens)
+        extra[OUTPUT_KEYS["neg_log_probs"]] = _log_prob_rows(neg["model_output"]["log_probs"], resp_lens)
 
     output["model_output"].update(extra)
     return loss, output
+
+
+def wrap_infer_batch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``FSDPEngineWithLMHead.infer_batch`` (all micro-batches of this rank): for a batch that requests
+    DelTA's coefficients, compute them from the hidden rows its forward steps kept, the old log-probs and the
+    sequence advantages the driver sent (`SEQ_ADV`), with the statistics summed over the data-parallel group,
+    and return the coefficient rows in place of the hidden states. Every other call is verl's."""
+    if getattr(original, "tokencredit_hook", False):
+        return original
+    check_target(original, "infer_batch")
+
+    @functools.wraps(original)
+    def infer_batch(self: Any, data: TensorDict, loss_function: Any = None) -> Any:
+        from verl.utils import tensordict_utils as tu
+
+        request = tu.get_non_tensor_data(data=data, key=_REQUEST, default="")
+        if "delta_coef" not in request.split(","):
+            return original(self, data, loss_function)
+        if SEQ_ADV not in data.keys():
+            raise ConfigError(f"{SWITCH}: DelTA's coefficients requested without the sequence advantages ({SEQ_ADV})")
+        params = dict(tu.get_non_tensor_data(data=data, key=_DELTA_PARAMS, default=None) or {})
+        seq_adv = data[SEQ_ADV]
+        output = original(self, data, loss_function)
+        model_output = output["model_output"]
+        hidden = model_output.pop(_HIDDEN_ROWS)
+        resp_lens = _response_lengths(data)
+        old_log_probs = _log_prob_rows(model_output["log_probs"], resp_lens)
+        model_output[OUTPUT_KEYS["delta_coef"]] = delta_coefficients(
+            hidden, old_log_probs, seq_adv, data["response_mask"], group=self.get_data_parallel_group(), **params
+        )
+        del hidden
+        return output
+
+    infer_batch.tokencredit_hook = True  # type: ignore[attr-defined]
+    return infer_batch
+
+
+def delta_coefficients(
+    hidden: Tensor, old_log_probs: Tensor, seq_adv: Tensor, response_mask: Tensor, *, group: Any = None, **params: Any
+) -> Tensor:
+    """One rank's DelTA coefficient rows (`reductions.delta_coefficients`, collective over `group`); a
+    module-level function so that a test can record what each rank held and returned."""
+    return reductions.delta_coefficients(
+        hidden, old_log_probs, seq_adv, response_mask=response_mask, group=group, **params
+    )

@@ -1,7 +1,9 @@
 """Generation speed of `tokencredit.rollout.generate` against plain `model.generate` and the compute floor.
 
 Setting (defaults = the trainer's defaults, issue 18): the shipped toy model (`load_model("toy")`,
-Qwen3, 0.65 M parameters, character tokenizer), CPU, 1 torch thread.
+Qwen3, 0.65 M parameters, character tokenizer), CPU, 1 torch thread. `--model` takes any model
+`load_model` accepts (e.g. `smollm2`, the real SmolLM2-135M-Instruct Llama from its GGUF file, issue 30),
+with the toy task's problems as prompts.
 
 - *rollout round*: P = 8 training problems ("qwen-math" chat template, ~122 tokens) x G = 8 samples,
   up to 80 new tokens, temperature 1, top_p 1 (`RolloutConfig`), one `generate` call, as
@@ -220,6 +222,8 @@ def main() -> None:
     from tokencredit.train.config import EvalConfig
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="toy", help="any name load_model accepts (toy, smollm2, a directory, ...)")
+    p.add_argument("--template", default="qwen-math", help="prompt template (tokencredit.data.templates)")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=80)
@@ -256,15 +260,15 @@ def main() -> None:
     from tokencredit.models import load_model, toy_task
     from tokencredit.rollout import generate
 
-    model, tok = load_model("toy")
+    model, tok = load_model(args.model)
     task = toy_task(args.seed)
-    prompts = [render("qwen-math", q.problem, tok) for q in task.sample(args.prompts, "train")]
+    prompts = [render(args.template, q.problem, tok) for q in task.sample(args.prompts, "train")]
     n_rows = args.prompts * args.group_size
     plen = statistics.mean(len(tok(x, add_special_tokens=False)["input_ids"]) for x in prompts)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), OMP_WAIT_POLICY="
-        f"{os.environ.get('OMP_WAIT_POLICY')}; shipped toy model "
-        f"({sum(x.numel() for x in model.parameters()) / 1e6:.2f} M params); load {load_average()}"
+        f"{os.environ.get('OMP_WAIT_POLICY')}; model {args.model} ({type(model).__name__}, "
+        f"{sum(x.numel() for x in model.parameters()) / 1e6:.2f} M params); load {load_average()}"
     )
     temp, top_p, max_new = args.temperature, args.top_p, args.max_new_tokens
 
@@ -307,7 +311,7 @@ def main() -> None:
     # ---- eval decoding, in evaluate's chunks
     if not args.skip_eval:
         eval_prompts = [
-            render("qwen-math", q.problem, tok) for q in task.sample(args.eval_problems, "heldout")
+            render(args.template, q.problem, tok) for q in task.sample(args.eval_problems, "heldout")
         ]
         for label, n_per, t in (("greedy", 1, 0.0), ("2 samples", 2, temp)):
             per_chunk = max(1, args.eval_batch // n_per)

@@ -143,3 +143,9 @@ def test_benchmark_details():
     assert "sail-sg/oat" in readme and "Apache-2.0" in readme
     with pytest.raises(ConfigError, match="unknown benchmark 'math50'.*closest: math500"):
         math_benchmarks.load("math50")
+
+
+def test_reasoning_gym_spec_is_not_a_file():
+    # reasoning-gym data has its own loader (tokencredit.data.reasoning_gym.load, with a split)
+    with pytest.raises(DataError, match="is reasoning-gym data, not a file"):
+        load_problems("reasoning-gym:chain_sum?max_terms=3")

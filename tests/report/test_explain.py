@@ -552,3 +552,18 @@ def test_screenshot_with_headless_chromium(tmp_path, offline):
     assert im.size == (1440, 900)
     colours = im.resize((96, 60)).getcolors(maxcolors=1 << 16)
     assert colours is not None and len(colours) > 20
+
+
+def test_cli_png_draws_each_methods_credit_of_the_first_group(tmp_path, tiny_model_dir):
+    from PIL import Image
+
+    f = tmp_path / "in.jsonl"
+    f.write_text(json.dumps({"problem": "What is 12+30?", "completions": ["12+30=42", "12+30=41"], "rewards": [1.0, 0.0]}) + "\n")
+    png = tmp_path / "credit.png"
+    assert _explain("--jsonl", f, "--model", tiny_model_dir, "--methods", "ktae,uniform", "--out", tmp_path / "r.html",
+                    "--png", png) == 0  # fmt: skip
+    img = Image.open(png).convert("RGB")
+    # 1 group x 2 responses x 2 methods: coloured token boxes, some red (the wrong answer) and some blue
+    pixels = list(img.getdata())
+    assert any(r > 150 and g < 120 and b < 120 for r, g, b in pixels)  # red: negative credit
+    assert any(b > 150 and r < 120 for r, g, b in pixels)  # blue: positive credit

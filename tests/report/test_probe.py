@@ -663,7 +663,7 @@ def test_cli_oracle_on_a_data_file_with_the_math_verifier(toy_oracle_runs):
     assert "methods" not in pt and "baselines" not in pt  # no checker truth
     assert "has no checker truth" in md and "| blame@1 | blame@3" not in md
     sec, ref = pt["oracle"], on["points"][0]["oracle"]
-    assert sec["reward"] == "math verifier (math-verify)" and "checker" not in sec
+    assert sec["reward"] == "the problems' own checker (reasoning-gym) or math-verify"
     # same problems, seeds and rollouts: the verifier agrees with the checker on these answers, so the
     # continuations score alike and every figure matches the synthetic run's
     assert pt["rollouts"]["accuracy"] == on["points"][0]["rollouts"]["accuracy"]

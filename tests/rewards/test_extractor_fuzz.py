@@ -37,7 +37,7 @@ PIECES = [
     "\\boxed{", "\\boxed ", "\\fbox{", "{", "}", "\\{", "\\}", "\\", "$", "**", "####", "#### ", "\n", " ", "\t",
     "<answer>", "</answer>", "<think>", "</think>", "\\frac{1}{2}", "^{", "9^9^9^9", "\\sqrt{", "\\left(", "\\right)",
     "1e308", "-0", "0.50", "1,000", "9" * 300, "\\infty", "nan", "\\text{", "١٢٣", "²", "∞", "√", "\u3000", "\u00a0",
-    "ﬀ", "\x00", "\u202e", "😀",
+    "ﬀ", "\x00", "\u202e", "😀", "answer", "The final answer is: ", "Answer:", " is ", " to ", "=", ". ", ", which",
 ]  # fmt: skip
 GOLDS = ["1", "0.5", "\\frac{1}{2}", "72", "(1,2)", "x^2+1", "10^{100}", "-3", "\\{1,2\\}"]
 
@@ -143,6 +143,10 @@ def test_linear_rewrites_agree_with_the_regexes_they_replace(text):
         " " * 200_000 + "x",
         "</think>\n<answer>a</answer>" * 20_000 + "x",
         "</think> <answer>" * 50_000,
+        "The answer is " * 50_000,
+        "The answer to " * 50_000 + "x",
+        "Answer:\n\n" * 50_000,
+        "answer is $" * 50_000,
     ],
     ids=lambda t: repr(t[:12]) + f"..x{len(t)}",
 )

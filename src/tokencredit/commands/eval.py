@@ -15,17 +15,19 @@ from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError
 from tokencredit.evaluation import EvalSettings, evaluate_benchmarks, load_benchmark, markdown_table
 from tokencredit.models import load_model, resolve_device
-from tokencredit.rewards.verifier import RETRY_FACTOR, MathVerifier
+from tokencredit.rewards import Reward
+from tokencredit.rewards.verifier import RETRY_FACTOR
 from tokencredit.rollout import SamplingSettings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="a local model directory, or 'toy'")
+    parser.add_argument("--model", required=True, help="'toy', 'toy-hard', 'smollm2', a model directory, a .gguf file or a cached hub id ORG/NAME")
     parser.add_argument(
         "--bench",
         default="math500",
         help="comma-separated benchmark names (math500, aime24, amc23, minerva_math, olympiadbench, "
-        "gsm8k_train) or data files (.jsonl / .parquet / datasets directory)",
+        "gsm8k_train), reasoning-gym data ('reasoning-gym:NAME[?params]', its held-out split) or data files "
+        "(.jsonl / .parquet / datasets directory)",
     )
     parser.add_argument("--samples", type=int, default=4, help="samples per problem K (pass@k for k=1,2,4..<=K)")
     parser.add_argument("--temperature", type=float, default=0.6)
@@ -34,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=1024)
     parser.add_argument("--limit", type=int, default=None, help="first L problems of each benchmark")
     parser.add_argument("--seed", default="0", help="seed, or comma-separated seeds (mean and std reported)")
-    parser.add_argument("--template", default="qwen-math", help="qwen-math, r1-zero, or a string with {problem}")
+    parser.add_argument("--template", default="qwen-math", help="qwen-math, r1-zero, chat, or a string with {problem}")
     parser.add_argument("--batch-size", type=int, default=64, help="sequences per generate call")
     parser.add_argument("--no-greedy", action="store_true", help="skip the greedy (temperature 0) pass")
     parser.add_argument("--timeout", type=float, default=5.0, help="verifier seconds per answer")
@@ -88,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
     data = {b: load_benchmark(b, args.limit) for b in benches}
     device = resolve_device(args.device, "--device")
     dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if args.dtype == "auto" else args.dtype
-    with MathVerifier(args.timeout, retry_timeouts=args.retry_timeouts) as verifier:
+    # "auto": reasoning-gym problems by their own checker, every other benchmark by math-verify
+    with Reward("auto", timeout=args.timeout, retry_timeouts=args.retry_timeouts) as reward:
+        verifier = reward.verifier
         verifier.start(wait=False)  # the workers warm up while the model loads
         model, tok = load_model(args.model, dtype=dtype, device=device)
         results = evaluate_benchmarks(

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--jsonl", help="JSONL of prompts, completions and rewards instead of a run directory"
     )
     parser.add_argument(
-        "--model", help="model directory (or 'toy'); required with --jsonl; default RUN_DIR/final"
+        "--model", help="a model ('toy', 'smollm2', a directory, a .gguf file, a cached hub id); required with --jsonl; default RUN_DIR/final"
     )
     parser.add_argument("--step", type=int, help="which saved step of the run (default: the latest saved)")
     parser.add_argument(
@@ -48,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-size", type=int, default=16, help="rows per forward when recomputing signals"
     )
+    parser.add_argument("--png", help="also write a static picture (PNG) of the first group's credit")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,11 +56,11 @@ def run(args: argparse.Namespace) -> int:
         ExplainOptions(
             run_dir=args.run_dir, jsonl=args.jsonl, model=args.model, step=args.step, methods=args.methods,
             groups=args.groups, out=args.out, advantage=args.advantage, template=args.template,
-            temperature=args.temperature, device=args.device, batch_size=args.batch_size,
+            temperature=args.temperature, device=args.device, batch_size=args.batch_size, png=args.png,
         )
     )  # fmt: skip
     for line in result.damaged:  # what of a damaged run directory was left out (also on the page)
         print(f"tokencredit explain: {line}", file=sys.stderr)
     skipped = f" (skipped: {', '.join(result.skipped)}; reasons on the page)" if result.skipped else ""
-    print(f"wrote {result.path}{skipped}")
+    print(f"wrote {result.path}{skipped}" + (f" and {args.png}" if args.png else ""))
     return 0

@@ -39,9 +39,9 @@ __all__ = ["add_arguments", "run"]
 def _add_data_and_oracle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data",
-        help="problems: 'toy' (the synthetic task), 'toy-hard', a benchmark name (math500, ...) or a data "
-        "file; benchmark data has no checker truth, only the --oracle metrics (default: the run's or the "
-        "toy model's synthetic task, else toy)",
+        help="problems: 'toy' (the synthetic task), 'toy-hard', a benchmark name (math500, ...), "
+        "'reasoning-gym:NAME[?params]' or a data file; these have no checker truth of the first wrong token, "
+        "only the --oracle metrics (default: the run's or the toy model's synthetic task, else toy)",
     )
     parser.add_argument(
         "--oracle",
@@ -61,7 +61,7 @@ def _add_data_and_oracle_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", required=True, help="'toy' (the shipped warm start), a model directory, or a RUN_DIR"
+        "--model", required=True, help="'toy' (the shipped warm start), 'smollm2', a model directory, a .gguf file, a cached hub id, or a RUN_DIR"
     )
     parser.add_argument(
         "--checkpoint", help="with a RUN_DIR: probe checkpoint step_N (default: RUN_DIR/final)"

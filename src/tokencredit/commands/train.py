@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from tokencredit.errors import ConfigError
+from tokencredit.models import MODEL_ALIASES, TOY_VARIANTS
 from tokencredit.train.config import apply_set, load_config
 from tokencredit.train.rundir import RunDir
 from tokencredit.train.trainer import Trainer
@@ -15,7 +16,7 @@ from tokencredit.train.trainer import Trainer
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML file with [run] [model] [data] [rollout] [optim] [reward] [eval] [checkpoint] [algo]")
     p.add_argument("--recipe", help="recipe name (see `tokencredit recipes`)")
-    p.add_argument("--model", help="'toy' (default) or a local Hugging Face model directory")
+    p.add_argument("--model", help="'toy' (default), 'toy-hard', 'smollm2', a model directory, a .gguf file or a cached hub id ORG/NAME")
     p.add_argument("--steps", type=int, help="number of RL steps (run.steps)")
     p.add_argument("--seed", type=int, help="run.seed")
     p.add_argument("--out", help="run directory (default runs/<recipe>-s<seed>-<time>)")
@@ -45,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
         trainer = Trainer(cfg, run_dir, resume=True)
     else:
         cfg = load_config(args.config, sets, args.recipe)
+        if Path(cfg.model.name).expanduser().exists() and cfg.model.name not in {*MODEL_ALIASES, *TOY_VARIANTS}:
+            # a directory or .gguf file is recorded absolute: --resume, explain and probe reload it from anywhere
+            cfg.model.name = str(Path(cfg.model.name).expanduser().resolve())
         if args.out:
             run_dir = Path(args.out)
         else:

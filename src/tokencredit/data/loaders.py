@@ -211,6 +211,8 @@ def load_problems(
     `limit` keeps the first problems; ids must be unique (an error names the duplicate).
     """
     p = Path(path)
+    if str(path).startswith("reasoning-gym:"):
+        raise DataError(f"{path!r} is reasoning-gym data, not a file: load it with tokencredit.data.reasoning_gym.load")
     if not p.exists():
         raise DataError(f"{p}: no such file or directory")
     if limit is not None and limit < 0:

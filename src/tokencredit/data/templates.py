@@ -3,6 +3,10 @@
 - "qwen-math": system prompt ``Please reason step by step, and put your final answer within
   \\boxed{}.`` + the problem as the user turn, through the tokenizer's chat template when it has
   one, else a plain "System/User/Assistant" fallback.
+- "chat": the problem alone as the user turn through the tokenizer's chat template (no system
+  prompt of ours: the model answers as it was tuned to, e.g. "The final answer is: 21"), else a plain
+  "User/Assistant" fallback. For instruct models on tasks that do not ask for ``\\boxed{}``
+  (reasoning-gym's questions say how to answer).
 - "r1-zero": the plain DeepSeek-R1-Zero template for base models, ending in ``Assistant: <think>``;
   the answer goes in ``<answer> </answer>``.
 - any other string containing ``{problem}``: a custom template (only ``{problem}`` is replaced,
@@ -25,7 +29,8 @@ R1_ZERO = (
     "<answer> answer here </answer>.\nUser: {problem}\nAssistant: <think>"
 )
 PLAIN_CHAT_FALLBACK = "System: {system}\n\nUser: {problem}\n\nAssistant:"
-TEMPLATES = ("qwen-math", "r1-zero")
+PLAIN_USER_FALLBACK = "User: {problem}\n\nAssistant:"
+TEMPLATES = ("qwen-math", "chat", "r1-zero")
 
 
 def check_template(template: str) -> None:
@@ -46,6 +51,11 @@ def render(template: str, problem: str, tokenizer: Any = None) -> str:
             messages = [{"role": "system", "content": QWEN_MATH_SYSTEM}, {"role": "user", "content": problem}]
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return PLAIN_CHAT_FALLBACK.replace("{system}", QWEN_MATH_SYSTEM).replace("{problem}", problem)
+    if template == "chat":
+        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+            messages = [{"role": "user", "content": problem}]
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return PLAIN_USER_FALLBACK.replace("{problem}", problem)
     if template == "r1-zero":
         return R1_ZERO.replace("{problem}", problem)
     return template.replace("{problem}", problem)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from tokencredit.data import load_problems, math_benchmarks
+from tokencredit.data import load_problems, math_benchmarks, reasoning_gym
 from tokencredit.evaluation.run import evaluate
 from tokencredit.evaluation.settings import EvalSettings
 
@@ -17,7 +17,10 @@ __all__ = ["evaluate_benchmarks", "load_benchmark", "markdown_table"]
 
 
 def load_benchmark(name: str, limit: int | None) -> list[Any]:
-    """A shipped benchmark by name, or problems from a data file (.jsonl / .json / .parquet / datasets dir)."""
+    """A shipped benchmark by name, reasoning-gym data (``reasoning-gym:NAME[?params]``, its held-out split,
+    `limit` problems), or problems from a data file (.jsonl / .json / .parquet / datasets dir)."""
+    if reasoning_gym.is_spec(name):
+        return reasoning_gym.load(name, split="heldout", size=limit)
     p = Path(name)
     if name not in math_benchmarks.COUNTS and (p.suffix in (".jsonl", ".json", ".parquet") or p.is_dir()):
         return load_problems(p, limit=limit)

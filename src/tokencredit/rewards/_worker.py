@@ -75,14 +75,21 @@ def _self_check(judge) -> dict:
     return ready
 
 
-def main() -> int:
-    # Keep the protocol channel private: anything a library prints goes to stderr instead.
+def open_protocol():
+    """The worker's side of the pipe, set up as every worker script needs it (also `_rg_worker.py`):
+    the protocol channel kept private (anything a library prints goes to stderr instead), the memory
+    limit, logging off, SIGINT / SIGTERM ignored (see the module docstring)."""
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     _limit_memory()
     logging.disable(logging.CRITICAL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return proto
+
+
+def main() -> int:
+    proto = open_protocol()
 
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 

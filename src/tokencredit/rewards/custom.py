@@ -1,4 +1,16 @@
-"""Reward functions by name: the built-in math verifier or a user function given as ``module:function``.
+"""Reward functions by name: the built-in math verifier, reasoning-gym's checkers, the two chosen per
+problem, or a user function given as ``module:function``.
+
+Names (`Reward(spec)`, the trainer's ``reward.function``):
+  "math"            math-verify on the extracted answer (`MathVerifier`), 1 / 0;
+  "reasoning-gym"   each reasoning-gym problem's own checker, ``score_answer`` (`ReasoningGymVerifier`),
+                    1 for full marks else 0; options as a query: ``reasoning-gym?partial_credit=true``
+                    (the checker's score in [0, 1] as the reward), ``?last_number=true`` (read the last
+                    number when a completion states no answer);
+  "auto"            per problem: reasoning-gym problems by their checker, all others by math-verify
+                    (the trainer's default; `resolve_reward_function` names the one that applies
+                    when the data are all of one kind);
+  "module:function" a user function.
 
 A user reward function has the signature ``fn(completions: list[str], golds: list, **kwargs) ->
 list[float]`` (one finite number per completion). Its output is checked: a wrong length, a
@@ -14,9 +26,13 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tokencredit.errors import ConfigError
+from tokencredit.errors import ConfigError, closest
+from tokencredit.rewards.reasoning_gym import ReasoningGymVerifier, check_installed, is_gym_gold
 from tokencredit.rewards.shaping import FORMAT_STYLES, format_reward
 from tokencredit.rewards.verifier import Gold, MathVerifier, Verification
+
+GYM_PREFIX = "reasoning-gym"  # the reward name, and the data prefix "reasoning-gym:"
+GYM_OPTIONS = ("partial_credit", "last_number")
 
 RewardCallable = Callable[..., Sequence[float]]
 
@@ -72,12 +88,106 @@ def check_rewards(values: Any, n: int, who: str) -> list[float]:
     return out
 
 
+def parse_query(query: str, where: str) -> dict[str, str]:
+    """``"a=1&b=x"`` -> ``{"a": "1", "b": "x"}`` (ConfigError naming `where` for a malformed or repeated item)."""
+    out: dict[str, str] = {}
+    for item in (x for x in query.split("&") if x.strip()):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ConfigError(f"{where}: expected key=value, got {item!r}")
+        if key in out:
+            raise ConfigError(f"{where}: {key!r} is given twice")
+        out[key] = value.strip()
+    return out
+
+
+def parse_bool(value: str, where: str) -> bool:
+    low = value.strip().lower()
+    if low in ("true", "1", "yes", "on"):
+        return True
+    if low in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"{where}: expected true/false, got {value!r}")
+
+
+def _gym_options(spec: str) -> dict[str, bool]:
+    """The options of a reward name ``reasoning-gym[?partial_credit=true&last_number=true]``."""
+    _, _, query = spec.partition("?")
+    opts = parse_query(query, f"reward {spec!r}")
+    for key in opts:
+        if key not in GYM_OPTIONS:
+            raise ConfigError(f"reward {spec!r}: unknown option {key!r}; valid: {', '.join(GYM_OPTIONS)}" + closest(key, GYM_OPTIONS))
+    return {key: parse_bool(value, f"reward {spec!r}: {key}") for key, value in opts.items()}
+
+
+def is_gym_reward(spec: str) -> bool:
+    return spec == GYM_PREFIX or spec.startswith(GYM_PREFIX + "?")
+
+
+def resolve_reward_function(spec: str, data_specs: Sequence[str]) -> str:
+    """The reward a run records for ``reward.function = spec`` over its data (``data.train``,
+    ``data.eval``; comma-separated parts): "auto" becomes "reasoning-gym" when every part is
+    reasoning-gym data, "math" when none is, and stays "auto" (each problem its own checker) when
+    they are mixed. Any other name is returned as given."""
+    if spec != "auto":
+        return spec
+    parts = [p.strip() for d in data_specs for p in str(d).split(",") if p.strip()]
+    gym = [p.startswith(GYM_PREFIX + ":") for p in parts]
+    if gym and all(gym):
+        return GYM_PREFIX
+    return "math" if not any(gym) else "auto"
+
+
+class AutoVerifier:
+    """Each problem judged by its own checker: reasoning-gym problems (`GymAnswer` golds) by
+    `ReasoningGymVerifier`, all others by `MathVerifier`; the verifier API of both."""
+
+    def __init__(self, math: MathVerifier, gym: ReasoningGymVerifier):
+        self.math, self.gym = math, gym
+
+    def extract(self, completion: str) -> str | None:
+        return self.math.extract(completion)
+
+    def verify(self, completions: Sequence[str], golds: Sequence[Gold], **kwargs: Any) -> Verification:
+        if len(completions) != len(golds):
+            raise ValueError(f"got {len(completions)} completions but {len(golds)} gold answers")
+        scores, timed_out = [0.0] * len(golds), [False] * len(golds)
+        for verifier, idx in ((self.gym, [i for i, g in enumerate(golds) if is_gym_gold(g)]),
+                              (self.math, [i for i, g in enumerate(golds) if not is_gym_gold(g)])):  # fmt: skip
+            if idx:
+                v = verifier.verify([completions[i] for i in idx], [golds[i] for i in idx], **kwargs)
+                for i, s, t in zip(idx, v.scores, v.timed_out):
+                    scores[i], timed_out[i] = s, t
+        return Verification(scores, timed_out)
+
+    def score(self, completions: Sequence[str], golds: Sequence[Gold], **kwargs: Any) -> list[float]:
+        return self.verify(completions, golds, **kwargs).scores
+
+    @property
+    def stats(self) -> dict[str, int]:
+        out = dict(self.math.stats)
+        for k, v in self.gym.stats.items():
+            out[k] = out.get(k, 0) + v
+        return out
+
+    def start(self, wait: bool = True) -> AutoVerifier:
+        self.math.start(wait=wait)  # the reasoning-gym workers start with the first such problem
+        return self
+
+    def close(self) -> None:
+        self.math.close()
+        self.gym.close()
+
+
 class Reward:
     """A reward: ``reward(completions, golds) -> list[float]``; `close()` releases its workers.
 
-    `spec` is "math" (math-verify, 1/0) or ``module:function``; `format_weight` * the format
-    reward of `format_style` is added (0 by default). `timeout` and `retry_timeouts` are the math
-    verifier's per-answer limit and whether a timed-out answer is judged once more with a longer one.
+    `spec` is "math" (math-verify, 1/0), "reasoning-gym[?options]", "auto" or ``module:function``
+    (module docstring); `format_weight` * the format reward of `format_style` is added (0 by
+    default). `timeout` and `retry_timeouts` are the verifier's per-answer limit and whether a
+    timed-out answer is judged once more with a longer one. `verifier` (a `MathVerifier`) is used
+    instead of a new one for "math", and for the math side of "auto".
     """
 
     def __init__(
@@ -99,16 +209,31 @@ class Reward:
         self.spec = spec
         self.format_weight = float(format_weight)
         self.format_style = format_style
-        self.verifier: MathVerifier | None = None
+        self.verifier: MathVerifier | ReasoningGymVerifier | AutoVerifier | None = None
         self._fn: RewardCallable | None = None
-        self._owns_verifier = False
-        if spec == "math":
+        self._owned: list[Any] = []
+        if is_gym_reward(spec):
+            opts = _gym_options(spec)
+            check_installed()
+            gym = ReasoningGymVerifier(
+                timeout, num_workers=num_workers, retry_timeouts=retry_timeouts,
+                allow_last_number=opts.get("last_number", allow_last_number), partial_credit=opts.get("partial_credit", False),
+            )  # fmt: skip
+            self.verifier = gym
+            self._owned.append(gym)
+        elif spec in ("math", "auto"):
             if verifier is None:
                 verifier = MathVerifier(
                     timeout, num_workers=num_workers, allow_last_number=allow_last_number, retry_timeouts=retry_timeouts
                 )
-                self._owns_verifier = True
+                self._owned.append(verifier)
             self.verifier = verifier
+            if spec == "auto":
+                gym = ReasoningGymVerifier(
+                    timeout, num_workers=num_workers, allow_last_number=allow_last_number, retry_timeouts=retry_timeouts
+                )
+                self._owned.append(gym)
+                self.verifier = AutoVerifier(verifier, gym)
         else:
             self._fn = load_reward_function(spec)
 
@@ -131,13 +256,13 @@ class Reward:
         return self.verify(completions, golds, **kwargs).scores
 
     def start(self) -> None:
-        """Start the math verifier's workers in the background (they warm up while other work runs)."""
+        """Start the verifier's workers in the background (they warm up while other work runs)."""
         if self.verifier is not None:
             self.verifier.start(wait=False)
 
     def close(self) -> None:
-        if self._owns_verifier and self.verifier is not None:
-            self.verifier.close()
+        for v in self._owned:
+            v.close()
 
     def __enter__(self) -> Reward:
         return self

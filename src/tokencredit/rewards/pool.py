@@ -1,5 +1,6 @@
 """The verifier's worker processes: `_worker.py` subprocesses judging (golds, answer) pairs under a
-wall-clock limit per answer.
+wall-clock limit per answer (or another worker script speaking the same protocol, such as
+`_rg_worker.py`, reasoning-gym's checkers, whose jobs are JSON objects and whose verdicts are scores).
 
 Each answer is sent to an idle worker; a worker that has not answered when its deadline passes is
 killed and replaced, and that answer is reported as timed out (None), never as a verdict. A worker
@@ -21,8 +22,11 @@ import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 _WORKER_SCRIPT = str(Path(__file__).with_name("_worker.py"))
+# A job: (acceptable golds, answer) for the math worker, or a JSON object for another worker script.
+Job = tuple[Sequence[str], str] | dict[str, Any]
 
 __all__ = ["WorkerPool"]
 
@@ -84,18 +88,28 @@ def _shutdown(workers: list[_Worker], owner_pid: int) -> None:
 
 
 class WorkerPool:
-    """Worker processes running `_worker.py`; `run(jobs, timeout)` judges (golds, answer) pairs.
+    """Worker processes running `_worker.py` (or `script`); `run(jobs, timeout)` judges the jobs.
 
     Counters: `timeouts` (answers not judged in time), `crashes` (answers that killed their worker),
-    `restarts`; `ready_seconds` holds each worker's time from spawn to ready (import + self-check).
+    `restarts`; `ready_seconds` holds each worker's time from spawn to ready (import + self-check);
+    `errors` the messages of jobs a worker reported as unusable (not the answer's fault: a bad
+    dataset configuration, an entry that does not match its problem); the caller raises them.
+    `label` names the workers in errors ("math verifier", "reasoning-gym checker"), `package` what
+    they import.
     """
 
-    def __init__(self, num_workers: int, *, max_memory_mb: int | None = 2048, startup_timeout: float = 120.0):
+    def __init__(
+        self, num_workers: int, *, max_memory_mb: int | None = 2048, startup_timeout: float = 120.0,
+        script: str | None = None, label: str = "math verifier", package: str = "math-verify",
+    ):  # fmt: skip
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.num_workers = num_workers
         self.max_memory_mb = max_memory_mb
         self.startup_timeout = startup_timeout
+        self.script = script
+        self.label, self.package = label, package
+        self.errors: list[str] = []
         self._workers: list[_Worker] = []
         self._pid = os.getpid()
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._pid)
@@ -109,7 +123,7 @@ class WorkerPool:
         env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         env["TOKENCREDIT_VERIFIER_MAX_MB"] = str(self.max_memory_mb or 0)
         proc = subprocess.Popen(
-            [sys.executable, _WORKER_SCRIPT],
+            [sys.executable, self._script],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -117,6 +131,10 @@ class WorkerPool:
             close_fds=True,
         )
         return _Worker(proc)
+
+    @property
+    def _script(self) -> str:
+        return self.script or _WORKER_SCRIPT
 
     def _ensure(self) -> None:
         if os.getpid() != self._pid:
@@ -169,8 +187,8 @@ class WorkerPool:
         if not msg.get("self_check", False):
             self.close()
             raise RuntimeError(
-                f"math verifier worker failed its start-up self-check ({msg.get('failed', '?')} judged "
-                "not equal): is the installed math-verify version supported?"
+                f"{self.label} worker failed its start-up self-check ({msg.get('failed', '?')} judged "
+                "not equal): is the installed version supported?"
             )
         w.ready = True
         self.ready_seconds.append(time.monotonic() - w.started)
@@ -180,8 +198,8 @@ class WorkerPool:
         if any(not w.ready and now >= w.started + self.startup_timeout for w in self._workers):
             self.close()
             raise RuntimeError(
-                f"math verifier worker did not start within {self.startup_timeout:.0f} s "
-                f"(run `{sys.executable} {_WORKER_SCRIPT}` to see why)"
+                f"{self.label} worker did not start within {self.startup_timeout:.0f} s "
+                f"(run `{sys.executable} {self._script}` to see why)"
             )
 
     def start(self, wait: bool = False) -> None:
@@ -193,10 +211,13 @@ class WorkerPool:
             self._poll(max(0.0, first + self.startup_timeout - time.monotonic()))
             self._check_startup()
 
-    def _send(self, w: _Worker, j: int, job: tuple[Sequence[str], str], timeout: float) -> bool:
+    def _send(self, w: _Worker, j: int, job: Job, timeout: float) -> bool:
         """Hand job `j` to idle worker `w`; False when `w` turned out to be dead (it is replaced)."""
-        golds, pred = job
-        line = json.dumps({"id": j, "gold": list(golds), "pred": pred}) + "\n"
+        if isinstance(job, dict):
+            line = json.dumps({**job, "id": j}) + "\n"
+        else:
+            golds, pred = job
+            line = json.dumps({"id": j, "gold": list(golds), "pred": pred}) + "\n"
         try:
             assert w.proc.stdin is not None
             w.proc.stdin.write(line.encode("utf-8"))
@@ -207,10 +228,12 @@ class WorkerPool:
         w.job, w.deadline = j, time.monotonic() + timeout
         return True
 
-    def run(self, jobs: Sequence[tuple[Sequence[str], str]], timeout: float) -> list[bool | None]:
+    def run(self, jobs: Sequence[Job], timeout: float) -> list[Any]:
         """Judge each (acceptable golds, answer) pair: True / False, or None when it was not judged
         within `timeout` seconds of reaching a worker (the worker is replaced). An answer that
-        crashes its worker is False (a wrong answer, e.g. a C stack overflow in the parser)."""
+        crashes its worker is False (a wrong answer, e.g. a C stack overflow in the parser). A worker
+        that answers with a number (a score) gives that float; one that reports an "error" adds it
+        to `errors`."""
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self._ensure()
@@ -232,7 +255,10 @@ class WorkerPool:
                 if msg is None:
                     pending -= 1
                 elif msg.get("id") == w.job:
-                    results[w.job] = bool(msg.get("ok"))
+                    ok = msg.get("ok")
+                    results[w.job] = float(ok) if isinstance(ok, int | float) and not isinstance(ok, bool) else bool(ok)
+                    if msg.get("error"):
+                        self.errors.append(str(msg["error"]))
                     w.job = None
                     pending -= 1
             now = time.monotonic()
@@ -254,8 +280,8 @@ class WorkerPool:
         if not w.ready:
             self.close()
             raise RuntimeError(
-                f"math verifier worker exited during start-up (exit code {code}); is math-verify "
-                f"installed? run `{sys.executable} {_WORKER_SCRIPT}` to see the error"
+                f"{self.label} worker exited during start-up (exit code {code}); is {self.package} "
+                f"installed? run `{sys.executable} {self._script}` to see the error"
             )
         self.crashes += 1
         self._replace(w)

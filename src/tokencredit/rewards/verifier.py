@@ -80,7 +80,7 @@ class MathVerifier:
     Args:
       timeout: wall-clock seconds allowed per answer (default; `score` can override it per call).
       num_workers: worker processes (default min(4, CPU count)).
-      allow_last_number: when no boxed / <answer> / #### answer exists, use the last number.
+      allow_last_number: when no boxed / <answer> / #### / "the answer is" answer exists, use the last number.
       max_answer_chars: longer extracted answers score 0 without parsing (None: no limit; the
         limit grows to 4x the longest gold).
       cache_size: verdicts kept (LRU) keyed on (golds, normalised answer).

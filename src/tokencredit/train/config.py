@@ -17,6 +17,7 @@ from typing import Any
 from tokencredit import models, recipes
 from tokencredit.errors import ConfigError, closest
 from tokencredit.models import resolve_device
+from tokencredit.rewards.custom import resolve_reward_function
 
 
 @dataclass
@@ -45,9 +46,9 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    train: str = "toy"  # "toy", a benchmark name (gsm8k_train), or a JSONL / Parquet / datasets path
+    train: str = "toy"  # "toy", a benchmark name (gsm8k_train), "reasoning-gym:NAME[?params]", or a JSONL / Parquet / datasets path
     eval: str = "toy"  # "toy" or comma-separated benchmark names / paths
-    template: str = "qwen-math"  # qwen-math | r1-zero | a custom string with {problem}
+    template: str = "qwen-math"  # qwen-math | chat (instruct models: the problem as the only user turn) | r1-zero | a custom string with {problem}
     difficulty: int = 3  # toy task: number of arithmetic steps
     digits: int = 2  # toy task: operands and running totals below 10**digits
     train_size: int = 4000  # toy task: distinct training problems
@@ -87,7 +88,7 @@ class OptimConfig:
 
 @dataclass
 class RewardConfig:
-    function: str = "math"  # "math" (math-verify) or "module:function" (f(completions, golds) -> list[float])
+    function: str = "auto"  # auto (each problem's own checker) | math | reasoning-gym[?options] | module:function
     timeout: float = 5.0  # wall-clock seconds per answer (a timed-out answer scores 0 and is counted: verify_timeouts)
     retry_timeouts: bool = True  # judge a timed-out answer once more with 4x the limit before it scores 0
     format_weight: float = 0.0  # optional format reward added to the score
@@ -281,6 +282,7 @@ def load_config(
         cfg.algo.recipe = recipe
     for s in sets or []:
         apply_set(cfg, s)
+    cfg.reward.function = resolve_reward_function(cfg.reward.function, [cfg.data.train, cfg.data.eval])  # "auto" -> named
     return cfg
 
 

@@ -391,8 +391,10 @@ def rollout_records(
                 **{s: [round(float(x), 6) for x in getattr(batch, s)[i, :n]] for s in MC_SIGNALS
                    if getattr(batch, s, None) is not None},
             })  # fmt: skip
+        ref = getattr(p.answer, "ref", None)  # a reasoning-gym answer names its entry: explain re-scores with it
         out.append({
             "step": step, "recipe": recipe.name, "credit": recipe.credit, "group": gid,
             "id": str(getattr(p, "id", "")), "problem": p.problem, "answer": p.answer, "completions": comps,
+            **({"answer_ref": ref} if ref is not None else {}),
         })  # fmt: skip
     return out

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from tokencredit import rollout
-from tokencredit.data import load_problems, math_benchmarks
+from tokencredit.data import load_problems, math_benchmarks, reasoning_gym
 from tokencredit.data.synthetic import ArithmeticTask
 from tokencredit.errors import ConfigError, TrainingError
 from tokencredit.models import TOY_VARIANTS, toy_task
@@ -51,7 +51,9 @@ def rollout_sampling(c: RolloutConfig) -> SamplingSettings:
 def load_problems_for(spec: str, data: Any, split: str) -> list[Any]:
     """Problems for `data.train` / `data.eval` (`data`: the run's DataConfig): "toy" (the synthetic
     task's train or held-out split, `data.difficulty` steps), "toy-hard" (the task of the hard toy
-    model's warm start), comma-separated shipped benchmark names, or files / `datasets` directories."""
+    model's warm start), or comma-separated parts: shipped benchmark names, reasoning-gym data
+    (``reasoning-gym:NAME[?params]``, `data.train_size` / `data.eval_size` problems, disjoint seeds
+    per split) or files / `datasets` directories."""
     limit = data.eval_size if split == "heldout" and data.eval_size > 0 else None
     size = data.eval_size if split == "heldout" else data.train_size
     if spec == "toy":
@@ -60,7 +62,9 @@ def load_problems_for(spec: str, data: Any, split: str) -> list[Any]:
         return toy_task(name=spec).sample(size, split)
     out: list[Any] = []
     for part in (x.strip() for x in spec.split(",") if x.strip()):
-        if part in math_benchmarks.NAMES:
+        if reasoning_gym.is_spec(part):
+            out += reasoning_gym.load(part, split=split, size=size or None)
+        elif part in math_benchmarks.NAMES:
             out += math_benchmarks.load(part, limit=limit)
         else:
             out += load_problems(

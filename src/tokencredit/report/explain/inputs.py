@@ -21,6 +21,7 @@ from typing import Any
 from tokencredit.batch import MC_SIGNALS
 from tokencredit.data.loaders import DataError
 from tokencredit.errors import ConfigError
+from tokencredit.rewards.reasoning_gym import GymAnswer
 from tokencredit.train.rundir import RunDir, damaged_line
 
 __all__ = [
@@ -87,11 +88,15 @@ def _float_list(value: Any, n: int, where: str, what: str) -> list[float] | None
     return [_finite(v, where, f"{what}[{i}]") for i, v in enumerate(value)]
 
 
-def _answer_text(value: Any) -> str | None:
+def _answer_text(value: Any, ref: Any = None) -> str | None:
+    """The gold answer as text; with a reasoning-gym entry reference (`answer_ref`, saved by the trainer)
+    the answer that names its entry, so the run's reasoning-gym reward can score continuations."""
     if value is None:
         return None
     if isinstance(value, list):
         return " | ".join(str(v) for v in value)
+    if isinstance(ref, dict):
+        return GymAnswer(str(value), **ref)
     return str(value)
 
 
@@ -175,7 +180,7 @@ def _parse_group(obj: Any, where: str, default_id: int) -> GroupInput:
         where=where,
         problem=problem,
         prompt=prompt,
-        answer=_answer_text(obj.get("answer")),
+        answer=_answer_text(obj.get("answer"), obj.get("answer_ref")),
         extra={k: obj[k] for k in ("step", "recipe", "credit", "id") if k in obj},
     )
 

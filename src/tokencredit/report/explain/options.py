@@ -36,6 +36,7 @@ class ExplainOptions:
     temperature: float | None = None
     device: str = "auto"
     batch_size: int = 16  # rows per forward when recomputing signals
+    png: str | Path | None = None  # also a static picture of the first group (`picture.draw_png`)
 
     def check(self) -> None:
         """Raise ConfigError (naming the flag) for settings that contradict each other or are out of range."""

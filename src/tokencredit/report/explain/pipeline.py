@@ -16,6 +16,7 @@ from tokencredit.errors import ConfigError
 from tokencredit.models import resolve_device, special_token_ids
 from tokencredit.report.explain.compute import display_tokens, explain_batch, make_groups
 from tokencredit.report.explain.options import ExplainOptions, Source, read_source
+from tokencredit.report.explain.picture import draw_png
 from tokencredit.report.explain.render import build_report
 from tokencredit.report.explain.signals import batch_with_signals
 from tokencredit.report.explain.views import GroupView
@@ -113,4 +114,6 @@ def write_report(opts: ExplainOptions) -> ExplainResult:
     )
     src.out.parent.mkdir(parents=True, exist_ok=True)
     src.out.write_text(build_report(data), encoding="utf-8")
+    if opts.png is not None:
+        draw_png(data, opts.png)
     return ExplainResult(src.out, [m.name for m in data.methods if m.skipped], src.damaged)

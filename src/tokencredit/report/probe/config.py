@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tokencredit import advantages
-from tokencredit.data import math_benchmarks
+from tokencredit.data import math_benchmarks, reasoning_gym
 from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError, closest
 from tokencredit.models import TOY_VARIANTS, toy_task
@@ -146,8 +146,9 @@ def default_max_new_tokens(data: str) -> int:
 
 
 def _check_data(data: str) -> None:
-    """A toy task, a shipped benchmark or an existing data file / directory (ConfigError otherwise)."""
-    if data in TOY_VARIANTS or data in math_benchmarks.COUNTS or Path(data).exists():
+    """A toy task, a shipped benchmark, reasoning-gym data or an existing data file / directory (ConfigError
+    otherwise)."""
+    if data in TOY_VARIANTS or data in math_benchmarks.COUNTS or reasoning_gym.is_spec(data) or Path(data).exists():
         return
     names = [*TOY_VARIANTS, *math_benchmarks.NAMES]
     raise ConfigError(

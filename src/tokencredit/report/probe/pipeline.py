@@ -49,13 +49,14 @@ from tokencredit.signals import has_lora_adapter
 
 __all__ = ["REWARD_NAMES", "probe_model", "probe_points", "verifier_summary"]
 
-REWARD_NAMES = {True: "the task's checker", False: "math verifier (math-verify)"}
+REWARD_NAMES = {True: "the task's checker", False: "the problems' own checker (reasoning-gym) or math-verify"}
 """The reward of the rollouts and of the oracle's continuations, by `ProbeConfig.synthetic`."""
 
 
 def _reward(cfg: ProbeConfig) -> AbstractContextManager[Any]:
-    """The reward function: the synthetic task's checker, or the math verifier (closed on exit)."""
-    return nullcontext(checker_reward) if cfg.synthetic else Reward("math")
+    """The reward function: the synthetic task's checker, or each problem's own verifier ("auto":
+    reasoning-gym data by its checker, everything else by math-verify; closed on exit)."""
+    return nullcontext(checker_reward) if cfg.synthetic else Reward("auto")
 
 
 def verifier_summary(group_ids: Tensor, scores: Tensor, mask: Tensor) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tokencredit.errors import ConfigError
-from tokencredit.models import load_model, resolve_device
+from tokencredit.models import load_model, resolve_device, resolve_model
 from tokencredit.recipes import Recipe
 from tokencredit.train.checkpoint import load_run_policy, verify_checkpoint
 from tokencredit.train.config import TrainConfig
@@ -173,7 +173,7 @@ def resolve_points(
             f"--checkpoint / --all-checkpoints need --model RUN_DIR (a training run directory); {model!r} is not one"
         )
     label = "warm start (toy)" if model == "toy" else f"model {model}"
-    source = "the shipped toy warm start" if model == "toy" else f"model directory {model}"
+    source = "the shipped toy warm start" if model == "toy" else resolve_model(model).description
     return [ProbePoint(label, source, None, lambda: load_model(model, device=dev))], None, None, None
 
 

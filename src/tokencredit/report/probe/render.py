@@ -200,7 +200,7 @@ def _data_summary_line(point: dict[str, Any]) -> str:
     s = point["rollouts"]
     return (
         f"{s['rollouts']} rollouts ({s['groups']} problems x {s['rollouts'] // max(1, s['groups'])}), "
-        f"accuracy {100 * s['accuracy']:.1f}% (math verifier), {s['mixed_groups']} mixed groups "
+        f"accuracy {100 * s['accuracy']:.1f}% (the problems' verifier), {s['mixed_groups']} mixed groups "
         f"({s['mixed_rollouts']} rollouts), mean length {s['mean_length']:.1f} tokens."
     )
 

@@ -1,0 +1,89 @@
+"""A static picture of the explain page's credit (`tokencredit explain --png FILE`): for papers, slides and
+docs, and where no browser is at hand to screenshot the HTML page.
+
+One block per shown group (the first `max_groups`): its problem, then per response a line of its
+tokens for every method that computed credit, each token's box coloured by its Â on the page's
+diverging scale (`render.colour`: blue pushes the token up, red down, white 0; one shared scale, the
+largest |Â| of the shown methods' 99th percentiles, so methods compare by colour). Long responses wrap.
+Drawn with matplotlib (Agg); text is the display tokens, whitespace made visible as on the page.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokencredit.report.explain.render import colour
+from tokencredit.report.explain.views import GroupView, MethodView, ReportData
+
+__all__ = ["draw_png"]
+
+_WIDTH_CHARS = 110  # characters per wrapped line
+_LINE = 0.32  # inches per line of text
+_CHAR_W = 1.0 / _WIDTH_CHARS
+
+
+def _visible(tok: str) -> str:
+    return tok.replace("\n", "↵").replace("\t", "→") or "∅"
+
+
+def _lines(g: GroupView, shown: list[MethodView]) -> list[tuple[str, list[tuple[str, float | None]]]]:
+    """(label, [(token text, Â)]) per drawn line: the problem, then each response under each method."""
+    problem = " ".join(g.problem.split())
+    out: list[tuple[str, list[tuple[str, float | None]]]] = [(f"group {g.group_id}: {problem[:100]}", [])]
+    for k, r in enumerate(g.responses, 1):
+        tick = "" if r.correct is None else (" ✓" if r.correct else " ✗")
+        out.append((f"#{k} reward {r.reward:.2f}{tick}, A {r.advantage:+.2f}", []))
+        toks = [_visible(t) for t in r.tokens]
+        for m in shown:
+            vals = m.credit[r.row]  # type: ignore[index]
+            out.append((m.name, list(zip(toks, vals))))
+    return out
+
+
+def draw_png(data: ReportData, path: str | Path, max_groups: int = 1) -> Path:
+    """Write the picture of `data`'s first `max_groups` groups to `path` (PNG); returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [m for m in data.methods if not m.skipped]
+    scale = max([m.scale for m in shown], default=1.0)
+    lines = [line for g in data.groups[:max_groups] for line in _lines(g, shown)]
+    # wrap each token line at _WIDTH_CHARS characters (the label column takes 16)
+    rows: list[tuple[str, list[tuple[str, float | None, float]]]] = []
+    for label, toks in lines:
+        if not toks:
+            rows.append((label, []))
+            continue
+        x, row = 0.0, []
+        for text, val in toks:
+            w = len(text) + 0.4
+            if x + w > _WIDTH_CHARS - 16 and row:
+                rows.append((label, row))
+                label, x, row = "", 0.0, []
+            row.append((text, val, x))
+            x += w
+        rows.append((label, row))
+    fig = plt.figure(figsize=(13, _LINE * (len(rows) + 2)))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, 1)
+    ax.set_ylim(len(rows) + 1.5, 0)
+    ax.axis("off")
+    ax.text(0.005, 0.6, f"{data.title}: Â per token, colour scale ±{scale:.2g} (blue +, red −)", fontsize=9, weight="bold")
+    for i, (label, toks) in enumerate(rows, start=1):
+        y = i + 0.5
+        ax.text(0.005, y, label, fontsize=7.5, va="center", family="monospace", weight="bold" if not toks else None)
+        for text, val, x in toks:
+            fill = "rgb(255,255,255)" if val is None else colour(val, scale)[0]
+            rgb = tuple(int(c) / 255 for c in fill[4:-1].split(","))
+            x0 = (16 + x) * _CHAR_W
+            ax.text(
+                x0, y, text, fontsize=7.5, va="center", family="monospace",
+                bbox={"boxstyle": "square,pad=0.12", "facecolor": rgb, "edgecolor": "none"},
+            )  # fmt: skip
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+    return out

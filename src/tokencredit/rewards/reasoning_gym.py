@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any
 from tokencredit.errors import ConfigError
 from tokencredit.rewards.extract import extract_answer
 from tokencredit.rewards.pool import WorkerPool
-from tokencredit.rewards.verifier import RETRY_FACTOR, Verification
+from tokencredit.rewards.verifier import PooledVerifier, Verification
 
 __all__ = ["EXTRA", "GymAnswer", "ReasoningGymVerifier", "is_gym_gold", "question_sha256"]
 
@@ -85,7 +84,7 @@ def is_gym_gold(gold: Any) -> bool:
     return isinstance(gold, GymAnswer)
 
 
-class ReasoningGymVerifier:
+class ReasoningGymVerifier(PooledVerifier):
     """Scores completions of reasoning-gym problems with each dataset's own checker.
 
     The API of `MathVerifier` (`extract`, `verify`, `score`, `start`, `close`, `stats`), so the
@@ -113,21 +112,17 @@ class ReasoningGymVerifier:
         max_memory_mb: int | None = 4096,
         retry_timeouts: bool = False,
     ):
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        self.timeout = float(timeout)
+        n = num_workers if num_workers is not None else min(2, os.cpu_count() or 1)
+        pool = WorkerPool(
+            n, max_memory_mb=max_memory_mb, script=_WORKER_SCRIPT, label="reasoning-gym checker", package="reasoning-gym"
+        )
+        super().__init__(timeout, retry_timeouts, pool)
         self.allow_last_number = bool(allow_last_number)
         self.partial_credit = bool(partial_credit)
         self.cache_size = cache_size
-        self.retry_timeouts = bool(retry_timeouts)
         self._installed = False
-        n = num_workers if num_workers is not None else min(2, os.cpu_count() or 1)
-        self._pool = WorkerPool(
-            n, max_memory_mb=max_memory_mb, script=_WORKER_SCRIPT, label="reasoning-gym checker", package="reasoning-gym"
-        )
         self._cache: OrderedDict[tuple[str, str], float | None] = OrderedDict()
-        self._lock = threading.RLock()
-        self.stats = {"answers": 0, "no_answer": 0, "cache_hits": 0, "verified": 0, "timeouts": 0, "retried": 0}
+        self.stats = {"answers": 0, "no_answer": 0, "cache_hits": 0, **self.stats}
 
     def extract(self, completion: str) -> str | None:
         """The answer this verifier sends to the checker for `completion` (None when there is none)."""
@@ -192,42 +187,19 @@ class ReasoningGymVerifier:
         return out
 
     def _run(self, jobs: list[dict[str, Any]], timeout: float) -> list[float | None]:
-        results = self._pool.run(jobs, timeout)
-        self.stats["verified"] += len(jobs)
-        again = [j for j, r in enumerate(results) if r is None]
-        if self.retry_timeouts and again:
-            self.stats["retried"] += len(again)
-            for j, r in zip(again, self._pool.run([jobs[j] for j in again], RETRY_FACTOR * timeout)):
-                results[j] = r
+        """The checkers' scores (None: timed out, after the retry); a checker that failed to rebuild its
+        entry is an error, not a 0."""
+        results = super()._run(jobs, timeout)
         if self._pool.errors:
             errors, self._pool.errors[:] = list(self._pool.errors), []
             raise RuntimeError(f"reasoning-gym checker: {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
         return [None if r is None else float(r) for r in results]
 
-    # -- lifecycle ----------------------------------------------------------------------------
     def start(self, wait: bool = True) -> ReasoningGymVerifier:
         """Start the worker processes now (with `wait`, until they are warm); returns self."""
         check_installed()
-        with self._lock:
-            self._pool.start(wait=wait)
+        super().start(wait)
         return self
-
-    @property
-    def pool(self) -> WorkerPool:
-        return self._pool
-
-    def close(self) -> None:
-        with self._lock:
-            self._pool.close()
-
-    def __enter__(self) -> ReasoningGymVerifier:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __call__(self, completions: Sequence[str], golds: Sequence[Any]) -> list[float]:
-        return self.score(completions, golds)
 
 
 def check_installed() -> None:

@@ -29,6 +29,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tokencredit.rewards.extract import canonical_number, clean_for_verifier, extract_answer, normalize_answer
 from tokencredit.rewards.pool import WorkerPool
@@ -74,7 +75,60 @@ class Verification:
 _Key = tuple[tuple[str, ...], str]
 
 
-class MathVerifier:
+class PooledVerifier:
+    """What the verifiers that judge in a `WorkerPool` share (`MathVerifier`, the reasoning-gym one): the
+    per-answer time limit, one retry of timed-out answers with `RETRY_FACTOR` x the limit, and the pool's
+    lifecycle (started on first use or by `start`, closed by `close` or the context manager)."""
+
+    def __init__(self, timeout: float, retry_timeouts: bool, pool: WorkerPool):
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self.timeout = float(timeout)
+        self.retry_timeouts = bool(retry_timeouts)
+        self._pool = pool
+        self._lock = threading.RLock()
+        self.stats: dict[str, int] = {"verified": 0, "timeouts": 0, "retried": 0}
+
+    def _run(self, jobs: list[Any], timeout: float) -> list[Any]:
+        """The pool's results; timed-out jobs (None) are judged once more with RETRY_FACTOR x `timeout`
+        when `retry_timeouts` is on."""
+        results = self._pool.run(jobs, timeout)
+        self.stats["verified"] += len(jobs)
+        again = [j for j, r in enumerate(results) if r is None]
+        if self.retry_timeouts and again:
+            self.stats["retried"] += len(again)
+            for j, r in zip(again, self._pool.run([jobs[j] for j in again], RETRY_FACTOR * timeout)):
+                results[j] = r
+        return results
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self, wait: bool = True) -> PooledVerifier:
+        """Start the worker processes now rather than on first use (with `wait`, until they are
+        warm and ready to judge); returns self."""
+        with self._lock:
+            self._pool.start(wait=wait)
+        return self
+
+    @property
+    def pool(self) -> WorkerPool:
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the worker processes (a later call starts new ones)."""
+        with self._lock:
+            self._pool.close()
+
+    def __enter__(self) -> PooledVerifier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __call__(self, completions: Sequence[str], golds: Sequence[Any]) -> list[float]:
+        return self.score(completions, golds)  # type: ignore[attr-defined]  # each verifier's own scoring
+
+
+class MathVerifier(PooledVerifier):
     """Scores math completions against gold answers with math-verify (1.0 correct, 0.0 otherwise).
 
     Args:
@@ -99,20 +153,14 @@ class MathVerifier:
         max_memory_mb: int | None = 2048,
         retry_timeouts: bool = False,
     ):
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        self.timeout = float(timeout)
+        n = num_workers if num_workers is not None else min(4, os.cpu_count() or 1)
+        super().__init__(timeout, retry_timeouts, WorkerPool(n, max_memory_mb=max_memory_mb))
         self.allow_last_number = allow_last_number
         self.max_answer_chars = max_answer_chars
         self.cache_size = cache_size
-        self.retry_timeouts = bool(retry_timeouts)
-        n = num_workers if num_workers is not None else min(4, os.cpu_count() or 1)
-        self._pool = WorkerPool(n, max_memory_mb=max_memory_mb)
         # verdict per (golds, normalised answer); None = timed out
         self._cache: OrderedDict[_Key, bool | None] = OrderedDict()
-        self._lock = threading.RLock()
-        self.stats = {"answers": 0, "no_answer": 0, "fast_path": 0, "cache_hits": 0, "verified": 0,
-                      "timeouts": 0, "retried": 0}  # fmt: skip
+        self.stats = {"answers": 0, "no_answer": 0, "fast_path": 0, "cache_hits": 0, **self.stats}
 
     # -- public API -------------------------------------------------------------------------
     def extract(self, completion: str) -> str | None:
@@ -205,44 +253,6 @@ class MathVerifier:
                     self._cache.popitem(last=False)
             self.stats["timeouts"] += sum(v is None for v in verdicts)
         return verdicts
-
-    def _run(self, jobs: list[tuple[tuple[str, ...], str]], timeout: float) -> list[bool | None]:
-        """The pool's verdicts; timed-out jobs are judged once more with RETRY_FACTOR x `timeout`
-        when `retry_timeouts` is on."""
-        results = self._pool.run(jobs, timeout)
-        self.stats["verified"] += len(jobs)
-        again = [j for j, r in enumerate(results) if r is None]
-        if self.retry_timeouts and again:
-            self.stats["retried"] += len(again)
-            for j, r in zip(again, self._pool.run([jobs[j] for j in again], RETRY_FACTOR * timeout)):
-                results[j] = r
-        return results
-
-    # -- lifecycle ----------------------------------------------------------------------------
-    def start(self, wait: bool = True) -> MathVerifier:
-        """Start the worker processes now rather than on first use (with `wait`, until they are
-        warm and ready to judge); returns self."""
-        with self._lock:
-            self._pool.start(wait=wait)
-        return self
-
-    @property
-    def pool(self) -> WorkerPool:
-        return self._pool
-
-    def close(self) -> None:
-        """Stop the worker processes (a later call starts new ones)."""
-        with self._lock:
-            self._pool.close()
-
-    def __enter__(self) -> MathVerifier:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __call__(self, completions: Sequence[str], golds: Sequence[Gold]) -> list[float]:
-        return self.score(completions, golds)
 
 
 _DEFAULT: MathVerifier | None = None

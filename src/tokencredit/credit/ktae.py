@@ -241,6 +241,33 @@ def _tf_contrast(g: _Groups, p: _Pairs) -> Tensor:
     return tf_true / (tf_false + 1e-5) - tf_false / (tf_true + 1e-5)
 
 
+def _join_exchanges(shard: Shard | None, *, groups: bool) -> None:
+    """A rank with nothing to send (no rollouts: `groups`; no live token) still joins the other ranks'
+    exchanges of counts, which are collectives."""
+    if shard is None:
+        return
+    empty = torch.zeros(0, 4, dtype=torch.int64)
+    if groups:
+        sum_by_key(torch.zeros(0, 1, dtype=torch.int64), empty, shard)
+    sum_by_key(torch.zeros(0, 2, dtype=torch.int64), empty, shard)
+
+
+def _pair_values(
+    g: _Groups, p: _Pairs, use_tf: bool, alpha: float, beta: float, top: float, fisher: str,
+    ignore_token_ids: tuple[int, ...] | list[int] | Tensor,
+) -> Tensor:
+    """k = top * tanh(S D / 2) per (group, id) pair, float32; 0 for the ignored ids."""
+    strength, direction = _strength_direction(g, p, fisher, alpha, beta)
+    if use_tf:
+        direction = direction + _tf_contrast(g, p)
+    # "+ 0.0" turns the -0.0 of a zero strength times a negative direction into +0.0.
+    k_pair = (top * torch.tanh(strength * direction / 2.0) + 0.0).float()
+    ignore = torch.as_tensor(ignore_token_ids, dtype=torch.int64, device=k_pair.device).flatten()
+    if ignore.numel():
+        k_pair = torch.where(torch.isin(p.token_id, ignore), 0.0, k_pair)
+    return k_pair
+
+
 def key_token_values(
     token_ids: Tensor,
     mask: Tensor,
@@ -279,10 +306,7 @@ def key_token_values(
     device = token_ids.device
     out = torch.zeros(token_ids.shape, dtype=torch.float32, device=device)
     if token_ids.shape[0] == 0:
-        if shard is not None:  # a rank without rollouts still takes part in both exchanges
-            empty = token_ids.new_zeros(0, 4)
-            sum_by_key(token_ids.new_zeros(0, 1), empty, shard)
-            sum_by_key(token_ids.new_zeros(0, 2), empty, shard)
+        _join_exchanges(shard, groups=True)
         return out
     correct = correct.to(device=device, dtype=torch.bool)
     valid = mask.to(device) != 0
@@ -295,20 +319,12 @@ def key_token_values(
         raise ValueError(f"token_ids: negative id {int(token_ids[i, j])} at rollout {i}, token {j}")
     live = valid & g.mixed[g.index][:, None]  # only valid tokens of groups with both outcomes
     if not bool(live.any()):
-        if shard is not None:  # still take part in the other ranks' exchange of pair counts
-            sum_by_key(token_ids.new_zeros(0, 2), token_ids.new_zeros(0, 4), shard)
+        _join_exchanges(shard, groups=False)
         return out
     pairs = _pairs(token_ids, live, correct, local)  # local sizes: the rank of a rollout in its group here
     if shard is not None:
         pairs = _global_pairs(pairs, split, group_ids, shard)
-    strength, direction = _strength_direction(g, pairs, fisher, float(alpha), float(beta))
-    if use_tf:
-        direction = direction + _tf_contrast(g, pairs)
-    # "+ 0.0" turns the -0.0 of a zero strength times a negative direction into +0.0.
-    k_pair = (top * torch.tanh(strength * direction / 2.0) + 0.0).float()
-    ignore = torch.as_tensor(ignore_token_ids, dtype=torch.int64, device=device).flatten()
-    if ignore.numel():
-        k_pair = torch.where(torch.isin(pairs.token_id, ignore), 0.0, k_pair)
+    k_pair = _pair_values(g, pairs, use_tf, float(alpha), float(beta), top, fisher, ignore_token_ids)
     k_live = k_pair.new_empty(pairs.perm.shape)
     k_live[pairs.perm] = k_pair[pairs.pair_of_sorted]
     return out.masked_scatter_(live, k_live)

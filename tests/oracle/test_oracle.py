@@ -235,6 +235,58 @@ def test_fidelity_metrics_on_a_hand_made_batch():
         oracle.fidelity(torch.tensor([[0.0] * 4, [0.0, float("nan"), 0.0, 0.0]]), cr)
 
 
+def _random_credit(n: int, t: int, seed: int) -> tuple[torch.Tensor, OracleCredit]:
+    g = torch.Generator().manual_seed(seed)
+    adv = torch.randn(n, t, generator=g)
+    se = torch.rand(n, t, generator=g) * 0.8
+    lengths = torch.randint(2, t + 1, (n,), generator=g)
+    mask = torch.arange(t)[None, :] < lengths[:, None]
+    skipped = (torch.rand(n, t, generator=g) < 0.1) & mask
+    adv = torch.where(mask & ~skipped, adv, 0.0)
+    hat = adv + torch.randn(n, t, generator=g)  # a noisy method
+    return hat, _credit(adv.tolist(), torch.where(mask, se, 0.0).tolist(), mask.tolist(), skipped.tolist())
+
+
+def _select(cr: OracleCredit, idx: torch.Tensor) -> OracleCredit:
+    return OracleCredit(
+        cr.advantages[idx], cr.stderr[idx], cr.mask[idx], cr.skipped[idx], cr.bound[idx], cr.values[idx],
+        cr.value_stderr[idx], cr.known[idx], cr.rewards[idx], cr.cost,
+    )  # fmt: skip
+
+
+def test_fidelity_stderr_is_the_group_bootstrap_of_fidelity():
+    """The weighted shortcut equals resampling whole groups and calling `fidelity` on the rows drawn."""
+    hat, cr = _random_credit(12, 7, seed=3)
+    groups = torch.arange(12) // 3  # 4 problems x 3 rollouts
+    b, seed = 30, 5
+    got = oracle.fidelity_stderr(hat, cr, groups, resamples=b, seed=seed)
+    draws = torch.randint(4, (b, 4), generator=torch.Generator().manual_seed(seed))
+    per_draw = []
+    for d in draws:
+        idx = torch.cat([torch.nonzero(groups == int(k)).squeeze(1) for k in d])
+        per_draw.append(oracle.fidelity(hat[idx], _select(cr, idx)))
+    for key in ("spearman", "spearman_per_response", "sign_agreement", "significant_share"):
+        values = torch.tensor([r[key] for r in per_draw if r[key] is not None], dtype=torch.float64)
+        assert got[f"{key}_se"] == pytest.approx(float(values.std()), rel=1e-9, abs=1e-12), key
+        assert got[f"{key}_se"] > 0
+
+
+def test_fidelity_stderr_resamples_groups_not_rows():
+    """Rollouts of one problem that are copies of each other carry no more information than one: the
+    group bootstrap sees 3 problems, a row bootstrap would see 12 independent rollouts."""
+    hat, cr = _random_credit(3, 6, seed=1)
+    idx = torch.arange(3).repeat_interleave(4)
+    hat4, cr4 = hat[idx], _select(cr, idx)
+    clustered = oracle.fidelity_stderr(hat4, cr4, idx, resamples=400, seed=0)
+    rows = oracle.fidelity_stderr(hat4, cr4, torch.arange(12), resamples=400, seed=0)
+    assert clustered["spearman_per_response_se"] > 1.5 * rows["spearman_per_response_se"]
+    # undefined: one group, no resamples, a statistic that never varies
+    assert set(oracle.fidelity_stderr(hat4, cr4, torch.zeros(12, dtype=torch.long)).values()) == {None}
+    assert set(oracle.fidelity_stderr(hat4, cr4, idx, resamples=0).values()) == {None}
+    uniform = oracle.fidelity_stderr(-cr4.mask.float(), cr4, idx, resamples=50)
+    assert uniform["spearman_per_response_se"] is None and uniform["significant_share_se"] is not None
+
+
 def test_oracle_targets_need_a_significantly_negative_minimum():
     cr = _credit(
         adv=[[-0.8, -0.8, 0.3], [-0.1, 0.2, 0.0], [0.4, 0.1, 0.0]],

@@ -547,6 +547,15 @@ def test_oracle_section_scores_methods_baselines_and_the_oracle_itself(toy_tok):
     assert all(line.count("|") == len(cfg.ks) + 6 for line in lines if not line.startswith("|---"))
     empty = probe.oracle_section(None, got, cfg, reward="the task's checker", truth=truth)
     assert empty["status"] == "n/a" and "mixed group" in empty["reason"]
+    # with a bootstrap over the problems (two here), every statistic that is defined gets a standard error
+    boot = probe.ProbeOracle(
+        rows, credit, oracle_targets(credit), groups=torch.tensor([0, 0, 1, 1]), bootstrap=50, seed=0
+    )
+    sec = probe.oracle_section(boot, got, cfg, reward="the task's checker", truth=truth)
+    g = sec["methods"]["grpo"]
+    assert g["spearman_se"] is not None and g["spearman_se"] > 0 and g["spearman_per_response_se"] is None
+    assert g["spearman"] == grpo["spearman"]  # the point estimates do not change
+    assert f"{g['spearman']:.3f} ± {g['spearman_se']:.3f}" in probe.fidelity_table(sec, cfg.ks)
 
 
 def test_probe_config_data_toy_hard_and_oracle_options(tmp_path):
@@ -562,7 +571,7 @@ def test_probe_config_data_toy_hard_and_oracle_options(tmp_path):
     assert list(flat) == [
         "groups", "group_size", "seed", "difficulty", "digits", "operand_digits", "template", "temperature",
         "max_new_tokens", "advantage", "advantage_params", "ks", "random_draws", "batch_size", "data", "oracle_k",
-        "oracle_delta",
+        "oracle_delta", "bootstrap",
     ]  # fmt: skip
     assert (flat["temperature"], flat["max_new_tokens"], flat["batch_size"]) == (1.0, 96, 8)
     hard = probe.probe_config(None, None, model="toy-hard", **kw)

@@ -110,6 +110,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ks", default=",".join(map(str, DEFAULT_KS)), help="k values of blame@k (default 1,3,10)"
     )
     parser.add_argument("--random-draws", type=int, default=20, help="draws averaged for the random baseline")
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=200,
+        help="resamples of whole groups for the standard errors of the fidelity table's ρ, sign agreement "
+        "and Â mass (default 200; 0: none)",
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="rows per forward / generate call")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
@@ -140,6 +147,8 @@ def _command(args: argparse.Namespace, cfg: ProbeConfig) -> str:
         parts.append(f"--oracle {args.oracle}")
         if args.oracle_delta != DEFAULT_DELTA:
             parts.append(f"--oracle-delta {args.oracle_delta}")
+        if args.bootstrap != 200:
+            parts.append(f"--bootstrap {args.bootstrap}")
     return " ".join(parts)
 
 
@@ -169,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         data=args.data,
         oracle=args.oracle,
         oracle_delta=args.oracle_delta,
+        bootstrap=args.bootstrap,
     )
     specs = resolve_methods(
         args.methods.split(","),

@@ -69,7 +69,7 @@ from typing import Any
 
 from torch import Tensor
 
-from tokencredit.oracle.agreement import average_ranks, fidelity, oracle_targets, spearman
+from tokencredit.oracle.agreement import average_ranks, fidelity, fidelity_stderr, oracle_targets, spearman
 from tokencredit.oracle.drivers import step_advantages, token_advantages
 from tokencredit.oracle.sampler import ModelSampler, RewardFn, line_break_boundaries, policy_log_probs
 from tokencredit.oracle.values import (
@@ -93,7 +93,7 @@ from tokencredit.rollout.settings import SamplingSettings
 __all__ = [
     "DEFAULT_DELTA", "DEFAULT_K", "VINE_K", "VINE_MAX_STEPS", "ContinuationSampler", "MCSettings", "ModelSampler",
     "OracleCost", "OracleCredit", "RewardFn", "SampledRewards", "advantages_from_values", "average_ranks", "fidelity",
-    "line_break_boundaries", "mc_signals", "mc_value", "oracle_credit", "oracle_targets", "policy_log_probs",
+    "fidelity_stderr", "line_break_boundaries", "mc_signals", "mc_value", "oracle_credit", "oracle_targets", "policy_log_probs",
     "skip_positions", "spearman", "step_advantages", "step_advantages_from_values", "step_ids_from_boundaries",
     "token_advantages", "value_states", "vine_credit",
 ]  # fmt: skip

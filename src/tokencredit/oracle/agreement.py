@@ -10,7 +10,7 @@ from torch import Tensor
 
 from tokencredit.oracle.values import OracleCredit
 
-__all__ = ["average_ranks", "fidelity", "oracle_targets", "spearman"]
+__all__ = ["average_ranks", "fidelity", "fidelity_stderr", "oracle_targets", "spearman"]
 
 
 def average_ranks(x: Tensor) -> Tensor:
@@ -48,6 +48,23 @@ def oracle_targets(credit: OracleCredit, z: float = 2.0) -> Tensor:
     return torch.where(ok, pos, -1)
 
 
+def _checked(
+    adv_hat: Tensor, credit: OracleCredit, rows: Tensor | None, who: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(Â float64, A* float64, mask bool restricted to `rows`) after checking shape and finiteness."""
+    m = credit.mask.bool()
+    if tuple(adv_hat.shape) != tuple(m.shape):
+        raise ValueError(f"{who}: Â shape {tuple(adv_hat.shape)} differs from the oracle's {tuple(m.shape)}")
+    if rows is not None:
+        m = m & rows.bool().cpu()[:, None]
+    ah = adv_hat.detach().double().cpu()
+    bad = m & ~torch.isfinite(ah)
+    if bool(bad.any()):
+        i, j = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(f"{who}: non-finite credit at rollout {i}, token {j}")
+    return ah, credit.advantages.double(), m
+
+
 def fidelity(
     adv_hat: Tensor, credit: OracleCredit, *, z: float = 2.0, rows: Tensor | None = None
 ) -> dict[str, float | int | None]:
@@ -62,19 +79,7 @@ def fidelity(
       significant_share: share of sum |Â| on the significant tokens (None when sum |Â| = 0);
       significant_tokens / tokens: counts.
     """
-    m = credit.mask.bool()
-    if tuple(adv_hat.shape) != tuple(m.shape):
-        raise ValueError(
-            f"fidelity: Â shape {tuple(adv_hat.shape)} differs from the oracle's {tuple(m.shape)}"
-        )
-    if rows is not None:
-        m = m & rows.bool().cpu()[:, None]
-    ah = adv_hat.detach().double().cpu()
-    bad = m & ~torch.isfinite(ah)
-    if bool(bad.any()):
-        i, j = (int(v) for v in bad.nonzero()[0])
-        raise ValueError(f"fidelity: non-finite credit at rollout {i}, token {j}")
-    a = credit.advantages.double()
+    ah, a, m = _checked(adv_hat, credit, rows, "fidelity")
     sig = credit.significant(z) & m
     per = [spearman(ah[i][m[i]], a[i][m[i]]) for i in range(m.shape[0]) if bool(m[i].any())]
     per = [r for r in per if r is not None]
@@ -89,3 +94,69 @@ def fidelity(
         "significant_tokens": n_sig,
         "tokens": int(m.sum()),
     }
+
+
+FIDELITY_STATS = ("spearman", "spearman_per_response", "sign_agreement", "significant_share")
+
+
+def _ratio(num: Tensor, den: Tensor) -> Tensor:
+    """[B] num / den, NaN where den = 0 (the statistic is undefined on that resample)."""
+    return torch.where(den > 0, num / den.clamp_min(1e-300), torch.nan)
+
+
+def fidelity_stderr(
+    adv_hat: Tensor,
+    credit: OracleCredit,
+    groups: Tensor,
+    *,
+    z: float = 2.0,
+    resamples: int = 200,
+    seed: int = 0,
+) -> dict[str, float | None]:
+    """Bootstrap standard errors of `fidelity`'s four statistics, resampling whole groups.
+
+    The rollouts of one problem share its prompt and its A* baseline, so they are not independent:
+    each resample draws as many groups as there are, with replacement, and takes all their rows
+    (a cluster bootstrap). groups [N] int64: each row's problem. The same `seed` draws the same
+    resamples for every method, so their SEs are paired. Keys `<stat>_se` for FIDELITY_STATS: the
+    standard deviation over the resamples where the statistic is defined; None with fewer than 2
+    groups, `resamples` < 2 or fewer than 2 defined resamples.
+    """
+    ah, a, m = _checked(adv_hat, credit, None, "fidelity_stderr")
+    keys = [f"{k}_se" for k in FIDELITY_STATS]
+    _, gid = torch.unique(groups.cpu(), return_inverse=True)
+    n_groups = int(gid.max()) + 1 if gid.numel() else 0
+    if n_groups < 2 or resamples < 2:
+        return dict.fromkeys(keys)
+    g = torch.Generator().manual_seed(seed)
+    draws = torch.randint(n_groups, (resamples, n_groups), generator=g)
+    # weights [B,N]: how many times each row is drawn in each resample
+    per_group = torch.zeros(resamples, n_groups, dtype=torch.float64)
+    per_group.scatter_add_(1, draws, torch.ones(resamples, n_groups, dtype=torch.float64))
+    w = per_group[:, gid]
+    # The three ratio statistics are sums over rows, so each row's terms are computed once.
+    sig = (credit.significant(z) & m).double()
+    agree = (((ah * a) > 0).double() * sig).sum(1)
+    mass = (ah.abs() * m).sum(1)
+    sig_mass = (ah.abs() * sig).sum(1)
+    rho = torch.tensor(
+        [math.nan if (r := spearman(ah[i][m[i]], a[i][m[i]])) is None else r for i in range(m.shape[0])],
+        dtype=torch.float64,
+    )
+    has_rho = ~torch.isnan(rho)
+    stats = {
+        "spearman_per_response": _ratio((w * torch.where(has_rho, rho, 0.0)).sum(1), (w * has_rho).sum(1)),
+        "sign_agreement": _ratio(w @ agree, w @ sig.sum(1)),
+        "significant_share": _ratio(w @ sig_mass, w @ mass),
+    }
+    pooled = []
+    for b in range(resamples):
+        reps = w[b].long()[:, None].expand_as(m)[m]  # each valid token repeated as often as its row
+        r = spearman(ah[m].repeat_interleave(reps), a[m].repeat_interleave(reps))
+        pooled.append(math.nan if r is None else r)
+    stats["spearman"] = torch.tensor(pooled, dtype=torch.float64)
+    out: dict[str, float | None] = {}
+    for k in FIDELITY_STATS:
+        v = stats[k][~torch.isnan(stats[k])]
+        out[f"{k}_se"] = float(v.std()) if v.numel() >= 2 else None
+    return out

@@ -68,6 +68,8 @@ class ProbeConfig:
       random_draws      draws averaged for the random (chance) baseline.
       oracle_k          Monte-Carlo continuations per state for the ground-truth A* (0: no oracle table).
       oracle_delta      the oracle's skip: tokens of probability >= 1 - delta get A* = 0.
+      bootstrap         resamples of whole groups for the fidelity statistics' standard errors
+                        (`tokencredit.oracle.fidelity_stderr`; 0: none).
 
     The settings are grouped in the docstring, not in nested objects (but for the sampling), because
     they are the flat options of ``tokencredit probe`` and the flat "config" of its JSON (`record`).
@@ -88,6 +90,7 @@ class ProbeConfig:
     data: str = "toy"
     oracle_k: int = 0
     oracle_delta: float = DEFAULT_DELTA
+    bootstrap: int = 200
 
     @property
     def synthetic(self) -> bool:
@@ -240,6 +243,7 @@ def probe_config(
     data: str | None = None,
     oracle: int = 0,
     oracle_delta: float = DEFAULT_DELTA,
+    bootstrap: int = 200,
 ) -> ProbeConfig:
     """A checked ProbeConfig; options left None take the run's settings (its toy task, template,
     temperature, estimator) when a run is probed, else the defaults (`data`: `default_data` of the
@@ -252,6 +256,8 @@ def probe_config(
         random_draws=random_draws,
     )  # fmt: skip
     _check_oracle(data, oracle, oracle_delta)
+    if bootstrap != 0 and bootstrap < 2:
+        raise ConfigError(f"--bootstrap must be 0 (no standard errors) or >= 2 resamples, got {bootstrap}")
     task = _task_settings(
         data, run_cfg, {"difficulty": difficulty, "digits": digits, "operand_digits": operand_digits}
     )
@@ -275,4 +281,5 @@ def probe_config(
         data=data,
         oracle_k=oracle,
         oracle_delta=float(oracle_delta),
+        bootstrap=bootstrap,
     )

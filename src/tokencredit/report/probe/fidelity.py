@@ -33,7 +33,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tokencredit.oracle import OracleCost, OracleCredit, fidelity, oracle_credit, oracle_targets
+from tokencredit.oracle import (
+    OracleCost,
+    OracleCredit,
+    fidelity,
+    fidelity_stderr,
+    oracle_credit,
+    oracle_targets,
+)
 from tokencredit.report.methods import MethodCredit
 from tokencredit.report.probe.config import ProbeConfig
 from tokencredit.report.probe.metrics import blame_hits, mean_of, random_credit, stderr_of, uniform_credit
@@ -61,13 +68,18 @@ class ProbeOracle:
     """A* of some rows of a probe batch.
 
     rows [M] int64: the batch rows estimated (in this order); credit: their `OracleCredit` ([M,T],
-    T the batch's response width); targets [M] int64: `oracle_targets(credit, z)` (-1: none).
+    T the batch's response width); targets [M] int64: `oracle_targets(credit, z)` (-1: none);
+    groups [M] int64: each row's problem, the unit the standard errors resample (None: each row its
+    own); bootstrap: resamples for those standard errors (0: none); seed: draws them.
     """
 
     rows: Tensor
     credit: OracleCredit
     targets: Tensor
     z: float = ORACLE_Z
+    groups: Tensor | None = None
+    bootstrap: int = 0
+    seed: int = 0
 
     def full_advantages(self, n: int) -> Tensor:
         """[n,T] float32: A* on the estimated rows, 0 on the others (for the checker's scoring)."""
@@ -101,7 +113,10 @@ def run_oracle(
         k=cfg.oracle_k, delta=cfg.oracle_delta, old_log_probs=None if old_log_probs is None else old_log_probs.cpu()[idx],
         seed=cfg.seed, batch_size=cfg.sampling.batch_size, log=log,
     )  # fmt: skip
-    return ProbeOracle(idx, credit, oracle_targets(credit, ORACLE_Z))
+    groups = ro.prompt_index.cpu()[idx]
+    return ProbeOracle(
+        idx, credit, oracle_targets(credit, ORACLE_Z), groups=groups, bootstrap=cfg.bootstrap, seed=cfg.seed
+    )
 
 
 def _hits(c: Tensor, oracle: ProbeOracle, rows: Tensor, k: int) -> Tensor:
@@ -132,14 +147,20 @@ def _blame_vs_oracle(c: Tensor, oracle: ProbeOracle, ks: Sequence[int]) -> dict[
 
 
 def _scores(c: Tensor, oracle: ProbeOracle, ks: Sequence[int]) -> dict[str, Any]:
-    return {**fidelity(c, oracle.credit, z=oracle.z), **_blame_vs_oracle(c, oracle, ks)}
+    out = {**fidelity(c, oracle.credit, z=oracle.z), **_blame_vs_oracle(c, oracle, ks)}
+    if oracle.bootstrap:
+        groups = oracle.groups if oracle.groups is not None else torch.arange(c.shape[0])
+        se = fidelity_stderr(c, oracle.credit, groups, z=oracle.z, resamples=oracle.bootstrap, seed=oracle.seed)
+        out.update(se)
+    return out
 
 
 def score_fidelity(credit: Tensor, oracle: ProbeOracle, ks: Sequence[int]) -> dict[str, Any]:
     """The fidelity numbers of a credit tensor [N,T] of the whole batch, on the oracle's rows.
 
     Keys: spearman, spearman_per_response, responses, sign_agreement, significant_share,
-    significant_tokens, tokens (`tokencredit.oracle.agreement`), oracle_blame_rollouts,
+    significant_tokens, tokens (`tokencredit.oracle.agreement`), with `oracle.bootstrap` the first
+    four's standard errors `<key>_se` (`fidelity_stderr`, resampling problems), oracle_blame_rollouts,
     oracle_blame@k, oracle_blame@k_se and oracle_blame_by_outcome (None where no rollout qualifies).
     """
     c = credit.detach().float().cpu()

@@ -39,8 +39,11 @@ def probe_result(
     }
 
 
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.1f}%"
+def _pct(x: float | None, se: float | None = None) -> str:
+    """A share as a percentage, with ± its standard error when there is one."""
+    if x is None:
+        return "–"
+    return f"{100 * x:.1f}%" if se is None else f"{100 * x:.1f} ± {100 * se:.1f}%"
 
 
 def _rank(r: dict[str, Any]) -> str:
@@ -54,7 +57,7 @@ def _row(name: str, r: dict[str, Any], ks: Sequence[int]) -> str:
         reason = r.get("reason", "n/a")
         text = reason if reason == NA_LORA else f"n/a ({reason})"
         return f"| {name} | " + " | ".join([text] + [""] * (len(ks) + 3)) + " |"
-    cells = [_pct(r.get(f"blame@{k}")) for k in ks] + [_rank(r)]
+    cells = [_pct(r.get(f"blame@{k}"), r.get(f"blame@{k}_se")) for k in ks] + [_rank(r)]
     cells += [_pct(r.get(f"mass_{lab}")) for lab in LABELS]
     return f"| {name} | " + " | ".join(cells) + " |"
 
@@ -83,8 +86,11 @@ def point_table(point: dict[str, Any], ks: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
-def _rho(x: float | None) -> str:
-    return "n/a" if x is None else f"{round(x, 3) + 0.0:.3f}"  # + 0.0: no "-0.000"
+def _rho(x: float | None, se: float | None = None) -> str:
+    if x is None:
+        return "n/a"
+    text = f"{round(x, 3) + 0.0:.3f}"  # + 0.0: no "-0.000"
+    return text if se is None else f"{text} ± {se:.3f}"
 
 
 def _fidelity_row(name: str, r: dict[str, Any], ks: Sequence[int]) -> str:
@@ -92,9 +98,9 @@ def _fidelity_row(name: str, r: dict[str, Any], ks: Sequence[int]) -> str:
         reason = r.get("reason", "n/a")
         text = reason if reason == NA_LORA else f"n/a ({reason})"
         return f"| {name} | " + " | ".join([text] + [""] * (len(ks) + 3)) + " |"
-    cells = [_rho(r["spearman"]), _rho(r["spearman_per_response"])]
-    cells += [_pct(r["sign_agreement"]), _pct(r["significant_share"])]
-    cells += [_pct(r.get(f"oracle_blame@{k}")) for k in ks]
+    cells = [_rho(r[k], r.get(f"{k}_se")) for k in ("spearman", "spearman_per_response")]
+    cells += [_pct(r[k], r.get(f"{k}_se")) for k in ("sign_agreement", "significant_share")]
+    cells += [_pct(r.get(f"oracle_blame@{k}"), r.get(f"oracle_blame@{k}_se")) for k in ks]
     return f"| {name} | " + " | ".join(cells) + " |"
 
 
@@ -192,7 +198,10 @@ _FIDELITY_LEGEND = (
     "correlation; sign agreement: share of the significant tokens (|A*| > 2 standard errors) where Â has "
     "A*'s sign; Â mass on significant: share of the summed |Â| on those tokens; blame@k vs A*: share of "
     "the rollouts whose most negative A* is significant with that token among the k most negatively "
-    "credited (expected value under random tie-breaking). The uniform baseline is -1 on every token."
+    "credited (expected value under random tie-breaking). The uniform baseline is -1 on every token. "
+    "± standard errors: for ρ, sign agreement and Â mass a bootstrap that resamples whole problems "
+    "(--bootstrap resamples; a problem's rollouts share their prompt, so they are not independent), "
+    "for blame@k the standard error over rollouts."
 )
 
 

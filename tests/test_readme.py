@@ -27,7 +27,8 @@ README = ROOT / "README.md"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 RESULTS = ROOT / "docs" / "results.md"
 CORE = ROOT / "examples" / "core.py"
-LINKED_PAGES = (README, RESULTS, BENCHMARKS)
+DOCS = ROOT / "docs"
+LINKED_PAGES = (README, RESULTS, BENCHMARKS, DOCS / "inputs.md")
 MAX_README_LINES = 250
 
 FENCE = re.compile(r"^(```|~~~)")

@@ -57,7 +57,7 @@ def write_jsonl(path: Path, lines: list[str]) -> Path:
 def test_malformed_jsonl_names_file_and_line(tiny_model_dir, micro_sets, tmp_path, capsys):
     bad = write_jsonl(tmp_path / "train.jsonl", ['{"id": "a", "problem": "1+1", "answer": "2"}', '{"id": "b", "problem": '])
     rc, err = train(["--out", str(tmp_path / "run"), *as_args(micro_sets(tiny_model_dir, **{"data.train": bad}))], capsys)
-    assert rc == 2 and f"{bad}:2: malformed JSON line" in err
+    assert rc == 2 and f"{bad}:2:24: malformed JSON line (Expecting value)" in err  # column 24: the line ends there
     assert not (tmp_path / "run").exists()  # a rejected configuration leaves no half-made run directory
 
 

@@ -1,6 +1,7 @@
 """`tokencredit` command line: dispatch to `tokencredit.commands.<name>`, imported only when used,
 and turn a ConfigError / TrainingError into one line and an exit code (2 / 1), and a run stopped by
-a signal into its message and 128 + the signal number."""
+a signal into its message and 128 + the signal number. The Hugging Face libraries' progress bars
+are off unless ``TOKENCREDIT_PROGRESS_BARS=1`` (`tokencredit.hf_progress`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 import importlib
 import sys
 
+from tokencredit import hf_progress
 from tokencredit.commands import COMMANDS
 from tokencredit.errors import ConfigError, Interrupted, TrainingError
 
@@ -31,12 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
         _top_parser().parse_args([cmd])  # prints the usage error and exits 2
-    # one command's dependencies only (transformers for train, not for `tokencredit recipes`)
-    module = importlib.import_module(f"tokencredit.commands.{cmd.replace('-', '_')}")
-    parser = argparse.ArgumentParser(prog=f"tokencredit {cmd}", description=COMMANDS[cmd])
-    module.add_arguments(parser)
-    args = parser.parse_args(rest)
     try:
+        # before the command imports transformers, which reads its progress-bar switch once
+        hf_progress.quiet_by_default()
+        # one command's dependencies only (transformers for train, not for `tokencredit recipes`)
+        module = importlib.import_module(f"tokencredit.commands.{cmd.replace('-', '_')}")
+        parser = argparse.ArgumentParser(prog=f"tokencredit {cmd}", description=COMMANDS[cmd])
+        module.add_arguments(parser)
+        args = parser.parse_args(rest)
         return int(module.run(args) or 0)
     except ConfigError as e:
         print(f"tokencredit {cmd}: configuration error: {e}", file=sys.stderr)

@@ -9,6 +9,10 @@
 - `sign_flip_rate`: share of tokens whose credit has the opposite sign of their rollout's A.
 - `rank_correlation`: per-completion Spearman correlation between two methods' token credits.
 All outputs are float64 on CPU-friendly small tensors; rows without mass are documented below.
+
+`summary` (and the shares and rates it is made of) takes a `shard` for a batch split across ranks
+(`tokencredit.distributed`): each mean and share is then the whole batch's, from sums all-reduced over
+the ranks (a few float64 scalars), and the high-entropy set is the batch's exact global top 20%.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 from torch import Tensor
 
 from tokencredit.credit.entropy import top_entropy_mask
+from tokencredit.distributed import Shard, all_sum
 
 
 def credit_weights(advantages: Tensor, mask: Tensor) -> Tensor:
@@ -79,46 +84,68 @@ def mean_over_defined(values: Tensor, rows: Tensor) -> float:
     return float(values[rows].mean()) if bool(rows.any()) else 0.0
 
 
-def entropy_share(
-    advantages: Tensor, entropy: Tensor, mask: Tensor, keep_ratio: float = 0.2, scope: str = "batch"
-) -> dict[str, float]:
-    """Share of total |Â| mass on the top-`keep_ratio` entropy tokens ("high") and the rest ("low")."""
+# The sign x entropy quadrants of `quadrants`, in the order of `_quadrant_mass`.
+QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
+
+
+def _quadrant_mass(
+    advantages: Tensor, entropy: Tensor, mask: Tensor, keep_ratio: float, scope: str, shard: Shard | None
+) -> Tensor:
+    """float64 [5]: this rank's |Â| mass on pos_high, pos_low, neg_high, neg_low tokens, and in all (`QUADRANTS`)."""
     m = mask.bool()
-    high = top_entropy_mask(entropy, m, keep_ratio, scope)
-    a = torch.where(m, advantages.detach().double().abs(), torch.zeros((), dtype=torch.float64))
-    total = float(a.sum())
-    if total <= 0:
+    high = top_entropy_mask(entropy, m, keep_ratio, scope, shard=shard)
+    a = advantages.detach().double()
+    mass = torch.where(m, a.abs(), torch.zeros((), dtype=torch.float64, device=a.device))
+    parts = [mass[sign & ent].sum() for sign in (a > 0, a < 0) for ent in (high, m & ~high)]
+    return torch.stack([*parts, mass.sum()])
+
+
+def _quadrant_shares(mass: Tensor) -> dict[str, float]:
+    total = float(mass[-1])
+    return {k: float(v) / total if total > 0 else 0.0 for k, v in zip(QUADRANTS, mass[:-1].tolist())}
+
+
+def entropy_share(
+    advantages: Tensor, entropy: Tensor, mask: Tensor, keep_ratio: float = 0.2, scope: str = "batch",
+    *, shard: Shard | None = None,
+) -> dict[str, float]:
+    """Share of total |Â| mass on the top-`keep_ratio` entropy tokens ("high") and the rest ("low").
+
+    With `shard`, of the whole batch split across ranks (collective)."""
+    q = _quadrant_shares(all_sum(_quadrant_mass(advantages, entropy, mask, keep_ratio, scope, shard), shard))
+    if not any(q.values()):
         return {"high": 0.0, "low": 0.0}
-    h = float(a[high].sum()) / total
-    return {"high": h, "low": 1.0 - h}
+    high = q["pos_high"] + q["neg_high"]
+    return {"high": high, "low": 1.0 - high}
 
 
 def quadrants(
-    advantages: Tensor, entropy: Tensor, mask: Tensor, keep_ratio: float = 0.2, scope: str = "batch"
+    advantages: Tensor, entropy: Tensor, mask: Tensor, keep_ratio: float = 0.2, scope: str = "batch",
+    *, shard: Shard | None = None,
 ) -> dict[str, float]:
     """Share of |Â| mass per quadrant (sign of Â) x (high/low entropy); keys pos_high, pos_low, neg_high, neg_low.
 
     High entropy = top `keep_ratio` of valid tokens (as the 80/20 rule). Shares sum to 1 (all 0 without mass).
+    With `shard`, of the whole batch split across ranks (collective).
     """
-    m = mask.bool()
-    high = top_entropy_mask(entropy, m, keep_ratio, scope)
-    a = advantages.detach().double()
-    mass = torch.where(m, a.abs(), torch.zeros((), dtype=torch.float64))
-    total = float(mass.sum())
-    out = {}
-    for sign_name, sign in (("pos", a > 0), ("neg", a < 0)):
-        for ent_name, ent in (("high", high), ("low", m & ~high)):
-            out[f"{sign_name}_{ent_name}"] = float(mass[sign & ent].sum()) / total if total > 0 else 0.0
-    return out
+    return _quadrant_shares(all_sum(_quadrant_mass(advantages, entropy, mask, keep_ratio, scope, shard), shard))
 
 
-def sign_flip_rate(token_advantages: Tensor, seq_advantages: Tensor, mask: Tensor) -> float:
-    """Share of valid tokens (of rollouts with A != 0) whose Â has the opposite sign of their rollout's A."""
+def _sign_flip_counts(token_advantages: Tensor, seq_advantages: Tensor, mask: Tensor) -> Tensor:
+    """float64 [2]: flipped tokens, and valid tokens of rollouts with A != 0 (`sign_flip_rate`)."""
     m = mask.bool() & (seq_advantages != 0)[:, None]
-    if not bool(m.any()):
-        return 0.0
     flips = (torch.sign(token_advantages) * torch.sign(seq_advantages)[:, None]) < 0
-    return float((flips & m).sum()) / float(m.sum())
+    return torch.stack([(flips & m).sum(), m.sum()]).double()
+
+
+def sign_flip_rate(
+    token_advantages: Tensor, seq_advantages: Tensor, mask: Tensor, *, shard: Shard | None = None
+) -> float:
+    """Share of valid tokens (of rollouts with A != 0) whose Â has the opposite sign of their rollout's A.
+
+    With `shard`, of the whole batch split across ranks (collective)."""
+    flips, n = all_sum(_sign_flip_counts(token_advantages, seq_advantages, mask), shard).tolist()
+    return flips / n if n > 0 else 0.0
 
 
 def _row_ranks(x: Tensor, mask: Tensor) -> Tensor:
@@ -155,17 +182,40 @@ def rank_correlation(a: Tensor, b: Tensor, mask: Tensor) -> Tensor:
 
 
 def summary(
-    token_advantages: Tensor, mask: Tensor, seq_advantages: Tensor, entropy: Tensor | None = None
+    token_advantages: Tensor,
+    mask: Tensor,
+    seq_advantages: Tensor,
+    entropy: Tensor | None = None,
+    *,
+    shard: Shard | None = None,
 ) -> dict[str, float]:
-    """Per-step credit diagnostics: mean Gini and EffN/T of |Â| (defined rows), sign flips, entropy shares."""
+    """Per-step credit diagnostics: mean Gini and EffN/T of |Â| (defined rows), sign flips, entropy shares.
+
+    token_advantages, mask, entropy [N,T], seq_advantages [N]. With `shard` the rows are this rank's slice of
+    a batch split across ranks and every value is the whole batch's: one all-reduce of 5 (with the entropy 10)
+    float64 sums, plus the global top-k of the high-entropy set; every rank must call it (collective).
+    """
     w = credit_weights(token_advantages, mask)
     rows = defined_rows(w, mask)
+    zero = torch.zeros((), dtype=torch.float64, device=w.device)
+    local = [
+        torch.where(rows, gini(w, mask), zero).sum(),
+        torch.where(rows, effective_token_ratio(w, mask), zero).sum(),
+        rows.sum().double(),
+        *_sign_flip_counts(token_advantages, seq_advantages, mask),
+    ]
+    if entropy is not None:
+        local += list(_quadrant_mass(token_advantages, entropy, mask, 0.2, "batch", shard))
+    sums = all_sum(torch.stack(local), shard).tolist()
+    gini_sum, eff_sum, n_rows, flips, n_flip = sums[:5]
     out = {
-        "credit_gini": mean_over_defined(gini(w, mask), rows),
-        "credit_eff_ratio": mean_over_defined(effective_token_ratio(w, mask), rows) if bool(rows.any()) else 1.0,
-        "credit_sign_flip": sign_flip_rate(token_advantages, seq_advantages, mask),
+        "credit_gini": gini_sum / n_rows if n_rows > 0 else 0.0,
+        "credit_eff_ratio": eff_sum / n_rows if n_rows > 0 else 1.0,
+        "credit_sign_flip": flips / n_flip if n_flip > 0 else 0.0,
     }
     if entropy is not None:
-        out["credit_high_entropy_share"] = entropy_share(token_advantages, entropy, mask)["high"]
-        out.update({f"credit_q_{k}": v for k, v in quadrants(token_advantages, entropy, mask).items()})
+        q = _quadrant_shares(torch.tensor(sums[5:], dtype=torch.float64))
+        out["credit_high_entropy_share"] = q["pos_high"] + q["neg_high"]
+        out.update({f"credit_q_{k}": v for k, v in q.items()})
     return out
+

@@ -54,12 +54,33 @@ def test_explicit_and_nested_fields(tmp_path):
     assert p == Problem("u1", "what", "3")
 
 
-def test_malformed_line_names_file_and_line(tmp_path):
-    f = write_jsonl(
-        tmp_path / "bad.jsonl", [{"problem": "a", "answer": "1"}, "", '{"problem": "b", "answer": ']
-    )
-    with pytest.raises(DataError, match=r"bad\.jsonl:3: malformed JSON"):
+def test_malformed_line_names_file_line_and_column(tmp_path):
+    # column 30 is the "2" an editor shows there: counted in characters (the é is 2 bytes), from 1
+    bad = '{"problem": "é", "answer": 1 2}'
+    assert bad[30 - 1] == "2"
+    f = write_jsonl(tmp_path / "bad.jsonl", [{"problem": "a", "answer": "1"}, "", bad])
+    with pytest.raises(DataError, match=r"bad\.jsonl:3:30: malformed JSON line \(Expecting ',' delimiter\)$"):
         load_problems(f)
+    # a line cut off mid-value: the column just past its last character, not "column 1" of the next line
+    f.write_text('{"problem": "b", "answer": \n')
+    with pytest.raises(DataError, match=r"bad\.jsonl:1:28: malformed JSON line \(Expecting value\)"):
+        load_problems(f)
+    # a tab counts as one column, as json and most editors' column numbers do
+    f.write_text('\t{"problem" "b"}\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl:1:13: malformed JSON line \(Expecting ':' delimiter\)"):
+        load_problems(f)
+
+
+def test_trailing_comma_is_named_and_a_byte_order_mark_is_read(tmp_path):
+    f = tmp_path / "c.jsonl"
+    line = '{"problem": "b", "answer": 4,}'
+    f.write_text(line + "\n")
+    # the decoder stops at the "}" (column 30); the comma it complains about is at column 29
+    assert line[30 - 1] == "}" and line[29 - 1] == ","
+    with pytest.raises(DataError, match=r"c\.jsonl:1:30: .*a trailing comma at column 29\?"):
+        load_problems(f)
+    f.write_text('{"problem": "b", "answer": "4"}\n', encoding="utf-8-sig")
+    assert load_problems(f) == [Problem("c-0", "b", "4")]
 
 
 def test_missing_answer_names_the_problem_id(tmp_path):

@@ -1,6 +1,13 @@
 import pytest
 
-from tokencredit.data.templates import QWEN_MATH_SYSTEM, R1_ZERO, check_template, render, render_all
+from tokencredit.data.templates import (
+    QWEN_MATH_SYSTEM,
+    R1_ZERO,
+    chat_template_warning,
+    check_template,
+    render,
+    render_all,
+)
 from tokencredit.errors import ConfigError
 
 
@@ -58,3 +65,15 @@ def test_unknown_template():
         check_template("qwen_math")
     with pytest.raises(ConfigError):
         render("no placeholder", "x")
+
+
+def test_chat_template_warning_names_the_model_and_what_to_use():
+    for template in ("qwen-math", "chat"):
+        w = chat_template_warning(template, PlainTok(), "my/base-model")
+        assert w is not None and "model 'my/base-model' has no chat template" in w
+        assert f"data.template={template!r} falls back to a plain" in w and "data.template=r1-zero" in w
+    assert "--template='chat'" in chat_template_warning("chat", None, "m", option="--template")
+    # nothing to say: the tokenizer has a chat template, or the template does not use one
+    assert chat_template_warning("qwen-math", ChatTok(), "m") is None
+    assert chat_template_warning("r1-zero", PlainTok(), "m") is None
+    assert chat_template_warning("Q: {problem}\nA:", PlainTok(), "m") is None

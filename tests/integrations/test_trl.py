@@ -213,3 +213,80 @@ def test_gcpo_scores_the_completions_after_a_negative_prompt(model_dir, tmp_path
     want = credit.compute("gcpo", batch, advantages.grpo(scores, gids))  # recipe "gcpo": GRPO eps 1e-6
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert not torch.equal(want, advantages.grpo(scores, gids)[:, None] * mask)
+
+
+def test_credit_diagnostics_in_trl_logs_and_saved_rollouts_explained(model_dir, tmp_path):
+    """Two real steps (one generation each): the credit diagnostics of each scored batch are in TRL's log
+    history as credit/<name>, equal to `tokencredit.diagnostics.summary` on that batch; SaveRolloutsCallback
+    (every 2 steps) writes step 2's rollouts with the Â TRL's loss received, which explain reads and renders."""
+    from tokencredit import diagnostics
+    from tokencredit.cli import main
+    from tokencredit.data.loaders import load_problems
+    from tokencredit.models import special_token_ids
+    from tokencredit.recipes import token_credit
+    from tokencredit.report.explain.inputs import load_jsonl
+
+    tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    ds = Dataset.from_list([{"prompt": p, "answer": a} for p, a in PROMPTS.items()] * 4)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4, steps_per_generation=1,
+        max_completion_length=8, max_steps=2, learning_rate=1e-2, logging_steps=1, report_to="none",
+        use_cpu=True, save_strategy="no", seed=0, beta=0.0,
+    )  # fmt: skip
+    saver = tc_trl.SaveRolloutsCallback(tmp_path / "rollouts", every=2)
+    trainer = Recording(
+        model=str(model_dir), reward_funcs=math_answer_reward, args=args, train_dataset=ds, processing_class=tok,
+        credit="entropy-80-20",
+    )  # fmt: skip
+    trainer.add_callback(saver)
+    assert saver.trainer is trainer
+    trainer.train()
+    assert trainer.state.global_step == 2 and len(trainer.scored) == 2
+
+    logged = [h for h in trainer.state.log_history if "credit/gini" in h]
+    assert [h["step"] for h in logged] == [1, 2]
+    for rec, entry in zip(trainer.scored, logged):
+        gids = torch.arange(len(rec["completion_ids"])) // 4
+        batch = RolloutBatch(rec["completion_ids"], rec["mask"], gids, rec["scores"], entropy=rec["signals"]["entropy"])
+        tc = token_credit(trainer._engine_recipe(), batch, special_ids=special_token_ids(tok))
+        want = diagnostics.summary(tc.effective(), batch.mask, tc.seq_advantages, batch.entropy)
+        assert set(want) >= {"credit_gini", "credit_eff_ratio", "credit_sign_flip", "credit_high_entropy_share"}
+        for key, value in want.items():
+            name = "credit/" + key.removeprefix("credit_")
+            assert math.isfinite(entry[name]) and entry[name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
+    assert 0 < logged[1]["credit/gini"] < 1  # step 2 has a mixed group: the 80/20 mask concentrates its credit
+
+    assert not (tmp_path / "rollouts" / "step_000001.jsonl").exists()
+    path = tmp_path / "rollouts" / "step_000002.jsonl"
+    groups = load_jsonl(path)
+    rec = trainer.scored[-1]  # step 2's generation
+    assert len(groups) == 2 and [g.group_id for g in groups] == [0, 1]
+    comps = [c for g in groups for c in g.completions]
+    assert len(comps) == 8
+    for i, c in enumerate(comps):
+        n = len(c.token_ids)
+        assert c.token_ids == rec["completion_ids"][i, :n].tolist() and rec["mask"][i, :n].all()
+        assert not rec["mask"][i, n:].any()
+        assert c.score == float(rec["scores"][i]) and c.advantage == pytest.approx(float(rec["sequence_advantages"][i]))
+        torch.testing.assert_close(torch.tensor(c.token_advantages), rec["advantages"][i, :n], atol=1e-6, rtol=0)
+        assert c.entropy is not None and len(c.entropy) == n
+    for g, first in zip(groups, (0, 4)):
+        example = rec["inputs"][first]
+        assert g.prompt == example["prompt"] and g.problem == example["prompt"] and g.answer == example["answer"]
+        assert g.extra["step"] == 2 and g.extra["recipe"] == "entropy-80-20"
+    # `tokencredit probe --data FILE` reads the same file as problems with their answers
+    problems = load_problems(path)
+    assert [(q.problem, q.answer) for q in problems] == [(g.problem, g.answer) for g in groups]
+
+    html = tmp_path / "explain.html"
+    argv = ["explain", "--jsonl", str(path), "--model", str(model_dir), "--methods", "entropy-80-20,ktae,uniform",
+            "--out", str(html), "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    assert html.is_file() and "entropy-80-20" in html.read_text()
+
+
+def test_save_rollouts_callback_is_refused_without_a_credit_trainer(tmp_path):
+    with pytest.raises(ConfigError, match="positive integer"):
+        tc_trl.SaveRolloutsCallback(tmp_path, every=0)
+    with pytest.raises(ConfigError, match="CreditGRPOTrainer"):
+        tc_trl.SaveRolloutsCallback(tmp_path, every=5).on_train_begin(None, None, None)

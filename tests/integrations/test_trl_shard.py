@@ -13,10 +13,12 @@ Two spawned processes each build a real `CreditGRPOTrainer` (accelerate in MULTI
    on the whole batch in one process (1e-5). Every `torch.distributed` collective made meanwhile is
    recorded: none may carry a per-token vector (no [*, T, H] gather; the largest is DelTA's [2, H + 1]
    centroid sums), and the plugin never calls accelerate's gather. A name the core cannot reduce across
-   processes would have to raise ConfigError on both; none does (estimators included).
+   processes would have to raise ConfigError on both; none does (estimators included). The credit
+   diagnostics each process adds to TRL's metrics (credit/gini, ...) equal the single-process ones.
 2. One real TRL training step with DelTA (generation, the plugin's own signals pass, TRL's loss): each
    process's scores are its own completions' rewards, TRL's groups are consecutive rows of one prompt,
-   and each process's Â equals the core's on the batch the test gathers afterwards.
+   and each process's Â equals the core's on the batch the test gathers afterwards. SaveRolloutsCallback
+   gathers both processes' rows: process 0's file holds the whole batch with each row's Â.
 """
 from __future__ import annotations
 
@@ -134,12 +136,18 @@ def plugin_advantages(trainer, name: str, part: dict, scores: torch.Tensor) -> t
     # TRL's forward pass replaced by the fixed signals: only the ones the method reads, as the pass computes
     trainer._signals = lambda inputs, output, mask, needs: {k: signals[k] for k in needs.forward}
     trainer._tc_rewards = scores[:, None].clone()  # TRL gathers every reward function's output
+    trainer._metrics["train"].clear()  # only this scoring's credit diagnostics (`logged_diagnostics`)
     output = {
         "completion_ids": part["ids"], "completion_mask": part["mask"].long(),
         "prompt_ids": torch.zeros(len(part["ids"]), 1, dtype=torch.long),
         "prompt_mask": torch.ones(len(part["ids"]), 1, dtype=torch.long),
     }  # fmt: skip
     return trainer._token_advantages([], output)
+
+
+def logged_diagnostics(trainer) -> dict[str, float]:
+    """The credit/<name> values the last scoring added to TRL's metrics."""
+    return {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("credit/")}
 
 
 @contextlib.contextmanager
@@ -212,6 +220,11 @@ def _worker(rank: int, port: int, model_dir: str, reference_path: str) -> None:
         torch.testing.assert_close(credit["sequence_advantages"], want["seq"][rows], atol=TOL, rtol=0)
         assert torch.equal(credit["group_ids"], torch.arange(N)[rows] // G), name
         assert torch.equal(credit["rows"], torch.arange(N)[rows]), name
+        # the credit diagnostics TRL logs are the whole batch's, the same on every process
+        got_diag = logged_diagnostics(trainer)
+        assert got_diag.keys() == want["diagnostics"].keys() and "credit/gini" in got_diag, name
+        for key, value in want["diagnostics"].items():
+            assert abs(got_diag[key] - value) <= TOL, f"rank {rank}, {name}: {key} {got_diag[key]} != {value}"
         if want["keep"] is not None:  # a kept set (S-trace's): the global top-20% entropies, ties by global row
             assert credit["keep"] is not None and torch.equal(credit["keep"], want["keep"][rows, :width]), name
         # no per-token vector crosses processes: every collective tensor is smaller than one row's hidden states
@@ -226,12 +239,12 @@ def _worker(rank: int, port: int, model_dir: str, reference_path: str) -> None:
     if rank == 0:
         Path(reference_path).with_name("refused.txt").write_text("\n".join(refused))
     assert not accelerate_calls, accelerate_calls  # the plugin gathers nothing (TRL gathered the rewards)
-    train_one_step(trainer, rank)
+    train_one_step(trainer, rank, Path(reference_path).with_name("rollouts"))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def train_one_step(trainer, rank: int) -> None:
+def train_one_step(trainer, rank: int, saved_dir: Path) -> None:
     """One real TRL step with DelTA on both processes: generation, TRL's gathered rewards, the plugin's signals
     pass on each process's own rows, and TRL's loss. The test then gathers what each process held (ids,
     masks, hidden states: the test's own gather, after training) and checks each process's Â against the core
@@ -249,6 +262,9 @@ def train_one_step(trainer, rank: int) -> None:
         return adv
 
     trainer._token_advantages = recording
+    from tokencredit.integrations.trl import SaveRolloutsCallback
+
+    trainer.add_callback(SaveRolloutsCallback(saved_dir, every=1))
     trainer.train()
     assert trainer.state.global_step == 1 and len(scored) == 1
     mine = scored[0]
@@ -283,6 +299,18 @@ def train_one_step(trainer, rank: int) -> None:
     got = mine["advantages"]
     diff = float((got - want.token_advantages[rank * N_LOCAL : (rank + 1) * N_LOCAL, :width]).abs().max())
     assert diff <= TOL, f"rank {rank}: trained DelTA Â differs from the gathered batch's by {diff:.3g}"
+    # SaveRolloutsCallback: process 0 wrote the whole batch (both processes' rows, in global order, their Â)
+    dist.barrier()
+    from tokencredit.report.explain.inputs import load_jsonl
+
+    groups = load_jsonl(saved_dir / "step_000001.jsonl")
+    comps = [c for g in groups for c in g.completions]
+    assert [g.group_id for g in groups] == list(range(N // G)) and len(comps) == N
+    assert all(g.prompt == prompts[G * g.group_id] for g in groups)
+    advantages = cat(lambda e: e["advantages"])
+    for i, c in enumerate(comps):
+        assert c.token_ids == batch.token_ids[i, : len(c.token_ids)].tolist() and c.score == float(batch.scores[i])
+        torch.testing.assert_close(torch.tensor(c.token_advantages), advantages[i, : len(c.token_ids)], atol=1e-6, rtol=0)
 
 
 def accepted_names(trainer) -> tuple[str, ...]:
@@ -334,7 +362,10 @@ def test_each_process_computes_its_rows_of_the_single_process_advantages(tiny_mo
             assert name not in NAMES
             continue
         credit = trainer.last_credit
-        reference[name] = {"advantages": got, "seq": credit["sequence_advantages"], "keep": credit["keep"]}
+        reference[name] = {
+            "advantages": got, "seq": credit["sequence_advantages"], "keep": credit["keep"],
+            "diagnostics": logged_diagnostics(trainer),
+        }  # fmt: skip
         # which is the core pipeline's Â on the whole batch (tests/test_engines_agree.py checks this for every recipe)
         batch = RolloutBatch(data["ids"], data["mask"], torch.arange(N) // G, data["scores"], **data["signals"])
         tc = token_credit(trainer._engine_recipe(), batch, special_ids=special_token_ids(trainer.processing_class))

@@ -386,3 +386,134 @@ def test_losses_verl_lacks_match_the_core(loss_name, agg):
     want, _ = objectives.policy_loss(new, old, adv, mask, args)
     torch.testing.assert_close(loss, want, rtol=0, atol=0)
     assert "tc_cispo" not in core_algos.POLICY_LOSS_REGISTRY  # verl has cispo: its own loss_mode is used
+
+
+def _saving_dataproto():
+    """The fixture batch as the legacy trainer holds it at the advantage step: left-padded prompts with their
+    attention mask, the dataset's raw chat prompt and reward_model ground truth."""
+    data = _dataproto()
+    lengths = torch.tensor([3, 2, 3])  # per prompt (group)
+    prompts = torch.zeros(N, 3, dtype=torch.long)
+    attention = torch.zeros(N, 3 + T, dtype=torch.long)
+    for i in range(N):
+        n = int(lengths[i // 4])
+        prompts[i, 3 - n :] = torch.arange(2, 2 + n) + i // 4
+        attention[i, 3 - n : 3] = 1
+    attention[:, 3:] = data.batch["response_mask"]
+    data.batch["prompts"], data.batch["attention_mask"] = prompts, attention
+    data.non_tensor_batch["raw_prompt"] = np.array(
+        [[{"role": "user", "content": f"problem {i // 4}"}] for i in range(N)], dtype=object
+    )
+    data.non_tensor_batch["reward_model"] = np.array([{"ground_truth": str(i // 4)} for i in range(N)], dtype=object)
+    return data
+
+
+def _check_saved(path, out, tok, *, legacy):
+    from tokencredit.report.explain.inputs import load_jsonl
+
+    token_ids, mask, scores, uid, _, _ = _fixture()
+    groups = load_jsonl(path)
+    assert [len(g.completions) for g in groups] == [4, 4, 4]
+    for k, g in enumerate(groups):  # uids p-a, p-b, p-c: groups 0, 1, 2, rows 4k .. 4k + 3
+        assert g.prompt == tok.decode(list(range(2 + k, 2 + k + (2 if k == 1 else 3))), skip_special_tokens=False)
+        if legacy:
+            assert g.problem == f"problem {k}" and g.answer == str(k)
+        for j, c in enumerate(g.completions):
+            i = 4 * k + j
+            n = int(mask[i].sum())
+            assert c.token_ids == token_ids[i, :n].tolist() and c.score == float(scores[i])
+            torch.testing.assert_close(torch.tensor(c.token_advantages), out[i, :n], atol=1e-6, rtol=0)
+
+
+def test_saved_rollouts_every_n_steps_from_the_legacy_trainer(tmp_path, monkeypatch):
+    """TOKENCREDIT_VERL_SAVE_ROLLOUTS(_EVERY): at a due global step the tc_ estimator writes the batch's rollouts
+    with the Â it returns to verl, in the format explain reads; other steps write nothing."""
+    from conftest import byte_tokenizer
+    from tokencredit.data.loaders import load_problems
+
+    tok = byte_tokenizer()
+
+    class Trainer:
+        tokenizer = tok
+        config = None
+        global_steps = 3
+
+    def old_log_prob(self, batch):
+        return DataProto.from_dict(tensors={"old_log_probs": torch.zeros(2, 3)}), 0.0
+
+    monkeypatch.setenv("TOKENCREDIT_VERL_SAVE_ROLLOUTS", str(tmp_path / "saved"))
+    monkeypatch.setenv("TOKENCREDIT_VERL_SAVE_ROLLOUTS_EVERY", "2")
+    trainer = Trainer()
+    tc_verl._wrap_legacy_old_log_prob(old_log_prob)(trainer, None)  # records the trainer, as verl's fit calls it
+    try:
+        ray_trainer.compute_advantage(_saving_dataproto(), adv_estimator="tc_strace", config=AlgoConfig())
+        assert not (tmp_path / "saved").exists()  # step 3: not due
+        trainer.global_steps = 4
+        out = ray_trainer.compute_advantage(_saving_dataproto(), adv_estimator="tc_strace", config=AlgoConfig())
+    finally:
+        tc_verl._LEGACY_SPECIAL_IDS[0] = None
+    assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == ["step_000004.jsonl"]
+    adv = out.batch["advantages"]
+    assert (adv == 0).any() and (adv != 0).any()  # S-trace: Â zero outside the kept set, as saved
+    _check_saved(tmp_path / "saved" / "step_000004.jsonl", adv, tok, legacy=True)
+    # `tokencredit probe --data FILE` reads the problems and answers (the legacy batch's raw_prompt, reward_model)
+    problems = load_problems(tmp_path / "saved" / "step_000004.jsonl")
+    assert [(q.problem, q.answer) for q in problems] == [(f"problem {k}", str(k)) for k in range(3)]
+
+    del trainer  # no trainer left: a direct call cannot name the step
+    with pytest.raises(ConfigError, match="TOKENCREDIT_VERL_SAVE_ROLLOUTS is set"):
+        ray_trainer.compute_advantage(_saving_dataproto(), adv_estimator="tc_ktae", config=AlgoConfig())
+    monkeypatch.setenv("TOKENCREDIT_VERL_SAVE_ROLLOUTS_EVERY", "0")
+    with pytest.raises(ConfigError, match="positive integer"):
+        ray_trainer.compute_advantage(_saving_dataproto(), adv_estimator="tc_ktae", config=AlgoConfig())
+    monkeypatch.delenv("TOKENCREDIT_VERL_SAVE_ROLLOUTS")
+    with pytest.raises(ConfigError, match="TOKENCREDIT_VERL_SAVE_ROLLOUTS .the folder"):
+        ray_trainer.compute_advantage(_saving_dataproto(), adv_estimator="tc_ktae", config=AlgoConfig())
+
+
+def test_saved_rollouts_from_the_v1_trainer_fetch_the_prompts(tmp_path, monkeypatch):
+    """The v1 trainer's advantage batch has no prompts: the save fetches them (unpadded) from its TransferQueue."""
+    from conftest import byte_tokenizer
+
+    tok = byte_tokenizer()
+    token_ids, mask, _, uid, signals, rewards = _fixture()
+    legacy = _saving_dataproto()
+    prompt_rows = tc_verl.rollouts.prompt_ids(legacy)
+    rows = [slice(0, int(mask[i].sum())) for i in range(N)]  # nested: one unpadded row per response
+    store = {
+        "responses": [token_ids[i, r] for i, r in enumerate(rows)],
+        "entropy": [signals["entropy"][i, r] for i, r in enumerate(rows)],
+        "prompts": [torch.tensor(p) for p in prompt_rows],
+    }
+
+    class FakeTQ:
+        @staticmethod
+        def kv_batch_get(keys, partition_id, select_fields):
+            nested = {f: torch.nested.as_nested_tensor(store[f], layout=torch.jagged) for f in select_fields}
+            return TensorDict(nested, batch_size=[N])
+
+    class Batch:
+        keys = [f"k{i}" for i in range(N)]
+        partition_id = "train"
+
+    class Cfg:
+        class algorithm:
+            adv_estimator = "tc_ktae"
+
+        actor_rollout_ref = None
+
+    class Trainer:
+        config = Cfg()
+        tokenizer = tok
+        global_steps = 10
+
+        def _compute_advantage(self, batch, metrics):
+            data = DataProto.from_dict(
+                tensors={"response_mask": mask.long(), "token_level_rewards": rewards}, non_tensors={"uid": uid}
+            )
+            return ray_trainer.compute_advantage(data, adv_estimator=self.config.algorithm.adv_estimator)
+
+    monkeypatch.setenv("TOKENCREDIT_VERL_SAVE_ROLLOUTS", str(tmp_path))
+    hooked = tc_verl.hooks._wrap_v1_compute_advantage(Trainer._compute_advantage, FakeTQ)
+    out = hooked(Trainer(), Batch(), {})  # step 10: due under the default (every 10 steps)
+    _check_saved(tmp_path / "step_000010.jsonl", out.batch["advantages"], tok, legacy=False)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tokencredit import cli, models
+from tokencredit import cli, hf_progress, models
 from tokencredit.data.synthetic import ArithmeticTask
 from tokencredit.data.templates import QWEN_MATH_SYSTEM, render
 from tokencredit.errors import ConfigError
@@ -286,3 +286,26 @@ def test_build_toy_cli_hard_variant(tmp_path, capsys):
     assert built["difficulty"] == 6 and built["steps"] == 1
     assert built["forget_rate"] == models.TOY_HARD_CONFIG.forget_rate
     assert (tmp_path / "model.safetensors").is_file()
+
+
+def test_loading_bars_are_off_unless_the_environment_asks(monkeypatch, capfd):
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    try:
+        for switch in (hf_logging.enable_progress_bar, hf_logging.disable_progress_bar):
+            switch()  # whatever transformers' own switch says before, ours decides the load
+            before = hf_logging.is_progress_bar_enabled()
+            monkeypatch.delenv(hf_progress.ENV, raising=False)
+            capfd.readouterr()
+            load_model("toy")
+            assert "Loading weights" not in capfd.readouterr().err
+            monkeypatch.setenv(hf_progress.ENV, "1")
+            load_model("toy")
+            assert "Loading weights" in capfd.readouterr().err
+            assert hf_logging.is_progress_bar_enabled() == before  # and is put back after it
+    finally:
+        (hf_logging.enable_progress_bar if was_on else hf_logging.disable_progress_bar)()
+    monkeypatch.setenv(hf_progress.ENV, "maybe")
+    with pytest.raises(ConfigError, match="TOKENCREDIT_PROGRESS_BARS='maybe'"):
+        load_model("toy")

@@ -191,6 +191,54 @@ def test_intervals_holm_effect_size_and_curve_area(fabricated):
     assert "p (Holm)" in md and "acc. AUC" in md and "[0.252, 0.748]" in md
 
 
+def test_accuracy_intervals_stay_in_range_and_few_seeds_warn(tmp_path, capsys):
+    from tokencredit.report.compare.stats import mean_ci, paired_effect
+
+    # the 2 seeds: the raw t-interval [-0.107, 1.037] leaves [0, 1]; cut, it is [0, 1] and says so
+    raw = mean_ci([0.42, 0.51])
+    assert (raw["lo"], raw["hi"]) == pytest.approx((-0.107, 1.037), abs=5e-4)
+    cut = mean_ci([0.42, 0.51], bounds=(0.0, 1.0))
+    assert (cut["lo"], cut["hi"], cut["clipped"]) == (0.0, 1.0, True)
+    assert cut["mean"] == raw["mean"] and cut["std"] == raw["std"]
+    # the cut is the intersection with the bounds: an interval inside them is unchanged
+    rng = random.Random(5)
+    for _ in range(50):
+        vals = [rng.random() for _ in range(rng.randint(2, 6))]
+        a, b = mean_ci(vals), mean_ci(vals, bounds=(0.0, 1.0))
+        assert (b["lo"], b["hi"]) == (max(a["lo"], 0.0), min(a["hi"], 1.0))
+        assert b["clipped"] == (a["lo"] < 0.0 or a["hi"] > 1.0)
+    diff = paired_effect([0.9, 0.1], [0.1, 0.2], bounds=(-1.0, 1.0))
+    assert -1.0 <= diff["lo"] < diff["hi"] <= 1.0
+
+    root = tmp_path / "r"
+    for recipe, finals in (("grpo", (0.42, 0.51)), ("delta", (0.9, 0.1))):
+        for seed, final in enumerate(finals):
+            fake_run(root, recipe, seed, [(0, 0.3), (20, final)])
+    out = tmp_path / "cmp"
+    assert cli.main(["compare", "--collect", str(root), "--out", str(out)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())  # rich wraps lines at the console's width
+    res = json.loads((out / "compare.json").read_text())
+    for g in res["recipes"]:
+        ci = g["final_accuracy"]
+        assert 0.0 <= ci["lo"] <= ci["mean"] <= ci["hi"] <= 1.0, g["label"]
+        assert 0.0 <= g["accuracy_auc"]["lo"] <= g["accuracy_auc"]["hi"] <= 1.0
+        d = (g["vs_baseline"] or {}).get("difference")
+        assert d is None or -1.0 <= d["lo"] <= d["hi"] <= 1.0
+    assert "[-0.107" not in printed and "1.037]" not in printed
+    assert "warning: fewer than 3 seeds for grpo (2), delta (2): the 95% intervals are unreliable" in printed
+    assert "t-interval of the mean over seeds, cut to [0, 1]" in printed  # the table's note says which interval
+    md = (out / "compare.md").read_text()
+    assert "**Warning:** fewer than 3 seeds for grpo (2), delta (2)" in md and "[0.000, 1.000]" in md
+    assert "cut to [0, 1]" in res["interval"]
+
+
+def test_three_seeds_do_not_warn(fabricated):
+    root, dirs = fabricated
+    res = aggregate([read_run(d) for d in dirs], baseline="grpo")
+    assert compare.few_seeds_warning(res) is None and "Warning" not in markdown(res, "cmd")
+    assert compare.few_seeds_warning(aggregate([read_run(d) for d in dirs[:2] + dirs[3:]])) is not None
+
+
 def test_unmatched_seeds_lora_groups_and_differing_settings(tmp_path):
     root = tmp_path / "r"
     dirs = [
@@ -393,12 +441,14 @@ def test_parallel_jobs_in_subprocesses(tiny_model_dir, tmp_path, capsys):
 def test_terminal_table_fits_the_console_width(tmp_path):
     from rich.console import Console
 
+    from tokencredit.report.compare import render
     from tokencredit.report.compare.render import rich_table
 
     root = tmp_path / "r"
     runs = [fake_run(root, r, s, [(10, 0.4 + 0.01 * s), (20, 0.5 + 0.02 * s)]) for r in ("grpo", "dapo") for s in (0, 1, 2)]
     res = aggregate([read_run(d) for d in runs], baseline="grpo", target=0.5)
-    assert len(rich_table(res).columns) == 20 and rich_table(res).caption is None  # no width: everything
+    # no width: every column, and the caption says only which interval the table shows
+    assert len(rich_table(res).columns) == 20 and rich_table(res).caption == render.INTERVAL_NOTE
     narrow = rich_table(res, width=80)
     kept = [c.header for c in narrow.columns]
     assert {"recipe", "final acc.", "Δ", "p Holm", "AUC", "p AUC"} <= set(kept) and len(kept) < 20

@@ -250,7 +250,8 @@ def test_resolve_methods():
 @pytest.mark.parametrize(
     ("line", "match"),
     [
-        ("{not json", "invalid JSON"),
+        ("{not json", r":3:2: malformed JSON line"),
+        ('{"prompt": "p", "completions": ["a"], "rewards": [1.0],}', r":3:56: malformed JSON line .*trailing comma at column 55"),
         ('{"prompt": "p", "completions": ["a", "b"], "rewards": [1.0]}', "rewards"),
         ('{"completions": ["a"], "rewards": [1.0]}', "'prompt'"),
         ('{"prompt": "p", "completions": ["a"], "rewards": [NaN]}', "finite"),

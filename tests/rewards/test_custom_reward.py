@@ -1,7 +1,8 @@
 import pytest
 
+from tokencredit.data import Problem
 from tokencredit.errors import ConfigError
-from tokencredit.rewards import MathVerifier, Reward, check_rewards, load_reward_function
+from tokencredit.rewards import MathVerifier, Reward, check_rewards, is_builtin_reward, load_reward_function
 
 MODULE = """
 def length_reward(completions, golds, **kw):
@@ -12,6 +13,18 @@ def bad_nan(completions, golds, **kw):
 
 def bad_len(completions, golds, **kw):
     return [1.0]
+
+def returns_float(completions, golds, **kw):
+    return 1.0
+
+def returns_none(completions, golds, **kw):
+    pass
+
+def raises(completions, golds, **kw):
+    return [float(c) for c in completions]
+
+def boxed_gold(completions, golds, **kw):
+    return [1.0 if f"boxed{{{g}}}" in c else 0.0 for c, g in zip(completions, golds)]
 
 class ns:
     @staticmethod
@@ -61,3 +74,28 @@ def test_math_reward_with_format_bonus():
         assert v.score(["\\boxed{5}"], ["5"]) == [1.0]
     finally:
         v.close()
+
+
+def test_start_up_check_names_the_function_and_what_it_returned(user_module):
+    problem = Problem("p-1", "Compute 1 + 1.", "2")
+    cases = {
+        "returns_float": r"returned 1\.0 \(float\), expected a list of 2 floats",
+        "returns_none": r"returned None \(NoneType\), expected a list of 2 floats",
+        "bad_len": r"returned 1 values for 2 completions: \[1\.0\] \(list\)",
+        "bad_nan": r"returned nan for completion 0",
+        "raises": r"it raised ValueError: could not convert string to float",
+    }
+    for name, what in cases.items():
+        spec = f"{user_module}:{name}"
+        with pytest.raises(ConfigError, match=rf"reward\.function = '{spec}' failed its start-up check \(called "
+                           rf"on 2 completions of training problem 'p-1'\): .*{what}"):  # fmt: skip
+            Reward(spec).check(problem)
+    # a good function passes, seeing the problem's gold (a list of golds: the first is boxed)
+    Reward(f"{user_module}:boxed_gold").check(problem)
+    Reward(f"{user_module}:length_reward").check(Problem("p-2", "q", ["3", "three"]))
+    # a built-in reward is not called (no verifier worker starts)
+    r = Reward("math", verifier=MathVerifier(timeout=3.0, num_workers=1))
+    r.check(problem)
+    assert r.verifier.stats["verified"] == 0
+    assert is_builtin_reward("math") and is_builtin_reward("auto") and is_builtin_reward("reasoning-gym?partial_credit=true")
+    assert not is_builtin_reward(f"{user_module}:boxed_gold")

@@ -184,6 +184,8 @@ calls = 0
 def has_digit_seven(completions, golds, **_):
     # Ctrl-C twice while step N's rollouts are scored (N from the environment; 0 = never)
     global calls
+    if len(completions) <= 2:  # the trainer's start-up check of the function, not a step's rollouts
+        return [0.0] * len(completions)
     calls += 1
     if calls == int(os.environ.get("CTRL_C_TWICE_AT_STEP", "0")):
         os.kill(os.getpid(), signal.SIGINT)

@@ -8,7 +8,7 @@ importing transformers.
 COMMANDS: dict[str, str] = {
     "train": "train a model with a recipe (default: the embedded toy math task)",
     "recipes": "list the recipes (advantage, credit method, objective, paper)",
-    "eval": "evaluate a model on the shipped math benchmarks",
+    "eval": "evaluate a model on the math benchmarks, the toy tasks, or a run's own evaluation data",
     "explain": "per-token credit heatmaps of several methods as one HTML file",
     "compare": "method shoot-out: recipes x seeds on equal terms",
     "probe": "credit-quality probe: does a method blame the first wrong token?",

@@ -19,6 +19,7 @@ from tokencredit.report.compare import (
     collect_runs,
     damaged_parts,
     execute,
+    few_seeds_warning,
     finished_runs,
     plan_runs,
     rich_table,
@@ -162,6 +163,9 @@ def run(args: argparse.Namespace) -> int:
     result["command"] = command_line(args)
     paths = write_report(result, args.out, band=args.band, smooth=args.smooth)
     console.print(rich_table(result, width=console.width))
+    warning = few_seeds_warning(result)
+    if warning:
+        console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)
     console.print(
         f"table: {paths['markdown']}   plots: {paths['accuracy']}, {paths['differences']}, {paths['concentration']}"
     )

@@ -2,6 +2,8 @@
 
     tokencredit explain RUN_DIR [--step N] [--methods ktae,delta,strace,arca,uniform] [--groups K] [--out F.html]
     tokencredit explain --jsonl FILE --model PATH [--methods ...] [--groups K] [--out F.html]
+    tokencredit explain ... [--select mixed|all-wrong|all-right|any] [--groups K]  |  [--group-index 3,7,12]
+    tokencredit explain RUN_DIR --methods saved,ktae,...   (saved: the Â the rollouts were trained with)
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tokencredit.report.explain import DEFAULT_METHODS, ExplainOptions, write_report
+from tokencredit.report.explain import DEFAULT_METHODS, GROUP_KINDS, ExplainOptions, write_report
 
 __all__ = ["add_arguments", "run"]
 
@@ -28,9 +30,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--methods",
         default=DEFAULT_METHODS,
-        help=f"comma-separated credit methods and/or recipes (default: {DEFAULT_METHODS})",
+        help="comma-separated credit methods and/or recipes, and 'saved': the Â saved with the rollouts, as trained "
+        f"(every shown completion must carry token_advantages) (default: {DEFAULT_METHODS})",
     )
-    parser.add_argument("--groups", type=int, default=4, help="how many groups to show (default 4)")
+    parser.add_argument(
+        "--groups", type=int, metavar="K", help="how many groups to show (default 4): the first K of the --select kind"
+    )
+    parser.add_argument(
+        "--select",
+        default="any",
+        metavar="KIND",
+        help=f"which kind of group to show: {' | '.join(GROUP_KINDS)} (right: saved 'correct', else reward > 0; "
+        "default any)",
+    )
+    parser.add_argument(
+        "--group-index",
+        metavar="I,J,...",
+        help="show exactly these groups: 0-based indices in the file, as in each group's header (e.g. 3,7,12)",
+    )
     parser.add_argument(
         "--out", help="output HTML file (default: RUN_DIR/explain_step_NNNNNN.html or FILE.explain.html)"
     )
@@ -55,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     result = write_report(
         ExplainOptions(
             run_dir=args.run_dir, jsonl=args.jsonl, model=args.model, step=args.step, methods=args.methods,
-            groups=args.groups, out=args.out, advantage=args.advantage, template=args.template,
+            groups=args.groups, select=args.select, group_index=args.group_index, out=args.out,
+            advantage=args.advantage, template=args.template,
             temperature=args.temperature, device=args.device, batch_size=args.batch_size, png=args.png,
         )
     )  # fmt: skip

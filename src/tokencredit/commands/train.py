@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import time
 from pathlib import Path
 
@@ -26,6 +27,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of the progress bar")
 
 
+def resume_dir(path: str) -> RunDir:
+    """The run directory `--resume` names, checked: ConfigError when it does not exist (naming the
+    closest run directory beside it, if any), is not a directory, or holds no config.toml."""
+    run = RunDir(path)
+    if not run.path.exists():
+        parent = run.path.parent
+        runs = sorted(d.name for d in parent.iterdir() if RunDir(d).is_run()) if parent.is_dir() else []
+        close = difflib.get_close_matches(run.path.name, runs, n=1, cutoff=0.5)
+        hint = f"; did you mean {parent / close[0]}?" if close else (
+            f" ({parent} holds no run directory)" if parent.is_dir() and not runs else ""
+        )
+        raise ConfigError(f"--resume {run.path}: the directory does not exist{hint}")
+    if not run.path.is_dir():
+        raise ConfigError(f"--resume {run.path}: not a directory (give a run directory of `tokencredit train`)")
+    if not run.config_path.is_file():
+        raise ConfigError(f"--resume {run.path}: no config.toml there (not a tokencredit run directory)")
+    return run
+
+
 def run(args: argparse.Namespace) -> int:
     sets = list(args.set)
     for flag, key in ((args.model, "model.name"), (args.steps, "run.steps"), (args.seed, "run.seed")):
@@ -34,9 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if args.no_progress:
         sets.append("run.progress=false")
     if args.resume:
-        run = RunDir(args.resume)
-        if not run.config_path.is_file():
-            raise ConfigError(f"--resume {run.path}: no config.toml there (not a tokencredit run directory)")
+        run = resume_dir(args.resume)
         if args.config or args.recipe:
             raise ConfigError("--resume uses the run's saved config; pass only --set overrides (e.g. run.steps=200)")
         cfg = run.read_config()

@@ -6,7 +6,8 @@ Field mapping (first present wins unless a field is named explicitly):
   answer:  answer, ground_truth, reward_model.ground_truth, solution, final_answer
 A dotted name reads a nested field. A MATH-style solution (a field named "solution", or any
 answer text containing ``\\boxed``) gives its last boxed answer; a GSM8K solution ("... #### 72")
-gives the text after ``####``. Errors name the file and line (JSONL) or row, or the problem id.
+gives the text after ``####``. Errors name the file and line (JSONL; file:line:column for malformed
+JSON) or row, or the problem id.
 """
 
 from __future__ import annotations
@@ -136,18 +137,35 @@ def problem_from_row(
     return Problem(id=pid, problem=text, answer=ans)
 
 
+def parse_json_line(line: str) -> Any:
+    """One JSONL line's value, its line terminator left out first: json.loads skips trailing white space
+    before it reports a line cut off mid-value, so with the newline it would point at "line 2, column 1"."""
+    return json.loads(line.rstrip("\r\n"))
+
+
+def json_line_error(path: str | os.PathLike, lineno: int, line: str, e: json.JSONDecodeError) -> str:
+    """``path:line:column: malformed JSON line (why)`` for a line that `parse_json_line` refused: the
+    column is `e.colno`, 1-based, in characters, as editors count it (one past the last character for a
+    line cut off); a trailing comma (where JSON wants another key or value but finds ``}`` or ``]``) is
+    named as such, since the decoder points past it."""
+    why = e.msg
+    before = line[: e.pos].rstrip()
+    if before.endswith(",") and line[e.pos : e.pos + 1] in ("}", "]"):
+        why += f"; a trailing comma at column {len(before)}?"
+    return f"{path}:{lineno}:{e.colno}: malformed JSON line ({why})"
+
+
 def _jsonl_rows(path: Path) -> Iterator[tuple[dict, str, int]]:
-    with open(path, encoding="utf-8") as f:
+    # utf-8-sig: a byte-order mark that some editors write is not part of the first line's JSON
+    with open(path, encoding="utf-8-sig") as f:
         row_i = 0
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = parse_json_line(line)
             except json.JSONDecodeError as e:
-                raise DataError(
-                    f"{path}:{lineno}: malformed JSON line ({e.msg} at column {e.colno})"
-                ) from None
+                raise DataError(json_line_error(path, lineno, line, e)) from None
             yield row, f"{path}:{lineno}", row_i
             row_i += 1
 

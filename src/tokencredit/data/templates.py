@@ -11,6 +11,10 @@
   the answer goes in ``<answer> </answer>``.
 - any other string containing ``{problem}``: a custom template (only ``{problem}`` is replaced,
   so LaTeX braces such as ``\\boxed{}`` need no escaping).
+
+A tokenizer without a chat template makes "qwen-math" and "chat" fall back to plain text that the
+model may never have seen; `chat_template_warning` says so (a warning, not an error: a base model can
+still learn to answer the plain prompt, so training is not certain to fail).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ R1_ZERO = (
 PLAIN_CHAT_FALLBACK = "System: {system}\n\nUser: {problem}\n\nAssistant:"
 PLAIN_USER_FALLBACK = "User: {problem}\n\nAssistant:"
 TEMPLATES = ("qwen-math", "chat", "r1-zero")
+CHAT_TEMPLATES = ("qwen-math", "chat")  # rendered through the tokenizer's chat template when it has one
 
 
 def check_template(template: str) -> None:
@@ -43,16 +48,40 @@ def check_template(template: str) -> None:
     )
 
 
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether `tokenizer` carries a chat template (what "qwen-math" and "chat" render through)."""
+    return tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+
+
+def chat_template_warning(template: str, tokenizer: Any, model: str, option: str = "data.template") -> str | None:
+    """The warning for `template` used with a tokenizer that has no chat template, else None.
+
+    "qwen-math" and "chat" then render the plain fallback ("System: ... User: ... Assistant:"), a
+    format an instruct model was not tuned on: its accuracy can stay at 0 with nothing else wrong. It
+    stays a warning because a base model can learn to answer the plain prompt (R1-Zero trains from
+    one). `model` and `option` (the setting that chose the template) name what to change.
+    """
+    if template not in CHAT_TEMPLATES or has_chat_template(tokenizer):
+        return None
+    fallback = "System/User/Assistant" if template == "qwen-math" else "User/Assistant"
+    return (
+        f"model {model!r} has no chat template, so {option}={template!r} falls back to a plain "
+        f"{fallback} prompt the model may never have seen (accuracy can stay at 0); for a base model use "
+        f"{option}=r1-zero or a custom template containing {{problem}} in the model's own format, or give "
+        "a model whose tokenizer has a chat template"
+    )
+
+
 def render(template: str, problem: str, tokenizer: Any = None) -> str:
     """The prompt text for one problem (special tokens included when a chat template adds them)."""
     check_template(template)
     if template == "qwen-math":
-        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        if has_chat_template(tokenizer):
             messages = [{"role": "system", "content": QWEN_MATH_SYSTEM}, {"role": "user", "content": problem}]
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return PLAIN_CHAT_FALLBACK.replace("{system}", QWEN_MATH_SYSTEM).replace("{problem}", problem)
     if template == "chat":
-        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        if has_chat_template(tokenizer):
             messages = [{"role": "user", "content": problem}]
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return PLAIN_USER_FALLBACK.replace("{problem}", problem)

@@ -19,7 +19,7 @@ Evaluation numbers move with the template, temperature, top-p and token limit, s
 reports them with every table.
 
 Modules: `metrics` (pure), `settings` (`EvalSettings`: what `evaluate` samples and scores), `run`
-(`evaluate`), `suite` (benchmarks x seeds, the table).
+(`evaluate`), `suite` (the benchmarks by name, benchmarks x seeds, the table).
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ from tokencredit.evaluation.metrics import (
 )
 from tokencredit.evaluation.run import evaluate
 from tokencredit.evaluation.settings import DEFAULT_EVAL_SAMPLING, EvalSettings
-from tokencredit.evaluation.suite import evaluate_benchmarks, load_benchmark, markdown_table
+from tokencredit.evaluation.suite import BENCHMARKS, evaluate_benchmarks, load_benchmark, markdown_table
 
 __all__ = [
+    "BENCHMARKS",
     "DEFAULT_EVAL_SAMPLING",
     "EvalSettings",
     "avg_at_k",

@@ -10,21 +10,43 @@ from typing import Any
 import numpy as np
 
 from tokencredit.data import load_problems, math_benchmarks, reasoning_gym
+from tokencredit.errors import ConfigError, closest
 from tokencredit.evaluation.run import evaluate
 from tokencredit.evaluation.settings import EvalSettings
+from tokencredit.models import TOY_VARIANTS
+from tokencredit.tasks import load_problems_for
 
-__all__ = ["evaluate_benchmarks", "load_benchmark", "markdown_table"]
+__all__ = ["BENCHMARKS", "evaluate_benchmarks", "load_benchmark", "markdown_table"]
+
+BENCHMARKS: tuple[str, ...] = (*TOY_VARIANTS, *math_benchmarks.NAMES)
+"""The benchmark names: the embedded synthetic tasks' held-out problems, then the shipped math benchmarks."""
 
 
-def load_benchmark(name: str, limit: int | None) -> list[Any]:
-    """A shipped benchmark by name, reasoning-gym data (``reasoning-gym:NAME[?params]``, its held-out split,
-    `limit` problems), or problems from a data file (.jsonl / .json / .parquet / datasets dir)."""
+def load_benchmark(name: str, limit: int | None, data: Any = None) -> list[Any]:
+    """The problems of one benchmark: a name of `BENCHMARKS`, reasoning-gym data
+    (``reasoning-gym:NAME[?params]``, its held-out split, `limit` problems) or a data file (.jsonl /
+    .json / .parquet / datasets directory); the first `limit` problems when given.
+
+    "toy" and "toy-hard" are the held-out problems the trainer evaluates on with ``data.eval`` of that
+    name, read from `data` (a DataConfig: a run's, or the trainer's defaults): the task's difficulty
+    and digits, and ``data.eval_size`` problems unless `limit` is given. An unknown name is a
+    ConfigError listing the names, with the closest ones.
+    """
+    if name in TOY_VARIANTS:
+        if data is None:
+            raise ConfigError(f"benchmark {name!r}: the embedded task's settings are needed (data: a DataConfig)")
+        return load_problems_for(name, replace(data, eval_size=limit or data.eval_size), split="heldout")
     if reasoning_gym.is_spec(name):
         return reasoning_gym.load(name, split="heldout", size=limit)
+    if name in math_benchmarks.NAMES:
+        return math_benchmarks.load(name, limit=limit)
     p = Path(name)
-    if name not in math_benchmarks.COUNTS and (p.suffix in (".jsonl", ".json", ".parquet") or p.is_dir()):
+    if p.suffix.lower() in (".jsonl", ".json", ".ndjson", ".parquet", ".pq") or p.is_dir():
         return load_problems(p, limit=limit)
-    return math_benchmarks.load(name, limit=limit)
+    raise ConfigError(
+        f"unknown benchmark {name!r}; available: {', '.join(BENCHMARKS)}, reasoning-gym:NAME[?params], or a "
+        ".jsonl / .parquet file or datasets directory" + closest(name, BENCHMARKS)
+    )
 
 
 def evaluate_benchmarks(

@@ -8,12 +8,15 @@ then credit methods; ``recipe:`` / ``credit:`` prefixes choose), and computes Â
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from packaging.version import Version
 from torch import Tensor
+
+from tokencredit.data.loaders import DataError, problem_from_row
 
 # Ratio kernels the engines' own losses already implement (verl: loss_mode vanilla / gspo; TRL:
 # importance_sampling_level="token" / "sequence"), so the plugins add only the trace kernels.
@@ -42,3 +45,14 @@ def group_ids_from_labels(labels: Any) -> Tensor:
     """int64 [N] group ids from a sequence of labels (verl's uid strings): equal labels, equal ids."""
     _, inverse = np.unique(np.asarray(labels).astype(str), return_inverse=True)
     return torch.from_numpy(inverse.reshape(-1).astype(np.int64))
+
+
+def problem_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A dataset row's "problem" text, gold "answer" and "id" (only when the row has one) for the saved rollouts,
+    read with the data loader's field mapping (`tokencredit.data.loaders`); {} when the row has no problem text
+    or no answer (explain shows the prompt instead; probe cannot pose such a group again)."""
+    try:
+        p = problem_from_row(dict(row), default_id="", where="dataset row")
+    except DataError:
+        return {}
+    return {"problem": p.problem, "answer": p.answer, **({"id": p.id} if p.id else {})}

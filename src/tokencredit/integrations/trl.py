@@ -26,6 +26,13 @@ before TRL shuffles and splits the generation batch:
   signals, ONE extra no-grad pass (`tokencredit.builder.forward_signals`) computes exactly those for
   this process's rows, and the batch is assembled by the one builder (`tokencredit.builder.build_batch`).
 
+Credit diagnostics: each scoring adds `tokencredit.diagnostics.summary` of the effective credit (what
+tokencredit's own trainer logs) to TRL's metrics as ``credit/gini``, ``credit/eff_ratio``, ... (TRL averages
+them over its logging window and logs them with its own, to ``trainer.state.log_history`` and every
+``report_to``). They are the whole global batch's: each process's sums are all-reduced (a few scalars, and
+the global top-k of the high-entropy set), so all processes hold the same values. `SaveRolloutsCallback`
+saves a step's rollouts with the Â the loss received, for ``tokencredit explain --jsonl`` and ``probe``.
+
 Group baseline: a recipe name brings its own (`tokencredit.recipes`); a bare credit method uses
 TRL's normalisation (``scale_rewards`` group / batch / none, eps 1e-4), so ``credit="uniform"``
 reproduces TRL's own advantages. TRL's loss stays TRL's (``loss_type``, clipping,
@@ -35,28 +42,34 @@ reproduces TRL's own advantages. TRL's loss stays TRL's (``loss_type``, clipping
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from tokencredit import advantages as adv_mod
-from tokencredit import builder, objectives
+from tokencredit import builder, diagnostics, objectives
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.distributed import Shard
 from tokencredit.errors import ConfigError
-from tokencredit.integrations._common import ENGINE_KERNELS, check_supported
+from tokencredit.integrations._common import ENGINE_KERNELS, check_supported, problem_fields
 from tokencredit.models import special_token_ids
-from tokencredit.recipes import Recipe, resolve, token_credit
+from tokencredit.recipes import Recipe, TokenCredit, resolve, token_credit
+from tokencredit.rollout import records
+from tokencredit.train.rundir import atomic_write_text
+from tokencredit.train.trackers import metric_name
 
 try:
     import trl
+    from accelerate.utils import gather_object
+    from transformers import TrainerCallback
     from trl import GRPOTrainer
     from trl.data_utils import apply_chat_template, is_conversational
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError("tokencredit.integrations.trl needs TRL: pip install 'tokencredit[trl]'") from err
 
-__all__ = ["SUPPORTED_VERSIONS", "CreditGRPOTrainer", "check_version"]
+__all__ = ["SUPPORTED_VERSIONS", "CreditGRPOTrainer", "SaveRolloutsCallback", "check_version"]
 
 SUPPORTED_VERSIONS = ">=1.0,<2"
 
@@ -111,7 +124,9 @@ class CreditGRPOTrainer(GRPOTrainer):
         dataset's "problem" text inside the prompt is replaced by tokencredit.credit.gcpo.negative_prompt.
     After each scoring, `last_credit` holds this process's rows: completion ids, mask, scores, global group
     ids and row indices, the sequence advantages A and the token advantages Â handed to the loss, the
-    recipe's kept set of loss tokens (None without one) and the signals used.
+    recipe's kept set of loss tokens (None without one) and the signals used; for `SaveRolloutsCallback`
+    also the prompt ids and mask, TRL's completion (attention) mask, whether each completion was
+    truncated, and the examples.
     """
 
     def __init__(
@@ -126,8 +141,20 @@ class CreditGRPOTrainer(GRPOTrainer):
         self._negative_prompt_fn = negative_prompt
         self._tc_rewards: Tensor | None = None
         self.last_credit: dict[str, Any] | None = None
+        self._last_train_credit: dict[str, Any] | None = None  # what SaveRolloutsCallback saves
         super().__init__(*args, **kwargs)
         self._check_compatible()
+        self._bind_callbacks()
+
+    def add_callback(self, callback: type[TrainerCallback] | TrainerCallback) -> None:
+        super().add_callback(callback)
+        self._bind_callbacks()
+
+    def _bind_callbacks(self) -> None:
+        """Tell each SaveRolloutsCallback which trainer's rollouts it saves (TRL passes callbacks no trainer)."""
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, SaveRolloutsCallback):
+                callback.trainer = self
 
     # ------------------------------------------------------------------ configuration
     def _check_compatible(self) -> None:
@@ -247,6 +274,8 @@ class CreditGRPOTrainer(GRPOTrainer):
         batch = builder.build_batch(rollouts, needs, given=signals, who="CreditGRPOTrainer", shard=shard)
         tc = token_credit(recipe, batch, special_ids=special_token_ids(self._text_tokenizer))
         local = tc.token_advantages.to(device=ids.device, dtype=torch.float32).contiguous()
+        mode = "train" if self.model.training else "eval"
+        self._log_diagnostics(tc, batch.mask, batch.entropy, shard, mode)
         self.last_credit = {
             "completion_ids": ids.detach().clone(),
             "mask": mask.detach().clone(),
@@ -257,8 +286,76 @@ class CreditGRPOTrainer(GRPOTrainer):
             "advantages": local.detach().clone(),
             "keep": None if tc.keep is None else tc.keep.detach().clone(),
             "signals": {k: v.detach().clone() for k, v in signals.items()},
+            "prompt_ids": output["prompt_ids"].detach().clone(),
+            "prompt_mask": output["prompt_mask"].detach().clone(),
+            "completion_mask": output["completion_mask"].detach().clone(),
+            "truncated": self._truncated(ids, output["completion_mask"]),
+            "examples": list(inputs),
         }
+        if mode == "train":
+            self._last_train_credit = self.last_credit
         return local
+
+    def _log_diagnostics(
+        self, tc: TokenCredit, mask: Tensor, entropy: Tensor | None, shard: Shard | None, mode: str
+    ) -> None:
+        """`tokencredit.diagnostics.summary` of the effective credit (as tokencredit's trainer logs it) into TRL's
+        metrics as ``credit/<name>``; of the whole batch (collective with several processes). The entropy
+        shares appear when the credit method reads the entropy (no pass is added for the diagnostics)."""
+        values = diagnostics.summary(
+            tc.effective().detach().cpu(), mask.cpu(), tc.seq_advantages.detach().cpu(),
+            None if entropy is None else entropy.detach().cpu(), shard=shard,
+        )  # fmt: skip
+        for key, value in values.items():
+            self._metrics[mode][metric_name(key)].append(value)
+
+    def _truncated(self, ids: Tensor, completion_mask: Tensor) -> Tensor:
+        """bool [B_local]: completions that do not end with EOS (TRL's rule: last token not an EOS / pad id)."""
+        tok = self._text_tokenizer
+        stop = [*(getattr(self, "eos_token_ids", None) or [tok.eos_token_id]), tok.pad_token_id]
+        lengths = self._lengths(ids, completion_mask)
+        last = ids.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
+        stops = torch.tensor([i for i in stop if i is not None], device=ids.device, dtype=ids.dtype)
+        return ~torch.isin(last, stops)
+
+    @staticmethod
+    def _lengths(ids: Tensor, completion_mask: Tensor) -> Tensor:
+        """[B_local] completion lengths: TRL's completion mask, or the whole width for a row it masked out
+        (``mask_truncated_completions``: a truncated completion fills the width)."""
+        n = completion_mask.sum(1)
+        return torch.where(n > 0, n, torch.full_like(n, ids.shape[1]))
+
+    def _rollout_rows(self) -> list[dict[str, Any]]:
+        """This process's rows of the last training scoring in the saved-rollouts format
+        (`tokencredit.rollout.records`): per row its global index, group id, group fields and completion record."""
+        scored = self._last_train_credit
+        if scored is None:
+            raise RuntimeError("CreditGRPOTrainer: no training batch was scored yet, so there are no rollouts to save")
+        tok = self._text_tokenizer
+        ids = scored["completion_ids"].cpu()
+        lengths = self._lengths(ids, scored["completion_mask"].cpu())
+        mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
+        texts = [tok.decode(ids[i, :n].tolist(), skip_special_tokens=True) for i, n in enumerate(lengths.tolist())]
+        signals = {k: scored["signals"].get(k) for k in ("entropy", "old_log_probs")}
+        completions = records.completion_records(
+            ids, mask, scored["scores"].cpu(), scored["sequence_advantages"].cpu(), scored["advantages"].cpu(),
+            texts=texts, tokens=[tok.convert_ids_to_tokens(ids[i, :n].tolist()) for i, n in enumerate(lengths.tolist())],
+            truncated=scored["truncated"].cpu(), signals={k: None if v is None else v.cpu() for k, v in signals.items()},
+        )  # fmt: skip
+        rows = []
+        for i, completion in enumerate(completions):
+            example = scored["examples"][i]
+            prompt = example.get("prompt")
+            if not isinstance(prompt, str):
+                # a conversation: its rendered ids, decoded (explain tokenises this text again)
+                ids_i = scored["prompt_ids"][i][scored["prompt_mask"][i].bool()].tolist()
+                prompt = tok.decode(ids_i, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            fields = {"prompt": prompt, **problem_fields(example)}
+            rows.append({
+                "row": int(scored["rows"][i]), "group": int(scored["group_ids"][i]), "fields": fields,
+                "completion": completion,
+            })  # fmt: skip
+        return rows
 
     def _shard(self, n_local: int, n_global: int, device: torch.device) -> tuple[Tensor, Tensor, Shard | None]:
         """(rows, group_ids, shard) of this process's completions within TRL's global batch.
@@ -339,3 +436,57 @@ def _replace_problem(prompt: Any, problem: str, replacement: str, index: int) ->
             message["content"] = content.replace(problem, replacement, 1)
             return messages
     raise ConfigError(f"example {index}: the 'problem' text does not occur in any message of the prompt")
+
+
+class SaveRolloutsCallback(TrainerCallback):
+    """Every `every` optimizer steps, the rollouts the step trained on with the Â TRL's loss received, as
+    PATH/step_NNNNNN.jsonl in the saved-rollouts format (`tokencredit.rollout.records`, docs/integrations.md)
+    that ``tokencredit explain --jsonl FILE --model M`` and ``tokencredit probe --data FILE`` read.
+
+        trainer = CreditGRPOTrainer(..., callbacks=[SaveRolloutsCallback("runs/x/rollouts", every=50)])
+
+    (or ``trainer.add_callback(...)``; a CreditGRPOTrainer binds it to itself, any other trainer is refused at
+    the start of training). The rollouts are TRL's latest generation batch, which a step trains on (all of it,
+    or a part when ``steps_per_generation`` spreads it over several steps), one line per prompt. With several
+    processes every process runs the callback and sends its rows to process 0, which writes the file: the
+    strings and per-token ids and values of the saved step's rollouts, nothing on other steps.
+    """
+
+    def __init__(self, path: str | Path, every: int = 10) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ConfigError(f"SaveRolloutsCallback: every must be a positive integer (steps), got {every!r}")
+        self.path = Path(path)
+        self.every = every
+        self.trainer: CreditGRPOTrainer | None = None  # set by the CreditGRPOTrainer it is given to
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.trainer is None:
+            raise ConfigError(
+                "SaveRolloutsCallback saves the rollouts of a CreditGRPOTrainer (tokencredit.integrations.trl): "
+                "pass it in CreditGRPOTrainer(callbacks=[...]) or to that trainer's add_callback"
+            )
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step % self.every == 0:
+            self.save(state.global_step)
+
+    def save(self, step: int) -> Path | None:
+        """Gather the rows of every process and, on process 0, write PATH/step_<step>.jsonl (returned; None
+        on the other processes). Collective: every process must call it."""
+        trainer = self.trainer
+        if trainer is None:
+            raise ConfigError("SaveRolloutsCallback: not attached to a CreditGRPOTrainer")
+        rows = sorted(gather_object(trainer._rollout_rows()), key=lambda r: r["row"])
+        if not trainer.accelerator.is_main_process:
+            return None
+        fields: dict[int, dict[str, Any]] = {}
+        for r in rows:
+            fields.setdefault(r["group"], r["fields"])
+        lines = records.group_records(
+            step=step, recipe=trainer.recipe.name, credit=trainer.recipe.credit, group_ids=[r["group"] for r in rows],
+            completions=[r["completion"] for r in rows], fields=fields,
+        )  # fmt: skip
+        self.path.mkdir(parents=True, exist_ok=True)
+        out = self.path / f"step_{step:06d}.jsonl"
+        atomic_write_text(out, records.jsonl_text(lines))
+        return out

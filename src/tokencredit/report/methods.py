@@ -3,6 +3,8 @@
 Both reports read `--methods` the same way (`tokencredit.recipes.resolve`: recipes first,
 ``credit:`` / ``recipe:`` prefixes choose) and compute each column with the one pipeline,
 `tokencredit.recipes.token_credit`, so a report shows exactly the Â the trainer trains on.
+explain also takes the pseudo-method `SAVED` ("saved", `resolve_columns`): the Â saved with its input
+rollouts, as they were trained with, read and not recomputed; probe samples its own rollouts and rejects it.
 """
 
 from __future__ import annotations
@@ -14,12 +16,16 @@ from typing import Any
 from tokencredit import credit
 from tokencredit.batch import BatchValidationError, RolloutBatch
 from tokencredit.builder import needs_of
-from tokencredit.errors import ConfigError
-from tokencredit.recipes import Recipe, TokenCredit, resolve, token_credit
+from tokencredit.errors import ConfigError, closest
+from tokencredit.recipes import Recipe, TokenCredit, known_names, resolve, token_credit
 
-__all__ = ["NA_LORA", "MethodCredit", "MethodSpec", "method_credit", "resolve_methods"]
+__all__ = [
+    "NA_LORA", "SAVED", "MethodCredit", "MethodSpec", "SavedSpec", "method_credit", "resolve_columns", "resolve_methods",
+]  # fmt: skip
 
 NA_LORA = "n/a (needs a LoRA-trained model)"
+# explain's column of the input's own Â (`SavedSpec`); no recipe or credit method has this name
+SAVED = "saved"
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,50 @@ class MethodSpec:
         return f"{text}. Sequence advantage A: {r.advantage}"
 
 
+@dataclass(frozen=True)
+class SavedSpec:
+    """explain's `SAVED` column: the token advantages Â saved with the rollouts (`token_advantages`), as the
+    engine that sampled them trained with them; `trained_with` names its recipe when known (a run's)."""
+
+    name: str = SAVED
+    trained_with: str | None = None
+
+    kind = "saved"
+    label = "as trained"
+
+    @property
+    def description(self) -> str:
+        by = f" (recipe {self.trained_with})" if self.trained_with else ""
+        return (
+            f"Â as trained{by}: the input's token_advantages, read, not recomputed; before the ratio kernel and "
+            "loss mask. Sequence advantage A: the input's advantage"
+        )
+
+
+def _method_spec(
+    name: str, advantage: str, advantage_params: Mapping[str, Any] | None, run_recipe: Recipe | None
+) -> MethodSpec:
+    try:
+        recipe = resolve(name)
+    except ConfigError as e:
+        raise ConfigError(f"--methods: {e}") from None
+    if recipe.kind == "method":
+        recipe = recipe.with_method_baseline(advantage, advantage_params)
+        if run_recipe is not None and run_recipe.credit == recipe.credit:
+            recipe = recipe.with_overrides(credit_params=dict(run_recipe.credit_params))
+    elif run_recipe is not None and run_recipe.name == recipe.name:
+        recipe = run_recipe
+    return MethodSpec(name, recipe)
+
+
+def _names(names: Sequence[str]) -> list[str]:
+    """The names stripped, empty ones and repeats dropped; ConfigError when none is left."""
+    out = list(dict.fromkeys(n.strip() for n in names if n.strip()))
+    if not out:
+        raise ConfigError("--methods: no method named")
+    return out
+
+
 def resolve_methods(
     names: Sequence[str],
     *,
@@ -66,27 +116,40 @@ def resolve_methods(
     A credit method on its own gets the estimator `advantage` (the run's, by default) and its
     default hyperparameters, or the run recipe's credit_params when the run trained with that
     method. A recipe named like the run's recipe is the run's resolved recipe (with its overrides).
+    `SAVED` is a ConfigError: these columns are computed on rollouts that carry no saved Â (probe's).
     """
-    specs: list[MethodSpec] = []
-    seen: set[str] = set()
-    for raw in names:
-        name = raw.strip()
-        if not name or name in seen:
+    if SAVED in (n.strip() for n in names):
+        raise ConfigError(
+            f"--methods: {SAVED!r} is explain's column of the Â saved with a rollouts file; probe samples its own "
+            "rollouts, which have none: name credit methods or recipes"
+        )
+    return [_method_spec(n, advantage, advantage_params, run_recipe) for n in _names(names)]
+
+
+def resolve_columns(
+    names: Sequence[str],
+    *,
+    advantage: str = "grpo",
+    advantage_params: Mapping[str, Any] | None = None,
+    run_recipe: Recipe | None = None,
+) -> list[MethodSpec | SavedSpec]:
+    """explain's columns, in the order named: `SAVED` as a `SavedSpec` (naming `run_recipe`), every other name
+    as in `resolve_methods`; an unknown name close to `SAVED` is said to be."""
+    specs: list[MethodSpec | SavedSpec] = []
+    for name in _names(names):
+        if name == SAVED:
+            specs.append(SavedSpec(trained_with=run_recipe.name if run_recipe is not None else None))
             continue
         try:
-            recipe = resolve(name)
-        except ConfigError as e:
-            raise ConfigError(f"--methods: {e}") from None
-        if recipe.kind == "method":
-            recipe = recipe.with_method_baseline(advantage, advantage_params)
-            if run_recipe is not None and run_recipe.credit == recipe.credit:
-                recipe = recipe.with_overrides(credit_params=dict(run_recipe.credit_params))
-        elif run_recipe is not None and run_recipe.name == recipe.name:
-            recipe = run_recipe
-        seen.add(name)
-        specs.append(MethodSpec(name, recipe))
-    if not specs:
-        raise ConfigError("--methods: no method named")
+            specs.append(_method_spec(name, advantage, advantage_params, run_recipe))
+        except ConfigError:
+            if not closest(name, [SAVED]):
+                raise
+            # resolve's message names the closest recipes only; this name is nearer the pseudo-method
+            raise ConfigError(
+                f"--methods: unknown method {name!r}{closest(name, [SAVED, *known_names()])}; {SAVED!r} shows "
+                "the Â saved with the rollouts, as trained"
+            ) from None
     return specs
 
 

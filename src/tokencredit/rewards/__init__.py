@@ -7,6 +7,7 @@ from tokencredit.rewards.custom import (
     Reward,
     RewardError,
     check_rewards,
+    is_builtin_reward,
     load_reward_function,
     resolve_reward_function,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "default_verifier",
     "extract_answer",
     "format_reward",
+    "is_builtin_reward",
     "last_answer_statement",
     "last_boxed",
     "load_reward_function",

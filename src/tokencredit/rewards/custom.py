@@ -15,8 +15,9 @@ Names (`Reward(spec)`, the trainer's ``reward.function``):
 A user reward function has the signature ``fn(completions: list[str], golds: list, **kwargs) ->
 list[float]`` (one finite number per completion). Its output is checked: a wrong length, a
 non-number or a NaN/inf is an error naming the function and the completion, never a silent 0.
-`Reward.verify` also says which completions the math verifier could not judge in time (always
-none for a user function).
+`Reward.check` calls it once at set-up, on one training problem, so that such an error stops a run
+before its first evaluation instead of after it. `Reward.verify` also says which completions the math
+verifier could not judge in time (always none for a user function).
 """
 
 from __future__ import annotations
@@ -62,16 +63,23 @@ def load_reward_function(path: str) -> RewardCallable:
     return obj
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """repr(value) with its type, cut to about `limit` characters (for an error message)."""
+    text = repr(value)
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
 def check_rewards(values: Any, n: int, who: str) -> list[float]:
     """Validate a reward function's output: n finite real numbers (else RewardError naming the rollout)."""
     try:
         vals = list(values)
     except TypeError:
-        raise RewardError(
-            f"reward function {who} returned {type(values).__name__}, expected a list of {n} floats"
-        ) from None
+        raise RewardError(f"reward function {who} returned {_short(values)}, expected a list of {n} floats") from None
     if len(vals) != n:
-        raise RewardError(f"reward function {who} returned {len(vals)} values for {n} completions")
+        raise RewardError(
+            f"reward function {who} returned {len(vals)} values for {n} completions: {_short(values)}"
+        )
     out = []
     for i, v in enumerate(vals):
         try:
@@ -123,6 +131,11 @@ def _gym_options(spec: str) -> dict[str, bool]:
 
 def is_gym_reward(spec: str) -> bool:
     return spec == GYM_PREFIX or spec.startswith(GYM_PREFIX + "?")
+
+
+def is_builtin_reward(spec: str) -> bool:
+    """Whether `spec` names a built-in reward ("math", "auto", "reasoning-gym[?options]"), not a user function."""
+    return spec in ("math", "auto") or is_gym_reward(spec)
 
 
 def resolve_reward_function(spec: str, data_specs: Sequence[str]) -> str:
@@ -254,6 +267,28 @@ class Reward:
 
     def __call__(self, completions: Sequence[str], golds: Sequence[Gold], **kwargs: Any) -> list[float]:
         return self.verify(completions, golds, **kwargs).scores
+
+    def check(self, problem: Any) -> None:
+        """Call a user function once, as training will, on two completions of `problem` (an empty one
+        and one that boxes the reference answer): a ConfigError naming the function and what it
+        returned or raised when that is not two finite numbers. Built-in rewards are not called (their
+        output is this package's own). Meant for set-up, before any model loads or evaluation runs."""
+        if self._fn is None:
+            return
+        gold = problem.answer
+        completions = ["", f"The answer is \\boxed{{{gold[0] if isinstance(gold, list) and gold else gold}}}."]
+        where = (
+            f"reward.function = {self.spec!r} failed its start-up check (called on {len(completions)} completions "
+            f"of training problem {getattr(problem, 'id', '?')!r})"
+        )
+        try:
+            values = self._fn(list(completions), [gold] * len(completions))
+        except Exception as e:  # noqa: BLE001 - any error of user code, reported with its type
+            raise ConfigError(f"{where}: it raised {type(e).__name__}: {e}") from e
+        try:
+            check_rewards(values, len(completions), self.spec)
+        except RewardError as e:
+            raise ConfigError(f"{where}: {e}; it must return one finite number per completion") from None
 
     def start(self) -> None:
         """Start the verifier's workers in the background (they warm up while other work runs)."""

@@ -18,17 +18,19 @@ from tokencredit import models, recipes
 from tokencredit.errors import ConfigError, closest
 from tokencredit.models import resolve_device
 from tokencredit.rewards.custom import resolve_reward_function
+from tokencredit.train.trackers import parse_report_to
 
 
 @dataclass
 class RunConfig:
-    seed: int = 0
-    steps: int = 40
-    out_dir: str = "runs"
+    seed: int = 0  # seeds torch, the prompt order and the rollout / evaluation sampling
+    steps: int = 40  # training steps (each: prompts_per_step x group_size rollouts, then the update)
+    out_dir: str = "runs"  # each run gets its own directory under this one
     name: str = ""  # run directory name under out_dir; "" = <recipe>-<seed>-<timestamp>
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch intra-op threads on CPU; 0 = auto (1 for the toy model, whose ops are too small to split; else torch's default)
-    progress: bool = True
+    progress: bool = True  # a live progress bar (false: one plain line per step)
+    report_to: list[str] = field(default_factory=lambda: ["none"])  # experiment trackers (TRL's report_to): none | all (those installed) | a list of tensorboard, wandb, mlflow
 
 
 @dataclass
@@ -36,12 +38,12 @@ class ModelConfig:
     name: str = "toy"  # "toy" (the embedded warm-started tiny model) or a local HF model directory
     dtype: str = "float32"  # float32 | bfloat16 | float16 (statistics are float32 regardless)
     lora_rank: int = 0  # 0 = full fine-tuning
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    lora_targets: list[str] = field(
+    lora_alpha: float = 16.0  # LoRA scale numerator (the adapter's update is scaled by alpha / rank)
+    lora_dropout: float = 0.0  # dropout on the LoRA adapter's input, in [0, 1)
+    lora_targets: list[str] = field(  # module names that get a LoRA adapter (those the model has)
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, slower)
 
 
 @dataclass
@@ -59,10 +61,10 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    prompts_per_step: int = 8
-    group_size: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
+    prompts_per_step: int = 8  # problems (groups) sampled per step
+    group_size: int = 8  # completions per problem (G >= 2: the group baseline)
+    temperature: float = 1.0  # sampling temperature of the rollouts (> 0)
+    top_p: float = 1.0  # nucleus sampling of the rollouts (1.0 = off)
     max_new_tokens: int = 80  # toy solutions are ~62 characters (tokens) plus EOS
     max_resample_rounds: int = 3  # DAPO dynamic sampling: extra generation rounds to fill the batch
     generation_batch_size: int = 0  # rows per generate call; 0 = all at once
@@ -71,13 +73,13 @@ class RolloutConfig:
 @dataclass
 class OptimConfig:
     lr: float = 1e-4  # full fine-tuning of the toy model; 3e-4 and above collapse it
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.99
-    warmup_steps: int = 0
+    weight_decay: float = 0.0  # AdamW weight decay
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.99  # AdamW beta2
+    warmup_steps: int = 0  # linear learning-rate warm-up steps (0 = none)
     schedule: str = "constant"  # constant | cosine
     min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # global gradient-norm clip (0 = no clipping)
     ppo_epochs: int = 1  # passes over each step's rollouts
     mini_batches: int = 1  # optimiser steps per epoch
     micro_batch_size: int = 0  # rows per forward/backward (gradient accumulation); 0 = whole mini-batch
@@ -110,9 +112,9 @@ class OracleConfig:
 class EvalConfig:
     every: int = 20  # steps between held-out evaluations (0 = only at start and end)
     samples: int = 2  # sampled completions per problem for avg@k / pass@k (0 = greedy only)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    at_start: bool = True
+    temperature: float = 1.0  # sampling temperature of the eval samples (0: each repeats the greedy answer)
+    top_p: float = 1.0  # nucleus sampling of the eval samples (1.0 = off)
+    at_start: bool = True  # evaluate the starting model before step 1
     save_groups: int = 8  # rollout groups (with per-token credit) saved at each eval step
     batch_size: int = 256  # sequences per generate call (greedy and sampled); lower it if evaluation runs out of memory
 
@@ -127,7 +129,7 @@ class CheckpointConfig:
 class AlgoConfig:
     # The token-level recipe that ended highest at these defaults (README: 3 seeds x 40 steps; `tokencredit
     # compare --recipes grpo,strace,delta,dapo+ktae,dapo --seeds 0,1,2`).
-    recipe: str = "dapo+ktae"
+    recipe: str = "dapo+ktae"  # a recipe (`tokencredit recipes`) or credit method; recipe:NAME / credit:NAME to choose
     # Overrides of the recipe's fields (see tokencredit.recipes.Recipe), e.g. {"eps_high": 0.3,
     # "kernel_params": {"lam": 0.9}}; dict values are merged into the recipe's dicts.
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -308,6 +310,7 @@ def validate_config(cfg: TrainConfig) -> None:
     need(cfg.run.steps >= 0, "run.steps", "must be >= 0")
     need(cfg.run.threads >= 0, "run.threads", "must be >= 0 (0 = auto)")
     _check_device(cfg.run.device)
+    parse_report_to(cfg.run.report_to)  # an unknown tracker name is an error naming the closest
     need(cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", "must be float32, bfloat16 or float16")
     need(cfg.model.lora_rank >= 0, "model.lora_rank", "must be >= 0 (0 = full fine-tuning)")
     need(0.0 <= cfg.model.lora_dropout < 1.0, "model.lora_dropout", "must be in [0, 1)")

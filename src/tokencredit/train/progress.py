@@ -1,18 +1,25 @@
-"""The per-step progress bar: reward, accuracy, response length, entropy, clip fraction, credit Gini."""
+"""The per-step progress bar: reward, accuracy, response length, entropy, clip fraction, credit Gini.
+
+The bar's line holds only what must always be seen (step/total, elapsed time, ETA: under 60 columns);
+the step's metrics go on the line below, wrapped rather than cut, so an 80-column terminal keeps both.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
+from rich.text import Text
 
 
 def step_line(rec: dict[str, Any]) -> str:
@@ -43,23 +50,64 @@ def eval_line(rec: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "-:--:--"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def time_remaining(task: Task) -> float | None:
+    """Seconds left at this session's mean time per step (None before its first step).
+
+    Not rich's own estimate: that one keeps 30 s of samples, so steps longer than 30 s (any real
+    model) never give it two samples and the ETA would stay blank for the whole run.
+    """
+    done = task.completed - task.fields.get("resumed_at", 0)
+    if task.total is None or done <= 0 or not task.elapsed:
+        return None
+    return max(task.total - task.completed, 0) * task.elapsed / done
+
+
+class EtaColumn(ProgressColumn):
+    """'ETA 0:01:23' from `time_remaining`."""
+
+    def render(self, task: Task) -> Text:
+        return Text(f"ETA {_clock(time_remaining(task))}", style="progress.remaining")
+
+
+class _TwoLineProgress(Progress):
+    """The bar's columns on one line, the task description (the step's metrics) below it."""
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        yield self.make_tasks_table(self.tasks)
+        for task in self.tasks:
+            if task.description:
+                yield Text(task.description, overflow="fold")
+
+
 class StepProgress:
-    """A rich progress bar whose description is the latest step's metrics (plain lines when disabled)."""
+    """A rich progress bar with the latest step's metrics under it (plain lines when disabled).
+
+    Both forms always show step/total and the ETA. `console` (its `get_time` is the bar's clock)
+    defaults to a new one.
+    """
 
     def __init__(self, total: int, done: int, enabled: bool = True, console: Console | None = None) -> None:
         self.console = console or Console()
         self.enabled = enabled
-        self.progress = Progress(
+        self.total = total
+        self.progress = _TwoLineProgress(
             TextColumn("[bold]train"),
             BarColumn(bar_width=24),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.description}"),
+            EtaColumn(),
             console=self.console,
             disable=not enabled,
         )
-        self.task = self.progress.add_task("", total=total, completed=done)
+        self.task = self.progress.add_task("", total=total, completed=done, resumed_at=done)
 
     def __enter__(self) -> StepProgress:
         self.progress.__enter__()
@@ -72,7 +120,10 @@ class StepProgress:
         line = step_line(rec)
         self.progress.update(self.task, advance=1, description=line)
         if not self.enabled:
-            self.console.print(f"step {rec['step']}: {line}")
+            task = next(t for t in self.progress.tasks if t.id == self.task)
+            what = line.removeprefix(f"step {rec['step']}: ")  # a skipped step's line names it already
+            # soft_wrap: one line per step in a log file, whatever the console's width
+            self.console.print(f"step {rec['step']}/{self.total} (ETA {_clock(time_remaining(task))}): {what}", soft_wrap=True)
 
     def note(self, rec: dict[str, Any]) -> None:
         self.console.print(eval_line(rec))

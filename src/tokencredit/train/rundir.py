@@ -11,6 +11,10 @@
     RUN_DIR/train.log              the output of a run that `tokencredit compare --jobs` started
     RUN_DIR/explain_step_N.html    `tokencredit explain`'s page of saved step N (default output)
     RUN_DIR/probe.json (+ .md)     `tokencredit probe`'s report on the run (default output)
+    RUN_DIR/tensorboard/           TensorBoard event files (run.report_to, tokencredit.train.trackers)
+    RUN_DIR/wandb/                 the wandb run's local files (unless WANDB_DIR is set)
+    RUN_DIR/mlruns/                the MLflow file store (unless MLFLOW_TRACKING_URI is set)
+    RUN_DIR/trackers.json          the wandb / MLflow run ids, so that a resumed run continues them
 
 Every file is written atomically (temporary file, fsync, rename): a crash leaves the old file or
 the new one, never a torn one. `metrics.jsonl` is append-only; on resume, lines after the
@@ -41,6 +45,7 @@ import torch
 from tokencredit.batch import MC_SIGNALS
 from tokencredit.errors import ConfigError, DiskFullError
 from tokencredit.recipes import Recipe, from_dict, resolve
+from tokencredit.rollout import records
 from tokencredit.train.config import TrainConfig, dump_toml, load_config
 
 __all__ = ["MetricsLog", "RunDir", "atomic_write_bytes", "atomic_write_text", "damaged_line", "disk_full",
@@ -210,6 +215,9 @@ class RunDir:
         self.curves_path = self.path / "curves.png"
         self.final_dir = self.path / "final"
         self.log_path = self.path / "train.log"
+        self.tensorboard_dir = self.path / "tensorboard"
+        self.mlflow_dir = self.path / "mlruns"
+        self.trackers_path = self.path / "trackers.json"
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -277,6 +285,21 @@ class RunDir:
             )
         return recipe
 
+    # ------------------------------------------------------------------ experiment trackers
+    def read_tracker_ids(self) -> dict[str, str]:
+        """{tracker name: its run id} from trackers.json; {} when there is none or it is damaged (a resumed
+        run then starts a new tracker run rather than not training)."""
+        try:
+            data = json.loads(self.trackers_path.read_text(errors="replace"))
+        except (OSError, json.JSONDecodeError):
+            return {}
+        return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
+
+    def write_tracker_id(self, tracker: str, run_id: str) -> None:
+        """Record `tracker`'s run id (the others are kept)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.trackers_path, json.dumps({**self.read_tracker_ids(), tracker: run_id}, indent=2))
+
     # ------------------------------------------------------------------ rollouts
     def rollout_path(self, step: int) -> Path:
         return self.rollouts_dir / f"step_{step:06d}.jsonl"
@@ -300,11 +323,11 @@ class RunDir:
             skipped += [damaged_line(path, n, why, len(out), last=n == last, what="group") for n, why in bad]
         return out
 
-    def write_rollouts(self, step: int, records: list[dict[str, Any]]) -> Path:
-        """One JSON line per saved group."""
+    def write_rollouts(self, step: int, groups: list[dict[str, Any]]) -> Path:
+        """One JSON line per saved group (`rollout_records`); a non-finite number is an error naming it."""
         self.rollouts_dir.mkdir(parents=True, exist_ok=True)
         path = self.rollout_path(step)
-        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
+        atomic_write_text(path, records.jsonl_text(groups))
         return path
 
     # ------------------------------------------------------------------ checkpoints
@@ -362,39 +385,29 @@ def rollout_records(
     step: int, recipe: Recipe, ro: Any, batch: Any, credit: Any, tokenizer: Any, max_groups: int
 ) -> list[dict[str, Any]]:
     """The saved form of a step's first `max_groups` groups (rollouts/step_N.jsonl, read by
-    `tokencredit explain`): per completion its text, token ids and tokens, score, whether the
-    verifier timed out on it, sequence advantage A, per-token Â, the old policy's entropy and log-probs, and
-    the Monte-Carlo signals (`batch.MC_SIGNALS`) when the recipe sampled them."""
+    `tokencredit explain`), written by the one writer of that format (`tokencredit.rollout.records`):
+    per completion its text, token ids and tokens, score, whether the verifier timed out on it,
+    sequence advantage A, per-token Â, the old policy's entropy and log-probs, and the Monte-Carlo
+    signals (`batch.MC_SIGNALS`) when the recipe sampled them."""
     groups = torch.unique(ro.group_ids, sorted=True)[:max_groups]
-    seq, tok = credit.seq_advantages, credit.token_advantages
-    out = []
+    rows = torch.isin(ro.group_ids, groups).nonzero().flatten()
+    lengths = batch.mask[rows].sum(1).tolist()
+    signals = {s: getattr(batch, s) for s in ("entropy", "old_log_probs")}  # None: the pass did not compute it
+    signals |= {s: getattr(batch, s) for s in MC_SIGNALS if getattr(batch, s, None) is not None}
+    comps = records.completion_records(
+        batch.token_ids[rows], batch.mask[rows], ro.scores[rows], credit.seq_advantages[rows],
+        credit.token_advantages[rows], texts=[ro.texts[i] for i in rows.tolist()],
+        tokens=[tokenizer.convert_ids_to_tokens(batch.token_ids[i, :n].tolist()) for i, n in zip(rows.tolist(), lengths)],
+        truncated=ro.truncated[rows], correct=ro.correct[rows].tolist(),
+        signals={s: None if v is None else v[rows] for s, v in signals.items()},
+        row_fields=[{"verify_timeout": bool(ro.timed_out[i])} for i in rows.tolist()],
+    )  # fmt: skip
+    fields = {}
     for gid in groups.tolist():
-        rows = (ro.group_ids == gid).nonzero().flatten().tolist()
-        p = ro.problems[rows[0]]
-        comps = []
-        for i in rows:
-            n = int(batch.mask[i].sum())
-            ids = batch.token_ids[i, :n].tolist()
-            comps.append({
-                "text": ro.texts[i],
-                "token_ids": ids,
-                "tokens": tokenizer.convert_ids_to_tokens(ids),
-                "score": float(ro.scores[i]),
-                "correct": bool(ro.correct[i]),
-                "verify_timeout": bool(ro.timed_out[i]),
-                "advantage": float(seq[i]),
-                "token_advantages": [round(float(x), 6) for x in tok[i, :n]],
-                "truncated": bool(ro.truncated[i]),
-                # the old policy's signals (None when the recipe's pass did not compute them), MC values if sampled
-                **{s: None if getattr(batch, s) is None else [round(float(x), 5) for x in getattr(batch, s)[i, :n]]
-                   for s in ("entropy", "old_log_probs")},
-                **{s: [round(float(x), 6) for x in getattr(batch, s)[i, :n]] for s in MC_SIGNALS
-                   if getattr(batch, s, None) is not None},
-            })  # fmt: skip
+        p = ro.problems[int((ro.group_ids == gid).nonzero()[0])]
         ref = getattr(p.answer, "ref", None)  # a reasoning-gym answer names its entry: explain re-scores with it
-        out.append({
-            "step": step, "recipe": recipe.name, "credit": recipe.credit, "group": gid,
-            "id": str(getattr(p, "id", "")), "problem": p.problem, "answer": p.answer, "completions": comps,
-            **({"answer_ref": ref} if ref is not None else {}),
-        })  # fmt: skip
-    return out
+        fields[gid] = {"id": str(getattr(p, "id", "")), "problem": p.problem, "answer": p.answer, "answer_ref": ref}
+    return records.group_records(
+        step=step, recipe=recipe.name, credit=recipe.credit, group_ids=ro.group_ids[rows], completions=comps,
+        fields=fields,
+    )

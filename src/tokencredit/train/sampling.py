@@ -16,17 +16,15 @@ import torch
 from torch import Tensor
 
 from tokencredit import rollout
-from tokencredit.data import load_problems, math_benchmarks, reasoning_gym
-from tokencredit.data.synthetic import ArithmeticTask
 from tokencredit.errors import ConfigError, TrainingError
-from tokencredit.models import TOY_VARIANTS, toy_task
+from tokencredit.evaluation import EvalSettings
 from tokencredit.rewards import Reward, format_reward, overlong_penalty
 from tokencredit.rewards.custom import RewardError
 from tokencredit.rollout import PromptResponseLayout, SamplingSettings
-from tokencredit.train.config import RolloutConfig
+from tokencredit.train.config import RolloutConfig, TrainConfig
 
 __all__ = [
-    "PromptSampler", "StepRollouts", "collect", "informative_rows", "load_problems_for", "rollout_sampling",
+    "PromptSampler", "StepRollouts", "collect", "informative_rows", "rollout_sampling",
     "sample_round", "seed_for", "with_greedy_baselines", "with_mc_signals",
 ]  # fmt: skip
 
@@ -39,6 +37,18 @@ def seed_for(*parts: int) -> int:
     return h % (2**31 - 1)
 
 
+def run_eval_settings(cfg: TrainConfig) -> EvalSettings:
+    """The settings of a run's held-out evaluations (the trainer's, and ``tokencredit eval RUN_DIR``'s
+    defaults): ``eval.samples`` samples at ``eval.temperature`` / ``eval.top_p``, the rollouts'
+    ``max_new_tokens``, ``eval.batch_size`` sequences per generate call, ``data.template``, and a seed
+    derived from ``run.seed``, so that the same model gets the same numbers from either."""
+    e = cfg.eval
+    sampling = SamplingSettings(
+        temperature=e.temperature, top_p=e.top_p, max_new_tokens=cfg.rollout.max_new_tokens, batch_size=e.batch_size
+    )
+    return EvalSettings(samples=e.samples, sampling=sampling, template=cfg.data.template, seed=seed_for(cfg.run.seed, 31337))
+
+
 def rollout_sampling(c: RolloutConfig) -> SamplingSettings:
     """The sampling settings of a run's rollouts (`c`: its `[rollout]` table): temperature, top_p,
     max_new_tokens, and generation_batch_size rows per generate call (0 = all at once)."""
@@ -46,33 +56,6 @@ def rollout_sampling(c: RolloutConfig) -> SamplingSettings:
         temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens,
         batch_size=c.generation_batch_size or None,
     )  # fmt: skip
-
-
-def load_problems_for(spec: str, data: Any, split: str) -> list[Any]:
-    """Problems for `data.train` / `data.eval` (`data`: the run's DataConfig): "toy" (the synthetic
-    task's train or held-out split, `data.difficulty` steps), "toy-hard" (the task of the hard toy
-    model's warm start), or comma-separated parts: shipped benchmark names, reasoning-gym data
-    (``reasoning-gym:NAME[?params]``, `data.train_size` / `data.eval_size` problems, disjoint seeds
-    per split) or files / `datasets` directories."""
-    limit = data.eval_size if split == "heldout" and data.eval_size > 0 else None
-    size = data.eval_size if split == "heldout" else data.train_size
-    if spec == "toy":
-        return ArithmeticTask(difficulty=data.difficulty, digits=data.digits).sample(size, split)
-    if spec in TOY_VARIANTS:
-        return toy_task(name=spec).sample(size, split)
-    out: list[Any] = []
-    for part in (x.strip() for x in spec.split(",") if x.strip()):
-        if reasoning_gym.is_spec(part):
-            out += reasoning_gym.load(part, split=split, size=size or None)
-        elif part in math_benchmarks.NAMES:
-            out += math_benchmarks.load(part, limit=limit)
-        else:
-            out += load_problems(
-                part, problem_field=data.problem_field or None, answer_field=data.answer_field or None, limit=limit
-            )
-    if not out:
-        raise ConfigError(f"data.{'eval' if split == 'heldout' else 'train'} = {spec!r} gave no problems")
-    return out
 
 
 class PromptSampler:

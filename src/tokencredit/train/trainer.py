@@ -2,8 +2,9 @@
 
 Read top to bottom: `Trainer.__init__` builds everything from the config, `Trainer.step` is one
 RL step as the papers write it, `Trainer.fit` is the loop with evaluation, checkpoints, the
-progress bar and the final report. SIGINT / SIGTERM stop the loop after the step in progress
-(`tokencredit.train.stop`); a full disk stops it naming the file, with the last good state kept.
+progress bar, the experiment trackers (`run.report_to`) and the final report. SIGINT / SIGTERM
+stop the loop after the step in progress (`tokencredit.train.stop`); a full disk stops it naming
+the file, with the last good state kept.
 Every algorithmic choice comes from the recipe (a row of `tokencredit.recipes.RECIPES`); the
 trainer only gathers inputs and calls the core's pure functions: `recipes.token_credit` for A and
 Â, `objectives.policy_loss` inside `update.policy_update`.
@@ -27,13 +28,14 @@ from torch import Tensor
 from tokencredit import models, recipes
 from tokencredit.batch import BatchValidationError, RolloutBatch
 from tokencredit.builder import Passes, build_batch, needs_of, rendered_negative_prompts
-from tokencredit.data.templates import render
+from tokencredit.data.templates import chat_template_warning, render
 from tokencredit.errors import DiskFullError, Interrupted, TrainingError
-from tokencredit.evaluation import EvalSettings, evaluate
+from tokencredit.evaluation import evaluate
 from tokencredit.oracle import MCSettings, mc_signals
 from tokencredit.recipes import Recipe, TokenCredit
 from tokencredit.rewards import Reward
 from tokencredit.rollout import SamplingSettings
+from tokencredit.tasks import load_problems_for
 from tokencredit.train import checkpoint as ckpt
 from tokencredit.train.config import TrainConfig, check_recipe, validate_config
 from tokencredit.train.progress import StepProgress
@@ -42,8 +44,8 @@ from tokencredit.train.sampling import (
     PromptSampler,
     StepRollouts,
     collect,
-    load_problems_for,
     rollout_sampling,
+    run_eval_settings,
     sample_round,
     seed_for,
     with_greedy_baselines,
@@ -51,6 +53,7 @@ from tokencredit.train.sampling import (
 )
 from tokencredit.train.stop import StopNow, StopSignals, signal_name, stopped_message
 from tokencredit.train.summary import plot_curves, run_summary, step_record, summary_table
+from tokencredit.train.trackers import Trackers, require
 from tokencredit.train.update import can_fuse_old_pass, lr_factor, policy_update
 
 __all__ = ["StepResult", "Trainer", "resolve_recipe"]
@@ -81,6 +84,8 @@ class Trainer:
         self.run_dir = self.run.path
         self.console = console or Console()
         validate_config(cfg)  # value ranges first: every bad value is named before any model loads
+        self.report_to = require(cfg.run.report_to)  # a tracker's missing library too
+        self.trackers = Trackers()  # opened by fit()
         self.recipe = resolve_recipe(cfg)
         check_recipe(self.recipe, cfg)
         # Data and reward function before the model: a malformed file or a bad reward name is
@@ -90,11 +95,14 @@ class Trainer:
         self.sampler = PromptSampler(self.train_problems, cfg.run.seed)
         # correctness only; the format reward and DAPO's overlong shaping are added to the score separately
         self.reward_fn = Reward(cfg.reward.function, timeout=cfg.reward.timeout, retry_timeouts=cfg.reward.retry_timeouts)
+        self.reward_fn.check(self.train_problems[0])  # a wrong user reward stops here, before the model loads
         if cfg.run.threads > 0 or cfg.model.name in models.TOY_VARIANTS:
             torch.set_num_threads(cfg.run.threads or 1)
         self.device = models.resolve_device(cfg.run.device, "run.device")
         torch.manual_seed(cfg.run.seed)
         self.model, self.tokenizer = ckpt.build_policy(cfg, self.device)
+        if warning := chat_template_warning(cfg.data.template, self.tokenizer, cfg.model.name, option="data.template"):
+            self.console.print(f"[yellow]warning: {warning}", highlight=False)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.special_ids = models.special_token_ids(self.tokenizer)
@@ -109,6 +117,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, o, cfg.run.steps))
         self.step_done = 0
+        self.resumed = resume
         self.stopped_by: int | None = None  # the stop signal fit() received, if any
         self.metrics = self.run.metrics
         self.history: list[dict[str, Any]] = []
@@ -223,13 +232,7 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation and saving
     def evaluate(self, step: int) -> dict[str, Any]:
         e = self.cfg.eval
-        sampling = SamplingSettings(
-            temperature=e.temperature, top_p=e.top_p, max_new_tokens=self.cfg.rollout.max_new_tokens,
-            batch_size=e.batch_size,
-        )  # fmt: skip
-        settings = EvalSettings(
-            samples=e.samples, sampling=sampling, template=self.cfg.data.template, seed=seed_for(self.cfg.run.seed, 31337)
-        )
+        settings = run_eval_settings(self.cfg)
         res = evaluate(
             self.model, self.tokenizer, self.eval_problems, settings, verifier=self.reward_fn.verifier, progress=False
         )
@@ -280,6 +283,7 @@ class Trainer:
         rec["wall_time"] = self._time_offset + time.perf_counter() - self._t_session
         self.metrics.append(rec)
         self.history.append(rec)
+        self.trackers.log(rec)  # after metrics.jsonl: a tracker's failure warns, never loses the record
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
@@ -288,11 +292,22 @@ class Trainer:
         step. A full disk raises DiskFullError naming the file and the last good checkpoint."""
         self._t_session = time.perf_counter()
         self._time_offset = float(self.history[-1].get("wall_time", 0.0)) if self.history else 0.0
-        self.reward_fn.start()  # the verifier's workers warm up while the first rollouts are sampled
+        self.trackers = Trackers.start(
+            self.report_to, self.run, self.cfg.to_dict(), first_step=self.step_done + 1 if self.step_done else 0,
+            resume=self.resumed, warn=lambda m: self.console.print(f"[yellow]{m}"),
+        )  # fmt: skip
+        exit_code = 1  # the trackers' end: 0 once the run returns, 128 + signal number when a signal stopped it
         try:
+            self.reward_fn.start()  # the verifier's workers warm up while the first rollouts are sampled
             with StopSignals(self._on_signal) as stop:
-                return self._run(stop)
+                summary = self._run(stop)
+            exit_code = 0
+            return summary
+        except Interrupted as e:
+            exit_code = e.exit_code
+            raise
         except StopNow as e:
+            exit_code = 128 + e.signum
             checkpoints = self.run.checkpoint_steps()
             msg = stopped_message(e.signum, self.run_dir, self.step_done, abandoned=True,
                                   checkpoint=checkpoints[-1] if checkpoints else None)  # fmt: skip
@@ -302,6 +317,7 @@ class Trainer:
         finally:
             # also on an error or a signal: no verifier worker processes outlive a stopped run
             self.reward_fn.close()
+            self.trackers.close(exit_code)
 
     def _run(self, stop: StopSignals) -> dict[str, Any]:
         cfg = self.cfg

@@ -17,6 +17,10 @@
       '  ·  probability ' + f(row.prob ? row.prob[t] : null, 3) +
       '  ·  A ' + f(row.advantage, 3, true) + '  ·  reward ' + f(row.reward, 2);
     tip.appendChild(info);
+    if (row.first_wrong === t) {
+      var fw = document.createElement('div'); fw.className = 'fwtip';
+      fw.textContent = 'first wrong token (the task\u2019s checker): ' + row.checker; tip.appendChild(fw);
+    }
     var tb = document.createElement('table');
     D.methods.forEach(function(me){
       if (!row.credit[me.name]) return;

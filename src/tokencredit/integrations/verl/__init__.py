@@ -49,7 +49,9 @@ a `ConfigError` naming the switch. The S-trace loss reads its kept token set fro
 Each estimator also leaves its credit diagnostics (`estimators.credit_metrics`: credit Gini,
 effective-token ratio, share of |Â| on high-entropy tokens, Â min / max, as ``tokencredit/<name>``)
 for verl's step log: the legacy trainer's ``compute_data_metrics`` and the v1 trainer's
-``_compute_advantage`` metrics are hooked to carry them.
+``_compute_advantage`` metrics are hooked to carry them. With ``TOKENCREDIT_VERL_SAVE_ROLLOUTS=DIR`` (and
+``TOKENCREDIT_VERL_SAVE_ROLLOUTS_EVERY=N``) it also saves every N steps the batch's rollouts with their Â
+for ``tokencredit explain`` / ``probe`` (`rollouts`).
 """
 
 from __future__ import annotations

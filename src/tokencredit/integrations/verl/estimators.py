@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,10 +20,11 @@ from tokencredit.builder import Needs, needs_of
 from tokencredit.errors import ConfigError, closest
 from tokencredit.integrations import verl_actor
 from tokencredit.integrations._common import slug
+from tokencredit.integrations.verl import rollouts
 from tokencredit.integrations.verl.batch import SIGNAL_KEYS, batch_from_dataproto, first_key
 from tokencredit.integrations.verl_actor.reductions import REDUCTIONS
 from tokencredit.models import special_token_ids
-from tokencredit.recipes import Recipe, resolve, token_credit, zero_outside
+from tokencredit.recipes import Recipe, TokenCredit, resolve, token_credit, zero_outside
 
 __all__ = [
     "ESTIMATORS", "METRICS_KEY", "cfg_value", "credit_metrics", "estimator_spec", "register_estimator", "uses_keep",
@@ -45,11 +47,17 @@ class _StepContext:
     fetch: Callable[[list[str]], dict[str, Tensor]] | None = None  # v1: fields from the TransferQueue
     has_entropy: bool = False  # v1: the TransferQueue holds the old policy's entropy (for the diagnostics)
     metrics: dict[str, float] | None = None  # v1: the estimator's credit diagnostics, for the step's metrics
+    tokenizer: Any = None  # v1: the trainer's tokenizer and global step (saved rollouts)
+    step: int | None = None
+    fetch_rows: Callable[[list[str]], dict[str, list[Tensor]]] | None = None  # v1: unpadded rows (prompts)
 
 
 _CONTEXT: contextvars.ContextVar[_StepContext | None] = contextvars.ContextVar("tc_verl_step", default=None)
 # The legacy trainer's tokenizer special ids (set by its hook in the driver process).
 _LEGACY_SPECIAL_IDS: list[tuple[int, ...] | None] = [None]
+# The legacy trainer itself (a weak reference, set by the same hook): its tokenizer and global step, read
+# when rollouts are saved.
+_LEGACY_TRAINER: list[weakref.ref[Any] | None] = [None]
 
 
 def _special_ids(tokenizer: Any) -> tuple[int, ...] | None:
@@ -200,6 +208,9 @@ def _make_estimator(verl_name: str, spec: Recipe) -> Callable[..., tuple[Tensor,
         data.meta_info[METRICS_KEY] = metrics  # legacy trainer: merged into the step log (hooks)
         if ctx is not None and ctx.metrics is not None:
             ctx.metrics.update(metrics)  # v1 trainer: its _compute_advantage's metrics
+        saving = rollouts.saving_from_env()
+        if saving is not None:
+            _save_rollouts(saving, data, batch, tc, tok, ctx)
         tok = tok.to(device=token_level_rewards.device)
         return tok, tok.clone()
 
@@ -207,6 +218,36 @@ def _make_estimator(verl_name: str, spec: Recipe) -> Callable[..., tuple[Tensor,
     estimator.__qualname__ = estimator.__name__
     estimator.tokencredit_spec = spec  # type: ignore[attr-defined]
     return estimator
+
+
+def _save_rollouts(
+    saving: rollouts.RolloutSaving, data: DataProto, batch: RolloutBatch, tc: TokenCredit, tok: Tensor,
+    ctx: _StepContext | None,
+) -> None:
+    """`rollouts.save_rollouts` at the trainer's global step when it is due: the tokenizer and step from the v1
+    trainer's step context or the legacy trainer (recorded at its old-log-prob step); the prompts from the batch,
+    or from the v1 trainer's TransferQueue."""
+    if ctx is not None and ctx.step is not None:
+        tokenizer, step = ctx.tokenizer, ctx.step
+    else:
+        trainer = _LEGACY_TRAINER[0]() if _LEGACY_TRAINER[0] is not None else None
+        if trainer is None or getattr(trainer, "global_steps", None) is None:
+            raise ConfigError(
+                f"{rollouts.SAVE_ENV} is set, but this advantage computation came from no verl trainer tokencredit "
+                "hooks (the legacy trainer is seen at its old-log-prob step, which "
+                "algorithm.rollout_correction.bypass_mode skips; the v1 trainer at its _compute_advantage): unset it"
+            )
+        tokenizer, step = getattr(trainer, "tokenizer", None), int(trainer.global_steps)
+    if not saving.due(step):
+        return
+    if tokenizer is None:
+        raise ConfigError(f"{rollouts.SAVE_ENV} is set, but the verl trainer has no tokenizer to write the texts with")
+    prompts = rollouts.prompt_ids(data)
+    if prompts is None and ctx is not None and ctx.fetch_rows is not None:
+        prompts = [row.tolist() for row in ctx.fetch_rows(["prompts"])["prompts"]]
+    if prompts is None:
+        raise ConfigError(f"{rollouts.SAVE_ENV}: the batch has no 'prompts' (prompt token ids) to save with the rollouts")
+    rollouts.save_rollouts(saving, step, data, batch, tc, tok, tokenizer, prompts)
 
 
 def _fetch_missing(data: DataProto, needs: Iterable[str], ctx: _StepContext | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -19,6 +20,7 @@ from tokencredit.integrations._import_hooks import PENDING, PostImportPatcher, w
 from tokencredit.integrations.verl.estimators import (
     _CONTEXT,
     _LEGACY_SPECIAL_IDS,
+    _LEGACY_TRAINER,
     ESTIMATORS,
     METRICS_KEY,
     _special_ids,
@@ -93,6 +95,7 @@ def _wrap_legacy_old_log_prob(original: Callable[..., Any]) -> Callable[..., Any
         config = getattr(self, "config", None)
         check_pairing(config)
         _LEGACY_SPECIAL_IDS[0] = _special_ids(getattr(self, "tokenizer", None))
+        _LEGACY_TRAINER[0] = weakref.ref(self)  # its tokenizer and global step, for saved rollouts
         name, wanted = _actor_request(config)
         if wanted:
             batch = args[0] if args else kwargs["batch"]
@@ -137,9 +140,17 @@ def _wrap_v1_compute_advantage(original: Callable[..., Any], tq_module: Any) -> 
             padded = got.to_padded_tensor()
             return {f: padded[f] for f in fields}
 
+        def fetch_rows(fields: list[str]) -> dict[str, list[Tensor]]:
+            got = tq_module.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+            # nested fields (one row per sample, as the v1 trainer stores them) come back unpadded
+            return {f: list(got[f].unbind()) for f in fields}
+
         rollout_corr = cfg_value(self.config.algorithm, "rollout_correction", None)
         bypass = bool(cfg_value(rollout_corr, "bypass_mode", False))  # no old-log-prob step, hence no entropy
-        ctx = _StepContext(_special_ids(getattr(self, "tokenizer", None)), fetch, has_entropy=not bypass, metrics={})
+        ctx = _StepContext(
+            _special_ids(getattr(self, "tokenizer", None)), fetch, has_entropy=not bypass, metrics={},
+            tokenizer=getattr(self, "tokenizer", None), step=getattr(self, "global_steps", None), fetch_rows=fetch_rows,
+        )  # fmt: skip
         token = _CONTEXT.set(ctx)
         try:
             out = original(self, batch, *args, **kwargs)

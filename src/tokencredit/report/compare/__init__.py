@@ -43,6 +43,7 @@ from tokencredit.report.compare.plan import (
     plan_state,
 )
 from tokencredit.report.compare.render import (
+    few_seeds_warning,
     markdown,
     plot_accuracy,
     plot_concentration,
@@ -62,7 +63,7 @@ from tokencredit.report.compare.stats import (
 
 __all__ = [
     "DEFAULT_RECIPES", "DEFAULT_SEEDS", "METRICS", "Group", "PairedTest", "PlanOptions", "PlannedRun", "RunData", "aggregate",
-    "collect_runs", "damaged_parts", "execute", "expand_run_dirs", "final_accuracy", "finished_runs", "group_runs", "markdown",
+    "collect_runs", "damaged_parts", "execute", "expand_run_dirs", "few_seeds_warning", "final_accuracy", "finished_runs", "group_runs", "markdown",
     "mean_std", "paired_t_test", "plan_runs", "plan_state", "plot_accuracy", "plot_concentration", "plot_differences",
     "read_run", "rich_table", "steps_to_target", "t_two_sided_p", "table_rows", "write_report",
 ]  # fmt: skip

@@ -21,8 +21,14 @@ from tokencredit.report.compare.stats import (
 )
 from tokencredit.train.config import TrainConfig
 
-__all__ = ["METRICS", "Group", "aggregate", "final_accuracy", "group_runs"]
+__all__ = ["ACCURACY_BOUNDS", "INTERVAL", "METRICS", "MIN_SEEDS", "Group", "aggregate", "final_accuracy", "group_runs"]
 
+ACCURACY_BOUNDS, DIFFERENCE_BOUNDS = (0.0, 1.0), (-1.0, 1.0)  # where an accuracy, and a difference of two, lie
+MIN_SEEDS = 3  # fewer seeds per recipe: the intervals say little (t* = 12.7 for 2), compare warns
+INTERVAL = (
+    "95% t-interval of the mean over seeds, cut to [0, 1] for accuracies ([-1, 1] for their differences); "
+    "paired tests two-sided, Holm-corrected across recipes"
+)
 METRICS = {"greedy": "eval_greedy_accuracy", "avg": "eval_avg_at_k"}
 _FREE_KEYS = RUNTIME_KEYS | {"run.seed", "algo.recipe"}
 # Always listed in compare.md's settings, default or not.
@@ -151,7 +157,7 @@ def _vs_baseline(finals: dict[int, float], base: dict[int, float]) -> dict[str, 
     x, y = [finals[s] for s in matched], [base[s] for s in matched]
     test = paired_t_test(x, y).to_dict()
     test["seeds"] = matched
-    test["difference"] = paired_effect(x, y)
+    test["difference"] = paired_effect(x, y, bounds=DIFFERENCE_BOUNDS)
     return test
 
 
@@ -167,9 +173,9 @@ def _group_entry(
         "lora_rank": g.lora_rank,
         "credit": g.runs[0].recipe_dict.get("credit"),
         "seeds": [r.seed for r in g.runs],
-        "final_accuracy": mean_ci([p["final_accuracy"] for p in per_run]),
+        "final_accuracy": mean_ci([p["final_accuracy"] for p in per_run], bounds=ACCURACY_BOUNDS),
         "steps_to_target": {**mean_std(reached), "reached": len(reached), "of": len(per_run)},
-        "accuracy_auc": mean_ci(aucs),
+        "accuracy_auc": mean_ci(aucs, bounds=ACCURACY_BOUNDS),
         **{k: mean_std([p[k] for p in per_run if p[k] is not None]) for k in _OVER_SEEDS},
         "vs_baseline": tests["final"],
         "auc_vs_baseline": tests["auc"],
@@ -224,7 +230,7 @@ def aggregate(
     return {
         "metric": key,
         "target": target,
-        "interval": "95% t-interval over seeds; paired tests two-sided, Holm-corrected across recipes",
+        "interval": INTERVAL,
         "baseline": baseline,
         "settings": common,
         "differing_settings": differing,

@@ -10,13 +10,19 @@ from typing import Any
 
 from rich.table import Table
 
-from tokencredit.report.compare.aggregate import METRICS
+from tokencredit.report.compare.aggregate import METRICS, MIN_SEEDS
 from tokencredit.report.compare.stats import t_quantile
 from tokencredit.train.rundir import atomic_write_text
 
 __all__ = [
-    "markdown", "plot_accuracy", "plot_concentration", "plot_differences", "rich_table", "table_rows", "write_report",
+    "INTERVAL_NOTE", "few_seeds_warning", "markdown", "plot_accuracy", "plot_concentration", "plot_differences",
+    "rich_table", "table_rows", "write_report",
 ]  # fmt: skip
+
+INTERVAL_NOTE = (
+    "95% CI: the t-interval of the mean over seeds, cut to [0, 1] (Δ CI: to [-1, 1]); an accuracy cannot "
+    "leave that range, so the cut keeps the interval's coverage; n/a for one seed"
+)
 
 ACCURACY_PNG, CONCENTRATION_PNG, DIFFERENCES_PNG = "accuracy.png", "concentration.png", "differences.png"
 
@@ -115,11 +121,26 @@ def _run_names(names: list[str]) -> str:
     return ", ".join(parts + other)
 
 
+def few_seeds_warning(result: dict[str, Any]) -> str | None:
+    """The warning for recipes compared over fewer than `MIN_SEEDS` seeds, else None."""
+    few = [g for g in result["recipes"] if len(g["seeds"]) < MIN_SEEDS]
+    if not few:
+        return None
+    names = ", ".join(f"{g['label']} ({len(g['seeds'])})" for g in few)
+    return (
+        f"fewer than {MIN_SEEDS} seeds for {names}: the 95% intervals are unreliable (±12.7 standard errors "
+        f"for 2 seeds, none for one) and the paired tests have little power; train {MIN_SEEDS} or more seeds per "
+        "recipe (--seeds 0,1,2)"
+    )
+
+
 def _notes(result: dict[str, Any]) -> list[str]:
     """compare.md below the table: how to read it, LoRA, the settings, failed and left-out runs, damaged parts."""
-    lines = [
+    warning = few_seeds_warning(result)
+    lines = [f"**Warning:** {warning}.", ""] if warning else []
+    lines += [
         f"Final held-out accuracy: `{result['metric']}` at each run's last evaluation, mean ± sample std over "
-        "seeds, and its 95% t-interval. Δ and p: paired t-test (two-sided) against "
+        f"seeds. {INTERVAL_NOTE}. Δ and p: paired t-test (two-sided) against "
         f"`{result['baseline']}` over the seeds both have; Δ 95% CI: the interval of the paired difference; "
         "p (Holm): Holm's correction across the recipes compared; d_z: mean paired difference / its sd. "
         "acc. AUC: area under the held-out accuracy curve over the run divided by its steps (the mean "
@@ -209,7 +230,7 @@ def rich_table(result: dict[str, Any], width: int | None = None) -> Table:
             break
         keep.remove(cols.index(name))
         dropped.append(name)
-    caption = f"left out for the terminal's width: {', '.join(dropped)} (all in compare.md)" if dropped else None
+    caption = INTERVAL_NOTE + (f"; left out for the terminal's width: {', '.join(dropped)} (all in compare.md)" if dropped else "")
     t = Table(title=f"tokencredit compare (vs {result['baseline']}; columns as in compare.md)", caption=caption)
     for i in keep:
         t.add_column(cols[i], justify="left" if i == 0 else "right", overflow="fold")
@@ -265,8 +286,8 @@ def plot_accuracy(result: dict[str, Any], path: Path, band: str = "std") -> Path
             lo, hi = c["min"], c["max"]
         elif band == "ci":
             half = [t_quantile(0.95, n - 1) * sd / n**0.5 if n > 1 else 0.0 for sd, n in zip(c["std"], c["n"])]
-            lo = [m - h for m, h in zip(c["mean"], half)]
-            hi = [m + h for m, h in zip(c["mean"], half)]
+            lo = [max(0.0, m - h) for m, h in zip(c["mean"], half)]  # cut to [0, 1], as the table's intervals
+            hi = [min(1.0, m + h) for m, h in zip(c["mean"], half)]
         else:
             lo = [m - s for m, s in zip(c["mean"], c["std"])]
             hi = [m + s for m, s in zip(c["mean"], c["std"])]

@@ -23,7 +23,7 @@ __all__ = [
 ]  # fmt: skip
 
 # Keys that may differ between the runs of one comparison without changing what is compared.
-RUNTIME_KEYS = {"run.threads", "run.progress", "run.device", "run.name", "run.out_dir"}
+RUNTIME_KEYS = {"run.threads", "run.progress", "run.device", "run.name", "run.out_dir", "run.report_to"}
 
 
 @dataclass

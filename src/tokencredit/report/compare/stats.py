@@ -1,7 +1,16 @@
 """Statistics of a comparison over seeds: mean ± sample std with a t-interval, the paired t-test with
 its exact p-value, Holm's correction across the recipes compared, the paired effect size d_z, steps
 to a target accuracy and the area under the accuracy curve. Plain floats in, plain floats out;
-nothing here reads or runs anything (no scipy: the t distribution is in closed form)."""
+nothing here reads or runs anything (no scipy: the t distribution is in closed form).
+
+The interval of an accuracy over seeds is the t-interval of the mean cut to [0, 1] (`mean_ci` with
+`bounds`). Each seed's final accuracy is one number, and what varies between seeds is mostly the
+training, not the draw of problems: a Wilson interval would describe one run's problems only (its
+binomial noise) and say nothing of the seed-to-seed spread the comparison is about, and a logit
+transform is undefined for a seed that scores exactly 0 or 1. The true mean accuracy lies in [0, 1],
+so cutting the interval there keeps every case it covered: the coverage is unchanged, the impossible
+values (a printed [-0.107, 1.037] from 2 seeds) go. With fewer than 3 seeds the interval stays
+honest but uninformative (t* = 12.7 for 2 seeds), which `tokencredit compare` warns about."""
 
 from __future__ import annotations
 
@@ -131,14 +140,22 @@ def t_quantile(level: float, df: int) -> float:
     return 0.5 * (lo + hi)
 
 
-def mean_ci(values: list[float], level: float = 0.95) -> dict[str, Any]:
-    """`mean_std` plus the t-interval of the mean: mean ± t*(level, n - 1) sd / sqrt(n) (None for n < 2)."""
+def mean_ci(values: list[float], level: float = 0.95, bounds: tuple[float, float] | None = None) -> dict[str, Any]:
+    """`mean_std` plus the t-interval of the mean: mean ± t*(level, n - 1) sd / sqrt(n) (None for n < 2).
+
+    With `bounds` (lo, hi), the range the quantity cannot leave (an accuracy: (0, 1)), the interval is
+    cut to it and "clipped" says whether it had to be (see the module docstring: same coverage).
+    """
     out = mean_std(values)
     n = out["n"]
     if n < 2 or out["std"] is None:
-        return {**out, "level": level, "lo": None, "hi": None}
+        return {**out, "level": level, "lo": None, "hi": None, "clipped": False}
     half = t_quantile(level, n - 1) * out["std"] / math.sqrt(n)
-    return {**out, "level": level, "lo": out["mean"] - half, "hi": out["mean"] + half}
+    lo, hi = out["mean"] - half, out["mean"] + half
+    if bounds is None:
+        return {**out, "level": level, "lo": lo, "hi": hi, "clipped": False}
+    a, b = bounds
+    return {**out, "level": level, "lo": max(lo, a), "hi": min(hi, b), "clipped": lo < a or hi > b}
 
 
 def holm(pvalues: dict[str, float | None]) -> dict[str, float | None]:
@@ -157,11 +174,14 @@ def holm(pvalues: dict[str, float | None]) -> dict[str, float | None]:
     return out
 
 
-def paired_effect(x: list[float], y: list[float], level: float = 0.95) -> dict[str, Any]:
-    """The paired difference d = x - y over matched seeds: its mean with a t-interval and Cohen's
-    d_z = mean(d) / sd(d) (None for fewer than 2 pairs or no spread)."""
+def paired_effect(
+    x: list[float], y: list[float], level: float = 0.95, bounds: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    """The paired difference d = x - y over matched seeds: its mean with a t-interval (cut to `bounds`,
+    e.g. (-1, 1) for a difference of accuracies, as in `mean_ci`) and Cohen's d_z = mean(d) / sd(d)
+    (None for fewer than 2 pairs or no spread)."""
     d = [float(a) - float(b) for a, b in zip(x, y, strict=True)]
-    ci = mean_ci(d, level)
+    ci = mean_ci(d, level, bounds)
     sd = ci["std"]
     d_z = None if sd is None or sd <= 1e-12 else ci["mean"] / sd
     return {"mean": ci["mean"], "lo": ci["lo"], "hi": ci["hi"], "level": level, "d_z": d_z, "n": ci["n"]}

@@ -2,6 +2,7 @@
 
     tokencredit explain RUN_DIR [--step N] [--methods ktae,delta,strace,arca,uniform] [--groups K] [--out F.html]
     tokencredit explain --jsonl FILE --model PATH [--methods ...] [--groups K] [--out F.html]
+    tokencredit explain ... [--select mixed|all-wrong|all-right|any] [--groups K]  |  [--group-index 3,7,12]
 
 Inputs (`inputs`). A run directory holds the rollout groups the trainer saved at its evaluation
 steps (rollouts/step_NNNNNN.jsonl, one group per line, read through `tokencredit.train.rundir.RunDir`),
@@ -16,9 +17,18 @@ group estimator) or recipe names (`tokencredit.recipes.RECIPES`, each with its o
 credit method and ratio kernel), read by `tokencredit.report.methods.resolve_methods`. What is
 shown for every method is its effective credit (`compute`): the per-token gradient weight at
 ratio 1. A method whose signals cannot be had (e.g. ARCA without a LoRA adapter) is skipped with a
-note on the page; the rest of the report is still written.
+note on the page; the rest of the report is still written. The pseudo-method ``saved`` ("as trained",
+`tokencredit.report.methods.SavedSpec`) shows the input's own ``token_advantages``, the Â the engine
+trained with, as saved and not recomputed; a shown completion without them is a ConfigError naming its
+file:line. It is not among the defaults (a static list; files without Â exist): ``--methods saved,ktae,...``.
 
-Modules: `inputs` (the groups), `options` (settings and their defaults), `assemble` (groups ->
+Which groups are shown (`selection`): the first K (default 4) of a kind (any, mixed, all-wrong,
+all-right), or those at given indices. On the embedded synthetic task (toy, toy-hard) the task's
+checker marks each response's first wrong token and flags a right answer reached through a wrong
+step (`marks`); elsewhere nothing is marked and the page says why.
+
+Modules: `inputs` (the groups), `options` (settings and their defaults), `selection` (which groups
+are shown), `marks` (the task checker's marks), `assemble` (groups ->
 the scored rollouts and saved signals the batch builder reads), `signals` (saved vs recomputed, which
 model; the batch from `tokencredit.builder.build_batch`), `compute` (`explain_batch`: batch ->
 `ReportData` without a model), `views` (`ReportData`), `render` (`build_report`, a pure function
@@ -35,14 +45,17 @@ from tokencredit.report.explain.inputs import (
     load_run_rollouts,
     saved_steps,
 )
+from tokencredit.report.explain.marks import mark_groups, step_check
 from tokencredit.report.explain.options import DEFAULT_METHODS, ExplainOptions
 from tokencredit.report.explain.pipeline import ExplainResult, write_report
 from tokencredit.report.explain.render import build_report
+from tokencredit.report.explain.selection import GROUP_KINDS, select_groups
 from tokencredit.report.explain.signals import batch_with_signals
-from tokencredit.report.explain.views import GroupView, MethodView, ReportData, ResponseView
+from tokencredit.report.explain.views import GroupView, MethodView, ReportData, ResponseView, StepCheck
 
 __all__ = [
     "DEFAULT_METHODS",
+    "GROUP_KINDS",
     "CompletionInput",
     "ExplainOptions",
     "ExplainResult",
@@ -51,6 +64,7 @@ __all__ = [
     "MethodView",
     "ReportData",
     "ResponseView",
+    "StepCheck",
     "assemble_batch",
     "batch_with_signals",
     "build_report",
@@ -59,6 +73,9 @@ __all__ = [
     "load_jsonl",
     "load_run_rollouts",
     "make_groups",
+    "mark_groups",
     "saved_steps",
+    "select_groups",
+    "step_check",
     "write_report",
 ]

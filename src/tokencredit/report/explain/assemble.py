@@ -4,7 +4,7 @@ at once, as in training)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -14,7 +14,7 @@ from tokencredit.builder import Needs, ScoredRollouts, build_batch
 from tokencredit.errors import ConfigError
 from tokencredit.report.explain.inputs import SAVED_SIGNALS, GroupInput
 
-__all__ = ["assemble_batch", "padded", "saved_signals", "scored_rollouts"]
+__all__ = ["SavedCredit", "assemble_batch", "padded", "saved_credit", "saved_signals", "scored_rollouts"]
 
 
 def padded(
@@ -69,6 +69,33 @@ def saved_signals(groups: Sequence[GroupInput]) -> dict[str, Tensor]:
         for name in SAVED_SIGNALS
         if comps and all(getattr(c, name) is not None for c in comps)
     }
+
+
+class SavedCredit(NamedTuple):
+    """The credit saved with the rollouts (explain's `saved` column), rows in the batch's order."""
+
+    token_advantages: Tensor  # Â [N,T] float32, 0 off each row's tokens and on rows without one
+    seq_advantages: Tensor  # A [N] float32
+    present: Tensor  # bool [N]: the completion carries Â
+
+
+def saved_credit(groups: Sequence[GroupInput], width: int) -> SavedCredit:
+    """The Â (`token_advantages`, one per token id) and A (`advantage`; without one, the mean of the row's Â,
+    what a per-token objective averages to) saved with the completions of `groups`, Â right-padded to `width`."""
+    comps = [c for g in groups for c in g.completions]
+    hat = torch.zeros(len(comps), width, dtype=torch.float32)
+    seq = torch.zeros(len(comps), dtype=torch.float32)
+    has = torch.zeros(len(comps), dtype=torch.bool)
+    for i, c in enumerate(comps):
+        if c.token_advantages is None:
+            continue
+        n = len(c.token_advantages)
+        if n > width:
+            raise ValueError(f"saved_credit: completion {i} has {n} token advantages for a width of {width}")
+        hat[i, :n] = torch.tensor(c.token_advantages, dtype=torch.float32)
+        seq[i] = c.advantage if c.advantage is not None else (sum(c.token_advantages) / n if n else 0.0)
+        has[i] = True
+    return SavedCredit(hat, seq, has)
 
 
 def assemble_batch(

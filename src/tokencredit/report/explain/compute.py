@@ -3,7 +3,8 @@ shown rows and the rank correlations between methods, as a `ReportData` (no mode
 
 What is shown for every method is its effective credit (`tokencredit.objectives.effective`): the
 per-token gradient weight at ratio 1, which is Â itself for per-token kernels and the kernel's
-on-policy credit for GSPO, P-trace and S-trace.
+on-policy credit for GSPO, P-trace and S-trace. The `saved` column shows the Â saved with the rollouts
+as it is (`assemble.SavedCredit`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from torch import Tensor
 from tokencredit import diagnostics as dg
 from tokencredit.batch import RolloutBatch
 from tokencredit.errors import ConfigError
+from tokencredit.report.explain.assemble import SavedCredit
 from tokencredit.report.explain.inputs import GroupInput
 from tokencredit.report.explain.views import GroupView, MethodView, ReportData, ResponseView
-from tokencredit.report.methods import MethodCredit, MethodSpec, method_credit
+from tokencredit.report.methods import MethodCredit, MethodSpec, SavedSpec, method_credit
 
 __all__ = ["display_tokens", "explain_batch", "make_groups"]
 
@@ -53,8 +55,10 @@ def make_groups(
     correct: Sequence[bool | None] | None = None,
     special: Sequence[Sequence[bool]] | None = None,
     groups: int | None = None,
+    group_ids: Sequence[int] | None = None,
 ) -> list[GroupView]:
-    """GroupViews of the first `groups` groups of `batch` (in order of first appearance), one ResponseView per row.
+    """GroupViews of the first `groups` groups of `batch` (in order of first appearance), or of the groups
+    `group_ids` names, in that order; one ResponseView per row.
 
     tokens[i]: display text of row i's valid tokens; entropy and probability come from the
     batch's entropy / old_log_probs (exp) when present; seq_advantages A [N] is shown per response.
@@ -64,6 +68,12 @@ def make_groups(
     for g in batch.group_ids.tolist():
         if g not in order:
             order.append(g)
+    index = {g: k for k, g in enumerate(order)}
+    if group_ids is not None:
+        missing = [g for g in group_ids if g not in index]
+        if missing:
+            raise ValueError(f"make_groups: no group {missing[0]} in the batch")
+        order = list(group_ids)
     if groups is not None:
         order = order[:groups]
     ent = batch.entropy.detach().float().cpu() if batch.entropy is not None else None
@@ -91,7 +101,7 @@ def make_groups(
                     special=None if special is None else list(special[i]),
                 )
             )
-        out.append(GroupView(gid, (problems or {}).get(gid, ""), views, (answers or {}).get(gid)))
+        out.append(GroupView(gid, (problems or {}).get(gid, ""), views, (answers or {}).get(gid), index[gid]))
     return out
 
 
@@ -147,9 +157,21 @@ def _correlations(
     return correlations
 
 
+def _saved_view(view: MethodView, saved: SavedCredit | None, idx: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The `saved` column's (Â, A) on the shown rows, or None with the reason in `view.note`."""
+    if saved is None:
+        view.note = "no saved token advantages given"
+        return None
+    present = saved.present[idx.cpu()]
+    if not bool(present.all()):
+        view.note = f"{int((~present).sum())} shown response(s) carry no token_advantages"
+        return None
+    return saved.token_advantages[idx.cpu()], saved.seq_advantages[idx.cpu()]
+
+
 def explain_batch(
     batch: RolloutBatch,
-    methods: Sequence[MethodSpec],
+    methods: Sequence[MethodSpec | SavedSpec],
     groups: Sequence[GroupView],
     *,
     title: str = "tokencredit explain",
@@ -158,6 +180,7 @@ def explain_batch(
     unavailable: Mapping[str, str] | None = None,
     special_ids: Sequence[int] | None = None,
     credits: dict[str, Any] | None = None,
+    saved: SavedCredit | None = None,
 ) -> ReportData:
     """The report structure: every method's effective credit on `batch`, diagnostics and correlations on the shown rows.
 
@@ -166,7 +189,8 @@ def explain_batch(
     diagnostics (`tokencredit.diagnostics.summary`, per-response Gini) and the rank correlations
     use the rows of `groups`. `unavailable` maps a signal name to why it could not be had; a
     method needing it (or failing with a configuration/data error) is skipped with that note.
-    `credits`, when given, receives each computed method's `TokenCredit` by name.
+    `credits`, when given, receives each computed method's `TokenCredit` by name. A `SavedSpec` column
+    shows `saved` (rows as in `batch`) as it is; it is skipped with a note if a shown row lacks it.
     """
     rows = [r.row for g in groups for r in g.responses]
     idx = torch.tensor(rows, dtype=torch.int64, device=batch.mask.device)
@@ -177,6 +201,12 @@ def explain_batch(
     for spec in methods:
         view = MethodView(spec.name, spec.label, spec.description)
         views.append(view)
+        if isinstance(spec, SavedSpec):
+            rows_saved = _saved_view(view, saved, idx)
+            if rows_saved is not None:
+                shown[spec.name] = rows_saved[0] * mask  # 0 off the tokens, as every computed column
+                _fill_view(view, shown[spec.name], rows_saved[1], mask, rows, entropy)
+            continue
         got = method_credit(spec, batch, special_ids=special_ids, unavailable=unavailable)
         effective = _effective(got, view)
         if effective is None or got.credit is None:

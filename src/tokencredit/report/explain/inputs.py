@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tokencredit.batch import MC_SIGNALS
-from tokencredit.data.loaders import DataError
+from tokencredit.data.loaders import DataError, json_line_error, parse_json_line
 from tokencredit.errors import ConfigError
 from tokencredit.rewards.reasoning_gym import GymAnswer
 from tokencredit.train.rundir import RunDir, damaged_line
@@ -54,6 +54,9 @@ class CompletionInput:
     mc_advantages: list[float] | None = None
     mc_step_advantages: list[float] | None = None
     tokens: list[str] | None = None  # raw token strings as saved (display fallback without a tokenizer)
+    # what the engine that saved the rollouts trained with (`tokencredit.rollout.records`): A and Â per token id
+    advantage: float | None = None
+    token_advantages: list[float] | None = None
 
 
 @dataclass
@@ -127,6 +130,11 @@ def _completion_object(c: Any, where: str, i: int) -> CompletionInput:
         isinstance(tokens, list) and len(tokens) == n and all(isinstance(t, str) for t in tokens)
     ):
         raise _data_error(where, f"completions[{i}].tokens must be a list of {n} strings")
+    if c.get("token_advantages") is not None and ids is None:
+        raise _data_error(where, f"completions[{i}].token_advantages needs token_ids (values are per token)")
+    token_advantages = _float_list(c.get("token_advantages"), n, where, f"completions[{i}].token_advantages")
+    advantage = c.get("advantage")
+    advantage = None if advantage is None else _finite(advantage, where, f"completions[{i}].advantage")
     correct = c.get("correct")
     if correct is not None and not isinstance(correct, bool):
         raise _data_error(where, f"completions[{i}].correct must be true/false")
@@ -137,6 +145,8 @@ def _completion_object(c: Any, where: str, i: int) -> CompletionInput:
         correct=correct,
         truncated=bool(c.get("truncated", False)),
         tokens=tokens,
+        advantage=advantage,
+        token_advantages=token_advantages,
         **signals,
     )
 
@@ -228,14 +238,14 @@ def _groups(
 def read_groups(path: Path) -> list[GroupInput]:
     """Every group of a JSONL file, in order; group ids must be unique (errors name file:line)."""
     lines = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                lines.append((lineno, json.loads(line)))
+                lines.append((lineno, parse_json_line(line)))
             except json.JSONDecodeError as e:
-                raise _data_error(f"{path}:{lineno}", f"invalid JSON ({e.msg} at column {e.colno})") from None
+                raise DataError(json_line_error(path, lineno, line.rstrip("\r\n"), e)) from None
     return _groups(lines, path)
 
 

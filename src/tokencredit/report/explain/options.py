@@ -4,6 +4,7 @@ them: the run's own settings for a run directory, the defaults for a JSONL file)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from tokencredit import advantages
 from tokencredit.errors import ConfigError, closest
 from tokencredit.recipes import Recipe
 from tokencredit.report.explain.inputs import GroupInput, load_jsonl, load_run_rollouts
+from tokencredit.report.explain.selection import check_kind, parse_indices
 from tokencredit.train.config import TrainConfig
 from tokencredit.train.rundir import RunDir
 
@@ -28,8 +30,10 @@ class ExplainOptions:
     jsonl: str | Path | None = None
     model: str | Path | None = None  # required with jsonl; default RUN_DIR/final
     step: int | None = None
-    methods: str = DEFAULT_METHODS  # comma-separated credit methods and/or recipes
-    groups: int = 4  # how many groups to show
+    methods: str = DEFAULT_METHODS  # comma-separated credit methods and/or recipes, and "saved" (the input's Â)
+    groups: int | None = None  # how many groups to show (default `selection.DEFAULT_COUNT`)
+    select: str = "any"  # which kind of group: any | mixed | all-wrong | all-right (`selection.GROUP_KINDS`)
+    group_index: str | Sequence[int] | None = None  # the groups to show by 0-based index ("3,7,12")
     out: str | Path | None = None
     advantage: str | None = None
     template: str | None = None
@@ -50,8 +54,13 @@ class ExplainOptions:
             raise ConfigError(
                 "--jsonl needs --model PATH (its tokenizer and signals explain the completions)"
             )
-        if self.groups < 1:
+        if self.groups is not None and self.groups < 1:
             raise ConfigError(f"--groups must be >= 1, got {self.groups}")
+        check_kind(self.select)
+        if self.group_index is not None:
+            parse_indices(self.group_index)
+            if self.groups is not None or self.select != "any":
+                raise ConfigError("--group-index names the groups to show; drop --groups / --select")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
 

@@ -5,6 +5,8 @@ One block per shown group (the first `max_groups`): its problem, then per respon
 tokens for every method that computed credit, each token's box coloured by its Â on the page's
 diverging scale (`render.colour`: blue pushes the token up, red down, white 0; one shared scale, the
 largest |Â| of the shown methods' 99th percentiles, so methods compare by colour). Long responses wrap.
+Where the task's checker knows it (`marks`), the first wrong token is boxed in orange and a right answer
+reached through a wrong step is said on the response's line, as on the page.
 Drawn with matplotlib (Agg); text is the display tokens, whitespace made visible as on the page.
 """
 
@@ -20,23 +22,28 @@ __all__ = ["draw_png"]
 _WIDTH_CHARS = 110  # characters per wrapped line
 _LINE = 0.32  # inches per line of text
 _CHAR_W = 1.0 / _WIDTH_CHARS
+_FIRST_WRONG = "#f76707"  # the page's first-wrong-token colour (explain.css)
+
+Token = tuple[str, float | None, bool]  # display text, Â, first wrong token?
 
 
 def _visible(tok: str) -> str:
     return tok.replace("\n", "↵").replace("\t", "→") or "∅"
 
 
-def _lines(g: GroupView, shown: list[MethodView]) -> list[tuple[str, list[tuple[str, float | None]]]]:
-    """(label, [(token text, Â)]) per drawn line: the problem, then each response under each method."""
+def _lines(g: GroupView, shown: list[MethodView]) -> list[tuple[str, list[Token]]]:
+    """(label, [(token text, Â, first wrong?)]) per drawn line: the problem, then each response under each method."""
     problem = " ".join(g.problem.split())
-    out: list[tuple[str, list[tuple[str, float | None]]]] = [(f"group {g.group_id}: {problem[:100]}", [])]
+    out: list[tuple[str, list[Token]]] = [(f"group {g.group_id}: {problem[:100]}", [])]
     for k, r in enumerate(g.responses, 1):
         tick = "" if r.correct is None else (" ✓" if r.correct else " ✗")
-        out.append((f"#{k} reward {r.reward:.2f}{tick}, A {r.advantage:+.2f}", []))
+        flag = " · right answer, wrong step" if r.check is not None and r.check.right_answer_wrong_step else ""
+        out.append((f"#{k} reward {r.reward:.2f}{tick}, A {r.advantage:+.2f}{flag}", []))
         toks = [_visible(t) for t in r.tokens]
+        first_wrong = r.check.first_wrong if r.check is not None else None
         for m in shown:
             vals = m.credit[r.row]  # type: ignore[index]
-            out.append((m.name, list(zip(toks, vals))))
+            out.append((m.name, [(t, v, j == first_wrong) for j, (t, v) in enumerate(zip(toks, vals))]))
     return out
 
 
@@ -51,36 +58,39 @@ def draw_png(data: ReportData, path: str | Path, max_groups: int = 1) -> Path:
     scale = max([m.scale for m in shown], default=1.0)
     lines = [line for g in data.groups[:max_groups] for line in _lines(g, shown)]
     # wrap each token line at _WIDTH_CHARS characters (the label column takes 16)
-    rows: list[tuple[str, list[tuple[str, float | None, float]]]] = []
+    rows: list[tuple[str, list[tuple[str, float | None, bool, float]]]] = []
     for label, toks in lines:
         if not toks:
             rows.append((label, []))
             continue
         x, row = 0.0, []
-        for text, val in toks:
+        for text, val, wrong in toks:
             w = len(text) + 0.4
             if x + w > _WIDTH_CHARS - 16 and row:
                 rows.append((label, row))
                 label, x, row = "", 0.0, []
-            row.append((text, val, x))
+            row.append((text, val, wrong, x))
             x += w
         rows.append((label, row))
+    marked = any(wrong for _, toks in rows for _, _, wrong, _ in toks)
     fig = plt.figure(figsize=(13, _LINE * (len(rows) + 2)))
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(0, 1)
     ax.set_ylim(len(rows) + 1.5, 0)
     ax.axis("off")
-    ax.text(0.005, 0.6, f"{data.title}: Â per token, colour scale ±{scale:.2g} (blue +, red −)", fontsize=9, weight="bold")
+    key = " · orange box: first wrong token (the task's checker)" if marked else ""
+    ax.text(0.005, 0.6, f"{data.title}: Â per token, colour scale ±{scale:.2g} (blue +, red −){key}", fontsize=9, weight="bold")
     for i, (label, toks) in enumerate(rows, start=1):
         y = i + 0.5
         ax.text(0.005, y, label, fontsize=7.5, va="center", family="monospace", weight="bold" if not toks else None)
-        for text, val, x in toks:
+        for text, val, wrong, x in toks:
             fill = "rgb(255,255,255)" if val is None else colour(val, scale)[0]
             rgb = tuple(int(c) / 255 for c in fill[4:-1].split(","))
             x0 = (16 + x) * _CHAR_W
+            edge = {"edgecolor": _FIRST_WRONG, "linewidth": 1.6} if wrong else {"edgecolor": "none"}
             ax.text(
                 x0, y, text, fontsize=7.5, va="center", family="monospace",
-                bbox={"boxstyle": "square,pad=0.12", "facecolor": rgb, "edgecolor": "none"},
+                bbox={"boxstyle": "square,pad=0.12", "facecolor": rgb, **edge},
             )  # fmt: skip
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

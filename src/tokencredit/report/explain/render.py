@@ -9,7 +9,11 @@ machine-readable, so tests can compare it with the core without a browser:
 - diagnostics cells carry ``data-m``, ``data-k`` (key) and ``data-value``; rank-correlation cells
   carry ``data-a``, ``data-b``, ``data-value`` (empty when undefined) and ``data-rows``;
 - a ``<script type="application/json" id="tc-data">`` blob holds per row the tokens, entropy,
-  probability, reward, sequence advantage and every method's credit (the hover card reads it).
+  probability, reward, sequence advantage and every method's credit (the hover card reads it), and
+  where the task's checker knows it (`marks`) the first wrong token ("first_wrong") and what it says;
+- a first wrong token's span also has the class ``fw``; a response's meta cell carries
+  ``data-first-wrong`` (its token index) and ``data-wrong-step="1"`` when its answer is right but a
+  step is wrong (badge ``rw``); the header's ``<div class="checker">`` counts those responses.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from tokencredit.report.explain.views import GroupView, MethodView, ReportData, ResponseView
+from tokencredit.report.explain.views import GroupView, MethodView, ReportData, ResponseView, StepCheck
 
-__all__ = ["DIAGNOSTIC_COLUMNS", "build_report", "colour"]
+__all__ = ["DIAGNOSTIC_COLUMNS", "build_report", "check_text", "colour"]
 
 # (key in MethodView.diagnostics, column header, tooltip)
 DIAGNOSTIC_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -95,6 +99,18 @@ def _legend(scale: float, method: str) -> str:
         f'<span class="bar" style="background:linear-gradient(90deg,{lo},#fff,{hi})"></span>'
         f'<span class="lv">{_esc(_fmt(scale, 2, signed=True))}</span></span>'
     )
+
+
+def check_text(c: StepCheck) -> str:
+    """What the task's checker says of a response's first error, in words."""
+    if c.kind == "correct":
+        return "every step and the answer match the reference"
+    where = "the answer line" if c.kind == "wrong-final" else f"line {(c.line or 0) + 1}"
+    if c.expected is None:
+        return "text after the answer line"
+    what = {"wrong-step": "a wrong step", "wrong-final": "a wrong answer"}.get(c.kind, "not of the task's form")
+    past = " (past the last token: truncated)" if c.first_wrong is None else ""
+    return f"{where}: {what}; the reference reads {c.expected!r}{past}"
 
 
 @cache
@@ -170,9 +186,14 @@ def _group_head(g: GroupView, shown: list[MethodView]) -> list[str]:
         f"mean reward {mean_r:.2f}"
     )
     answer = f'<div class="answer">reference answer: {_esc(g.answer)}</div>' if g.answer else ""
+    index = (
+        f' <span class="sub" title="--group-index {g.index} shows this group">· index {g.index}</span>'
+        if g.index is not None
+        else ""
+    )
     parts = [
         f'<section class="group" data-group="{g.group_id}"><div class="ghead">'
-        f'<h2>Group {g.group_id} <span class="sub">· {_esc(stats)}</span></h2>'
+        f'<h2>Group {g.group_id}{index} <span class="sub">· {_esc(stats)}</span></h2>'
         f'<div class="problem">{_esc(g.problem)}</div>{answer}</div>'
         f'<div class="grid" style="--nm:{max(1, len(shown))}">',
         '<div class="mh">response</div>',
@@ -195,12 +216,20 @@ def _response_meta(k: int, r: ResponseView) -> str:
         else ('<span class="bad">✗</span>' if r.correct is not None else "")
     )
     trunc = ' <span class="k">truncated</span>' if r.truncated else ""
+    c, attrs, badge, first = r.check, "", "", ""
+    if c is not None and c.first_wrong is not None:
+        attrs += f' data-first-wrong="{c.first_wrong}"'
+        first = f'<br><span class="fwnote" title="{_esc(check_text(c))}">first wrong: token {c.first_wrong}</span>'
+    if c is not None and c.right_answer_wrong_step:
+        attrs += ' data-wrong-step="1"'
+        tip = f"the answer is right (reward {_fmt(r.reward, 2)}) but a step is wrong: {check_text(c)}"
+        badge = f' <span class="badge rw" title="{_esc(tip)}">right answer, wrong step</span>'
     return (
-        f'<div class="meta" data-r="{r.row}" data-reward="{r.reward!r}" data-advantage="{r.advantage!r}">'
-        f"<b>#{k}</b> {mark}{trunc}<br>"
+        f'<div class="meta" data-r="{r.row}" data-reward="{r.reward!r}" data-advantage="{r.advantage!r}"{attrs}>'
+        f"<b>#{k}</b> {mark}{trunc}{badge}<br>"
         f'<span class="k">reward</span> {_fmt(r.reward, 2)}<br>'
         f'<span class="k">A</span> {_fmt(r.advantage, 3, signed=True)}<br>'
-        f'<span class="k">{len(r.tokens)} tokens</span></div>'
+        f'<span class="k">{len(r.tokens)} tokens</span>{first}</div>'
     )
 
 
@@ -211,9 +240,11 @@ def _credit_cell(r: ResponseView, m: MethodView) -> str:
     if m.seq_advantages is not None and abs(m.seq_advantages[r.row] - r.advantage) > 1e-6:
         cm += f" · A {_fmt(m.seq_advantages[r.row], 3, signed=True)}"
     spans = []
+    first_wrong = r.check.first_wrong if r.check is not None else None
     for t, (tok, v) in enumerate(zip(r.tokens, vals)):
         bg, dark = colour(v, m.scale)
         cls = "t" + (" d" if dark else "") + (" sp" if r.special and r.special[t] else "")
+        cls += " fw" if t == first_wrong else ""
         spans.append(
             f'<span class="{cls}" data-t="{t}" data-a="{_num(v)!r}" '
             f'style="background:{bg}">{_token_html(tok)}</span>'
@@ -247,6 +278,8 @@ def _blob(data: ReportData) -> str:
                 "reward": _num(r.reward),
                 "advantage": _num(r.advantage),
                 "correct": r.correct,
+                "first_wrong": r.check.first_wrong if r.check is not None else None,
+                "checker": check_text(r.check) if r.check is not None else None,
                 "entropy": None if r.entropy is None else [_num(x) for x in r.entropy],
                 "prob": None if r.prob is None else [_num(x) for x in r.prob],
                 "credit": {
@@ -279,6 +312,21 @@ def _blob(data: ReportData) -> str:
     return json.dumps(payload, ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
 
 
+def _checker_line(data: ReportData) -> str:
+    """The header's legend of the checker's marks and its count of right answers through a wrong step
+    (empty when the checker knows no shown response; the notes then say why)."""
+    checked = [r.check for g in data.groups for r in g.responses if r.check is not None]
+    if not checked:
+        return ""
+    n = sum(c.right_answer_wrong_step for c in checked)
+    return (
+        f'<div class="checker" data-wrong-steps="{n}" data-checked="{len(checked)}">the task\'s checker · '
+        f'<span class="badge rw">right answer, wrong step</span> <b>{n}</b> of the {len(checked)} checked '
+        'responses shown · <span class="fwkey">7</span> first wrong token, where the response first departs '
+        "from the reference solution (hover it for what the checker says)</div>"
+    )
+
+
 def build_report(data: ReportData) -> str:
     """The whole page for `data`, deterministic (its only I/O: the packaged CSS/JS, read once)."""
     n_rows = sum(len(g.responses) for g in data.groups)
@@ -298,6 +346,7 @@ def build_report(data: ReportData) -> str:
         f'<div class="sub">{_esc(data.subtitle)}</div>' if data.subtitle else "",
         f'<ul class="notes">{notes}</ul>' if notes else "",
         controls,
+        _checker_line(data),
         "</header><main>",
         f'<div class="panels">{_diagnostics_panel(data.methods, n_rows)}{_correlation_panel(data)}</div>',
         *(_group_html(g, data.methods) for g in data.groups),

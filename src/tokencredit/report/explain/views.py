@@ -4,7 +4,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["GroupView", "MethodView", "ReportData", "ResponseView"]
+__all__ = ["GroupView", "MethodView", "ReportData", "ResponseView", "StepCheck"]
+
+
+@dataclass(frozen=True)
+class StepCheck:
+    """What the task's checker says of one response, where it knows the task (`marks`).
+
+    kind: `tokencredit.data.synthetic.locate_first_error`'s (correct, wrong-step, wrong-final,
+    malformed); right_answer: its outcome check (`synthetic.check`); first_wrong: index into the
+    response's tokens of its first wrong token (None when correct, or when the error lies past the last
+    token); line: 0-based line of the first error; expected: the reference line there (None past it).
+    """
+
+    kind: str
+    right_answer: bool
+    first_wrong: int | None = None
+    line: int | None = None
+    expected: str | None = None
+
+    @property
+    def right_answer_wrong_step(self) -> bool:
+        """The boxed answer is right but a step line departs from the reference chain (`48 + 7 = 05`)."""
+        return self.right_answer and self.kind == "wrong-step"
 
 
 @dataclass
@@ -20,6 +42,7 @@ class ResponseView:
     entropy: list[float] | None = None
     prob: list[float] | None = None
     special: list[bool] | None = None  # True for special tokens (EOS...), drawn muted
+    check: StepCheck | None = None  # None: the task's checker does not know this task
 
 
 @dataclass
@@ -28,6 +51,7 @@ class GroupView:
     problem: str
     responses: list[ResponseView]
     answer: str | None = None
+    index: int | None = None  # 0-based position among the input's groups (what --group-index picks)
 
 
 @dataclass

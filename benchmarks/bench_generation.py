@@ -359,12 +359,15 @@ def main() -> None:
     print(
         f"\ntokenizer calls per generate: {len(calls)} (encoding {sum(calls)} prompt texts for {n_rows} rows)"
     )
-    stops = [tok.eos_token_id, *tok.convert_tokens_to_ids(["T"])]  # "T" of "The answer is": ends rows early
+    # a second stop id that every row soon samples (the rollouts' most frequent token), so that all rows end early
+    sampled = ro.response_ids[ro.response_mask.bool()]
+    common = int(torch.mode(sampled[sampled != tok.eos_token_id]).values)
+    stops = [tok.eos_token_id, common]
     budget = 4 * max_new
     stop = generate(model, tok, prompts, args.group_size, max_new_tokens=budget, seed=123, eos_token_id=stops)
     ran, longest = stop.response_ids.shape[1], int(stop.response_lengths.max())
-    print(f"stop check (stop ids EOS and 'T'; max_new_tokens={budget}): decoding ran {ran} columns, longest "
-          f"completion {longest}: {'OK' if ran == longest < budget else 'NOT STOPPED'}")  # fmt: skip
+    print(f"stop check (stop ids EOS and {tok.convert_ids_to_tokens(common)!r}; max_new_tokens={budget}): decoding ran "
+          f"{ran} columns, longest completion {longest}: {'OK' if ran == longest < budget else 'NOT STOPPED'}")  # fmt: skip
 
     if args.mechanisms:
         print("\ntransformers' own options, plain model.generate on the rollout round:")

@@ -571,7 +571,7 @@ def test_probe_config_data_toy_hard_and_oracle_options(tmp_path):
     assert list(flat) == [
         "groups", "group_size", "seed", "difficulty", "digits", "operand_digits", "template", "temperature",
         "max_new_tokens", "advantage", "advantage_params", "ks", "random_draws", "batch_size", "data", "oracle_k",
-        "oracle_delta", "bootstrap",
+        "oracle_delta", "bootstrap", "grad_batches",
     ]  # fmt: skip
     assert (flat["temperature"], flat["max_new_tokens"], flat["batch_size"]) == (1.0, 96, 8)
     hard = probe.probe_config(None, None, model="toy-hard", **kw)

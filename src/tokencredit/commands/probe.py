@@ -2,7 +2,7 @@
 
     tokencredit probe --model toy|PATH|RUN_DIR [--checkpoint step_N | --all-checkpoints]
                       [--methods grpo,ktae,delta,strace,arca,...] [--groups N] [--group-size G] [--seed S]
-                      [--data toy|toy-hard|BENCHMARK|FILE] [--oracle K [--oracle-delta D]]
+                      [--data toy|toy-hard|BENCHMARK|FILE] [--oracle K [--oracle-delta D] [--grad-batches B]]
 
 Parses the arguments, calls `tokencredit.report.probe` (points -> config -> methods -> probe ->
 report) and prints the Markdown; the JSON goes to --out and the Markdown beside it.
@@ -19,6 +19,7 @@ import torch
 from tokencredit.oracle import DEFAULT_DELTA
 from tokencredit.report.methods import resolve_methods
 from tokencredit.report.probe import (
+    DEFAULT_GRAD_BATCHES,
     DEFAULT_KS,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_METHODS,
@@ -56,6 +57,15 @@ def _add_data_and_oracle_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_DELTA,
         help=f"the oracle skips tokens of probability >= 1 - delta (A* = 0, |A*| <= delta; default {DEFAULT_DELTA})",
+    )
+    parser.add_argument(
+        "--grad-batches",
+        type=int,
+        default=DEFAULT_GRAD_BATCHES,
+        metavar="B",
+        help="with --oracle: split the oracle's rollouts into B batches of whole problems and add each method's "
+        "gradient cosines with the oracle's and GRPO's policy gradient (mean ± SE over the batches) and the "
+        f"headroom index; costs backward passes (default {DEFAULT_GRAD_BATCHES}; 0: off)",
     )
 
 
@@ -149,6 +159,8 @@ def _command(args: argparse.Namespace, cfg: ProbeConfig) -> str:
             parts.append(f"--oracle-delta {args.oracle_delta}")
         if args.bootstrap != 200:
             parts.append(f"--bootstrap {args.bootstrap}")
+        if args.grad_batches != DEFAULT_GRAD_BATCHES:
+            parts.append(f"--grad-batches {args.grad_batches}")
     return " ".join(parts)
 
 
@@ -179,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
         oracle=args.oracle,
         oracle_delta=args.oracle_delta,
         bootstrap=args.bootstrap,
+        grad_batches=args.grad_batches,
     )
     specs = resolve_methods(
         args.methods.split(","),

@@ -46,12 +46,13 @@ convention), for every pass (old, base, ref, negative prompt).
 from tokencredit.signals.compute import compute_signals, negative_prompt_inputs
 from tokencredit.signals.forward import token_log_probs
 from tokencredit.signals.head import DEFAULT_CHUNK_SIZE, chunked_log_probs
-from tokencredit.signals.model import has_lora_adapter, position_ids_from_mask
+from tokencredit.signals.model import eval_mode, has_lora_adapter, position_ids_from_mask
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "chunked_log_probs",
     "compute_signals",
+    "eval_mode",
     "has_lora_adapter",
     "negative_prompt_inputs",
     "position_ids_from_mask",

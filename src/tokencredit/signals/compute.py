@@ -15,8 +15,8 @@ from tokencredit.signals.head import DEFAULT_CHUNK_SIZE
 from tokencredit.signals.model import (
     _LORA_ERROR,
     _adapter_disabled,
-    _eval_mode,
     _model_parts,
+    eval_mode,
     has_lora_adapter,
     position_ids_from_mask,
 )
@@ -122,7 +122,7 @@ def compute_signals(
     kw = {"temperature": temperature, "chunk_size": chunk_size, "batch_size": batch_size}
     args = (sequences, attention_mask, prompt_len, response_mask)
     out: dict[str, Tensor] = {}
-    with torch.no_grad(), _eval_mode(model, ref_model):
+    with torch.no_grad(), eval_mode(model, ref_model):
         if needs & set(_POLICY_SIGNALS):
             lp, ent, hid, sq = _pass(
                 model, *args, want_log_p="old_log_probs" in needs, want_entropy="entropy" in needs,

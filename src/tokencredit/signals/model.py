@@ -88,7 +88,7 @@ def _adapter_disabled(model: nn.Module) -> Iterator[None]:
 
 
 @contextmanager
-def _eval_mode(*models: nn.Module | None) -> Iterator[None]:
+def eval_mode(*models: nn.Module | None) -> Iterator[None]:
     """Eval mode (no dropout) inside; every submodule's own train/eval flag restored after."""
     saved = [(m, m.training) for model in models if model is not None for m in model.modules()]
     try:

@@ -14,6 +14,7 @@ only truth. One module per concern:
     metrics   blame@k, ranks and |Â| mass shares of a credit tensor (ties in expectation), baselines' credit
     score     the numbers of one credit tensor, the chance baselines, every `--methods` column on a batch
     fidelity  A* of the rollouts of mixed groups and each credit's fidelity to it (Spearman, signs, blame)
+    gradients the cosine of each credit's policy gradient with A*'s and GRPO's, per batch; the headroom index
     pipeline  sample -> truth -> score (-> oracle) for one model (`probe_model`) and each probed point
     points    which models: a model directory, the toy warm start, a run's final model or checkpoints
     render    the JSON payload and the Markdown tables
@@ -29,6 +30,7 @@ The command line is `tokencredit.commands.probe`.
 
 from tokencredit.report.methods import NA_LORA
 from tokencredit.report.probe.config import (
+    DEFAULT_GRAD_BATCHES,
     DEFAULT_KS,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_METHODS,
@@ -46,6 +48,16 @@ from tokencredit.report.probe.fidelity import (
     oracle_section,
     run_oracle,
     score_fidelity,
+)
+from tokencredit.report.probe.gradients import (
+    cosine,
+    gradient_cosines,
+    gradient_fidelity,
+    group_batches,
+    mean_and_stderr,
+    policy_gradient,
+    trainable_parameters,
+    with_gradient_columns,
 )
 from tokencredit.report.probe.metrics import (
     DEFAULT_RTOL,
@@ -65,6 +77,7 @@ from tokencredit.report.probe.points import ProbePoint, default_output, parse_ch
 from tokencredit.report.probe.render import (
     evolution_table,
     fidelity_table,
+    gradient_line,
     markdown_report,
     point_table,
     probe_result,
@@ -101,6 +114,7 @@ from tokencredit.report.probe.truth import (
 )
 
 __all__ = [
+    "DEFAULT_GRAD_BATCHES",
     "DEFAULT_KS",
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_METHODS",
@@ -118,6 +132,7 @@ __all__ = [
     "build_truth",
     "char_to_token",
     "checker_reward",
+    "cosine",
     "data_problems",
     "default_data",
     "default_max_new_tokens",
@@ -126,9 +141,14 @@ __all__ = [
     "expected_hits",
     "fidelity_baselines",
     "fidelity_table",
+    "gradient_cosines",
+    "gradient_fidelity",
+    "gradient_line",
+    "group_batches",
     "heldout_problems",
     "markdown_report",
     "mass_shares",
+    "mean_and_stderr",
     "mean_of",
     "mean_rank",
     "method_credits",
@@ -139,6 +159,7 @@ __all__ = [
     "parse_checkpoint",
     "parse_ks",
     "point_table",
+    "policy_gradient",
     "probe_batch",
     "probe_config",
     "probe_model",
@@ -162,7 +183,9 @@ __all__ = [
     "tie_counts",
     "token_char_spans",
     "token_labels",
+    "trainable_parameters",
     "uniform_credit",
     "verifier_summary",
+    "with_gradient_columns",
     "write_report",
 ]

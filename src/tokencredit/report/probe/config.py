@@ -25,6 +25,7 @@ from tokencredit.rollout import SamplingSettings
 from tokencredit.train.config import TrainConfig
 
 __all__ = [
+    "DEFAULT_GRAD_BATCHES",
     "DEFAULT_KS",
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_METHODS",
@@ -39,6 +40,8 @@ DEFAULT_METHODS = (
     "grpo,ktae,delta,gspo,ptrace,strace,entropy-80-20,surprisal,entropy-reduction,gcpo,arca,policy-divergence"
 )
 DEFAULT_KS: tuple[int, ...] = (1, 3, 10)
+DEFAULT_GRAD_BATCHES = 4
+"""Batches of whole problems the oracle's rollouts are split into for the gradient cosines (`gradients`)."""
 DEFAULT_MAX_NEW_TOKENS = 96
 DEFAULT_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=DEFAULT_MAX_NEW_TOKENS, batch_size=64)
 """The probe's sampling when neither the options nor a probed run say otherwise."""
@@ -70,6 +73,8 @@ class ProbeConfig:
       oracle_delta      the oracle's skip: tokens of probability >= 1 - delta get A* = 0.
       bootstrap         resamples of whole groups for the fidelity statistics' standard errors
                         (`tokencredit.oracle.fidelity_stderr`; 0: none).
+      grad_batches      batches of whole problems for the gradient cosines with the oracle's and GRPO's
+                        gradient, their spread the standard error (`report.probe.gradients`; 0: none).
 
     The settings are grouped in the docstring, not in nested objects (but for the sampling), because
     they are the flat options of ``tokencredit probe`` and the flat "config" of its JSON (`record`).
@@ -91,6 +96,7 @@ class ProbeConfig:
     oracle_k: int = 0
     oracle_delta: float = DEFAULT_DELTA
     bootstrap: int = 200
+    grad_batches: int = DEFAULT_GRAD_BATCHES
 
     @property
     def synthetic(self) -> bool:
@@ -244,6 +250,7 @@ def probe_config(
     oracle: int = 0,
     oracle_delta: float = DEFAULT_DELTA,
     bootstrap: int = 200,
+    grad_batches: int = DEFAULT_GRAD_BATCHES,
 ) -> ProbeConfig:
     """A checked ProbeConfig; options left None take the run's settings (its toy task, template,
     temperature, estimator) when a run is probed, else the defaults (`data`: `default_data` of the
@@ -258,6 +265,10 @@ def probe_config(
     _check_oracle(data, oracle, oracle_delta)
     if bootstrap != 0 and bootstrap < 2:
         raise ConfigError(f"--bootstrap must be 0 (no standard errors) or >= 2 resamples, got {bootstrap}")
+    if grad_batches != 0 and grad_batches < 2:
+        raise ConfigError(
+            f"--grad-batches must be 0 (no gradient cosines) or >= 2 batches (a standard error), got {grad_batches}"
+        )
     task = _task_settings(
         data, run_cfg, {"difficulty": difficulty, "digits": digits, "operand_digits": operand_digits}
     )
@@ -282,4 +293,5 @@ def probe_config(
         oracle_k=oracle,
         oracle_delta=float(oracle_delta),
         bootstrap=bootstrap,
+        grad_batches=grad_batches,
     )

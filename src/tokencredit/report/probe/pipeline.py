@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tokencredit.batch import RolloutBatch
 from tokencredit.builder import (
     Needs,
     Passes,
@@ -25,9 +26,10 @@ from tokencredit.builder import (
     rendered_negative_prompts,
 )
 from tokencredit.models import special_token_ids
-from tokencredit.report.methods import MethodCredit, MethodSpec
+from tokencredit.report.methods import MethodCredit, MethodSpec, method_credit, resolve_methods
 from tokencredit.report.probe.config import ProbeConfig
-from tokencredit.report.probe.fidelity import oracle_section, run_oracle
+from tokencredit.report.probe.fidelity import ProbeOracle, oracle_section, run_oracle
+from tokencredit.report.probe.gradients import gradient_fidelity, with_gradient_columns
 from tokencredit.report.probe.points import ProbePoint
 from tokencredit.report.probe.sample import (
     mc_column_signals,
@@ -120,6 +122,29 @@ def _judge(
     return None, [], torch.tensor(scores, dtype=torch.float32), golds
 
 
+def _grpo_credit(
+    got: dict[str, MethodCredit], batch: RolloutBatch, *, lora: bool, special_ids: Sequence[int]
+) -> MethodCredit:
+    """GRPO's credit on the batch, the gradient cosines' second reference: the "grpo" column when
+    --methods has one, else the grpo recipe's."""
+    have = got.get("grpo")
+    if have is not None and have.ok:
+        return have
+    return method_credit(resolve_methods(["grpo"])[0], batch, special_ids=special_ids, lora=lora)
+
+
+def _oracle_result(
+    model: Any, ro: Rollouts, oracle: ProbeOracle | None, got: dict[str, MethodCredit], batch: RolloutBatch,
+    cfg: ProbeConfig, truth: ProbeTruth | None, *, lora: bool, special_ids: Sequence[int], say: Callable[[str], None],
+) -> dict[str, Any]:  # fmt: skip
+    """The point's "oracle" section (`oracle_section`), with the gradient cosines when `cfg.grad_batches` > 0."""
+    section = oracle_section(oracle, got, cfg, reward=REWARD_NAMES[cfg.synthetic], truth=truth)
+    if oracle is None or not cfg.grad_batches:
+        return section
+    grpo = _grpo_credit(got, batch, lora=lora, special_ids=special_ids)
+    return with_gradient_columns(section, gradient_fidelity(model, ro, oracle, got, grpo, cfg, log=say))
+
+
 def probe_model(
     model: Any,
     tokenizer: Any,
@@ -132,7 +157,7 @@ def probe_model(
     compute every method's credit on them (signals in one pass) and score it; returns the point's
     result: on the synthetic task {"rollouts": summary, "methods": {...}, "baselines": {...}}, on
     other data {"rollouts": `verifier_summary`}; with `cfg.oracle_k` > 0 also "oracle"
-    (`fidelity.oracle_section`)."""
+    (`fidelity.oracle_section`, with `cfg.grad_batches` > 0 its "gradients": `gradients.gradient_fidelity`)."""
     say = log or (lambda _msg: None)
     lora = has_lora_adapter(model)
     needs = needs_of([s.recipe for s in specs], lora=lora)
@@ -151,7 +176,8 @@ def probe_model(
             signals = {**signals, **mc}
         batch = build_batch(rollouts, needs, given=signals, device="cpu", who="probe")
         say("scoring credit ...")
-        got = method_credits(batch, specs, lora=lora, special_ids=special_token_ids(tokenizer))
+        special_ids = special_token_ids(tokenizer)
+        got = method_credits(batch, specs, lora=lora, special_ids=special_ids)
         out = (
             _checker_result(truth, truths, got, cfg)
             if truth is not None
@@ -165,7 +191,9 @@ def probe_model(
                 model, tokenizer, ro, golds, reward, mixed_rows(batch.group_ids, scores), cfg,
                 old_log_probs=signals.get("old_log_probs"), log=say,
             )  # fmt: skip
-            out["oracle"] = oracle_section(oracle, got, cfg, reward=REWARD_NAMES[cfg.synthetic], truth=truth)
+            out["oracle"] = _oracle_result(
+                model, ro, oracle, got, batch, cfg, truth, lora=lora, special_ids=special_ids, say=say
+            )
     return out
 
 

@@ -1,6 +1,6 @@
 """The probe's output: the JSON payload (checked for non-finite numbers) and the Markdown report
 (one table per probed point, with --oracle a "Credit fidelity against Monte-Carlo A*" table per
-point, then an evolution table across points)."""
+point, with its gradient cosines and headroom index, then an evolution table across points)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tokencredit.report.probe.truth import LABELS
 __all__ = [
     "evolution_table",
     "fidelity_table",
+    "gradient_line",
     "markdown_report",
     "oracle_label",
     "point_table",
@@ -93,15 +94,32 @@ def _rho(x: float | None, se: float | None = None) -> str:
     return text if se is None else f"{text} ± {se:.3f}"
 
 
-def _fidelity_row(name: str, r: dict[str, Any], ks: Sequence[int]) -> str:
+def _grad_cells(r: dict[str, Any] | None) -> list[str]:
+    """cos(g, g*) and cos(g, g_GRPO), mean ± SE over batches ("–": not computed)."""
+    if r is None:
+        return ["–", "–"]
+    return [_rho(r.get(f"grad_cos_{ref}"), r.get(f"grad_cos_{ref}_se")) for ref in ("oracle", "grpo")]
+
+
+def _fidelity_row(name: str, r: dict[str, Any], ks: Sequence[int], grads: bool = False) -> str:
+    """One row of the fidelity table; `grads`: with the two gradient-cosine columns."""
     if r.get("status", "ok") != "ok":
         reason = r.get("reason", "n/a")
         text = reason if reason == NA_LORA else f"n/a ({reason})"
-        return f"| {name} | " + " | ".join([text] + [""] * (len(ks) + 3)) + " |"
+        return f"| {name} | " + " | ".join([text] + [""] * (len(ks) + 3 + 2 * grads)) + " |"
     cells = [_rho(r[k], r.get(f"{k}_se")) for k in ("spearman", "spearman_per_response")]
     cells += [_pct(r[k], r.get(f"{k}_se")) for k in ("sign_agreement", "significant_share")]
     cells += [_pct(r.get(f"oracle_blame@{k}"), r.get(f"oracle_blame@{k}_se")) for k in ks]
+    if grads:
+        cells += _grad_cells(r if "grad_cos_oracle" in r else None)
     return f"| {name} | " + " | ".join(cells) + " |"
+
+
+def _reference_cells(gradients: dict[str, Any], ref: str) -> dict[str, Any]:
+    """A reference's own gradient cosines (the oracle's A*: 1 with itself) as a row's grad_cos keys."""
+    got = gradients["references"][ref]
+    return {f"grad_cos_{r}{tail}": got[f"cos_{r}"][key] for r in ("oracle", "grpo")
+            for tail, key in (("", "mean"), ("_se", "se"))}  # fmt: skip
 
 
 def _cost_text(cost: dict[str, Any]) -> str:
@@ -116,21 +134,51 @@ def _cost_text(cost: dict[str, Any]) -> str:
     )
 
 
+def _has_gradients(oracle: dict[str, Any]) -> bool:
+    return oracle.get("gradients", {}).get("status") == "ok"
+
+
 def fidelity_table(oracle: dict[str, Any], ks: Sequence[int]) -> str:
     """The Markdown table "Credit fidelity against Monte-Carlo A*" of one point's "oracle" result: one
-    row per method, the chance baselines, and the oracle's cost in its own row."""
+    row per method, the chance baselines, and the oracle's cost in its own row; with the point's
+    "gradients", the columns cos(g, g*) and cos(g, g_GRPO) (the oracle's row: A*'s own gradient)."""
+    grads = _has_gradients(oracle)
     head = (
         "| credit | ρ pooled | ρ per response | sign agreement | Â mass on significant | "
         + " | ".join(f"blame@{k} vs A*" for k in ks)
+        + (" | cos(g, g*) | cos(g, g_GRPO)" if grads else "")
         + " |"
     )
-    lines = [head, "|" + "---|" * (len(ks) + 5)]
-    lines += [_fidelity_row(name, r, ks) for name, r in oracle["methods"].items()]
-    lines.append(_fidelity_row("*random (chance)*", oracle["baselines"]["random"], ks))
-    lines.append(_fidelity_row("*uniform (chance)*", oracle["baselines"]["uniform"], ks))
-    cost = f"cost: {_cost_text(oracle['cost'])}"
-    lines.append(f"| {oracle_label(oracle)} | " + " | ".join([cost] + [""] * (len(ks) + 3)) + " |")
+    lines = [head, "|" + "---|" * (len(ks) + 5 + 2 * grads)]
+    lines += [_fidelity_row(name, r, ks, grads) for name, r in oracle["methods"].items()]
+    lines.append(_fidelity_row("*random (chance)*", oracle["baselines"]["random"], ks, grads))
+    lines.append(_fidelity_row("*uniform (chance)*", oracle["baselines"]["uniform"], ks, grads))
+    cells = [f"cost: {_cost_text(oracle['cost'])}"] + [""] * (len(ks) + 3)
+    if grads:
+        cells += _grad_cells(_reference_cells(oracle["gradients"], "oracle"))
+    lines.append(f"| {oracle_label(oracle)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _sizes(values: Sequence[int]) -> str:
+    low, high = min(values), max(values)
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
+def gradient_line(gradients: dict[str, Any]) -> str:
+    """The line under the fidelity table: what the gradient cosines are, the headroom index, θ, the cost."""
+    if gradients["status"] != "ok":
+        return f"Gradient cosines: n/a ({gradients['reason']})."
+    h = gradients["headroom"]
+    return (
+        f"Gradient fidelity: cos(g, g*) and cos(g, g_GRPO) are the cosines between the policy gradient "
+        f"∇θ Σ Â log π of the method's Â and that of A* (of GRPO's Â) on the same rollouts, at ratio 1 (the "
+        f"first mini-batch step's direction, before AdamW's per-coordinate scaling), θ = {gradients['parameters']}; "
+        f"mean ± standard error over {gradients['batches']} batches of whole problems "
+        f"({_sizes(gradients['groups_per_batch'])} problems, {_sizes(gradients['rollouts_per_batch'])} "
+        f"rollouts each). **Headroom index 1 - cos(g_GRPO, g*) = {_rho(h['mean'], h['se'])}**. "
+        f"Cost: {gradients['backward_passes']:,} backward passes, {gradients['seconds']:.1f} s."
+    )
 
 
 def _fidelity_section(oracle: dict[str, Any], ks: Sequence[int]) -> list[str]:
@@ -146,7 +194,10 @@ def _fidelity_section(oracle: dict[str, Any], ks: Sequence[int]) -> list[str]:
         f"{counts['oracle_blame_rollouts']} rollout(s) whose most negative A* is significant "
         f"(blame@k vs A*). Oracle cost: {_cost_text(oracle['cost'])}."
     )
-    return out + ["", fidelity_table(oracle, ks)]
+    out += ["", fidelity_table(oracle, ks)]
+    if "gradients" in oracle:
+        out += ["", gradient_line(oracle["gradients"])]
+    return out
 
 
 def _summary_line(point: dict[str, Any]) -> str:

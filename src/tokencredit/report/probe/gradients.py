@@ -1,0 +1,325 @@
+"""Gradient fidelity: how close the policy gradient of a method's credit Â is to the oracle's (and GRPO's).
+
+ρ and blame@k compare credits token by token; training feels only the gradient they add up to. For
+a credit Â [M,T] on M rollouts the on-policy (ratio 1) policy gradient is
+
+    g(Â) = ∇_θ Σ_{i,t} Â_{i,t} log π_θ(y_{i,t} | prompt_i, y_{i,<t})        (valid response tokens)
+
+the direction of the first mini-batch step of any per-token objective whose effective credit is Â
+(`tokencredit.objectives.effective`), before the optimiser's preconditioning (AdamW rescales each
+coordinate, which no cosine of raw gradients sees). θ are the parameters the trainer trains: a LoRA
+adapter when the model has one, else every parameter (a full model, or a run's merged export).
+
+The probe reports cos(g(Â), g(A*)) and cos(g(Â), g(Â_GRPO)) per batch of whole problems, their
+mean and its standard error over the batches, and the headroom index 1 - cos(g_GRPO, g*): how far
+uniform credit's gradient points from the exact credit's. Cosines are scale-free, so the size of Â
+(A* is small and sparse) does not enter. log π is taken as the trainer takes it
+(`tokencredit.signals.token_log_probs`: chunked LM head, no [N,T,V] float32 tensor, logits /
+temperature) in eval mode; memory holds the references' flattened gradients plus one more.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from tokencredit.report.methods import MethodCredit
+from tokencredit.report.probe.config import ProbeConfig
+from tokencredit.report.probe.fidelity import ProbeOracle
+from tokencredit.rollout import PromptResponseLayout
+from tokencredit.signals import eval_mode, has_lora_adapter, token_log_probs
+
+__all__ = [
+    "REFERENCES",
+    "cosine",
+    "gradient_cosines",
+    "gradient_fidelity",
+    "group_batches",
+    "mean_and_stderr",
+    "policy_gradient",
+    "trainable_parameters",
+    "with_gradient_columns",
+]
+
+REFERENCES = ("oracle", "grpo")
+"""The reference gradients every credit is compared with: the oracle's A* and GRPO's uniform credit."""
+
+_DOT_CHUNK = 1 << 24  # elements per float64 piece of a dot product: exact enough, no [P] float64 copy
+
+
+def trainable_parameters(model: nn.Module) -> tuple[list[nn.Parameter], str]:
+    """(θ, its description): the parameters that require grad when the model holds a LoRA adapter
+    (the adapter, what the trainer's optimiser steps), else every parameter of the model."""
+    if has_lora_adapter(model):
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:  # an adapter loaded frozen: its weights are still the trained ones
+            params = [p for n, p in model.named_parameters() if "lora_" in n]
+        return params, f"the LoRA adapter's {sum(p.numel() for p in params):,} parameters"
+    params = list(model.parameters())
+    return params, (
+        f"all {sum(p.numel() for p in params):,} parameters (no LoRA adapter: a full model, or a merged LoRA export)"
+    )
+
+
+@contextmanager
+def _requiring_grad(params: Sequence[nn.Parameter]) -> Iterator[None]:
+    """Every parameter of θ requires grad inside (those outside θ keep their flags), flags restored after."""
+    saved = [p.requires_grad for p in params]
+    try:
+        for p in params:
+            p.requires_grad_(True)
+        yield
+    finally:
+        for p, flag in zip(params, saved):
+            p.requires_grad_(flag)
+
+
+class _BatchGradients:
+    """g(Â) of one batch of rows for any number of credits: micro-batches of `micro_batch_size` rows
+    through `token_log_probs`; when the batch is one micro-batch its forward (and graph) is kept and
+    every credit is one backward of it."""
+
+    def __init__(
+        self, model: nn.Module, layout: PromptResponseLayout, params: Sequence[nn.Parameter],
+        temperature: float, micro_batch_size: int,
+    ) -> None:  # fmt: skip
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        self.model, self.params, self.temperature = model, list(params), temperature
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.sequences, self.attention = layout.sequences, layout.attention_mask
+        self.mask = layout.response_mask.bool()
+        self.prompt_len = int(layout.prompt_ids.shape[1])
+        self.parts = torch.arange(self.mask.shape[0]).split(micro_batch_size)
+        self.size = sum(p.numel() for p in self.params)
+        self._kept: Tensor | None = None
+        self.backward_passes = 0
+
+    def _log_probs(self, rows: Tensor) -> Tensor:
+        if self._kept is not None:
+            return self._kept
+        out = token_log_probs(
+            self.model, self.sequences[rows].to(self.device), self.attention[rows].to(self.device), self.prompt_len,
+            temperature=self.temperature, response_mask=self.mask[rows].to(self.device),
+        )  # fmt: skip
+        if len(self.parts) == 1:
+            self._kept = out
+        return out  # type: ignore[return-value]
+
+    def of(self, credit: Tensor) -> Tensor:
+        """g(credit) [P] float32, θ flattened in order; credit [M,T] on the batch's rows."""
+        if tuple(credit.shape) != tuple(self.mask.shape):
+            raise ValueError(
+                f"credit shape {tuple(credit.shape)} differs from the rows' {tuple(self.mask.shape)}"
+            )
+        out = torch.zeros(self.size, dtype=torch.float32, device=self.device)
+        for rows in self.parts:
+            c = torch.where(self.mask[rows], credit[rows].float(), 0.0).to(self.device)
+            if not bool(c.any()):
+                continue  # zero credit: zero gradient, no pass needed
+            objective = (self._log_probs(rows) * c).sum()
+            grads = torch.autograd.grad(
+                objective, self.params, retain_graph=self._kept is not None, allow_unused=True
+            )
+            self.backward_passes += 1
+            offset = 0
+            for p, g in zip(self.params, grads):
+                if g is not None:
+                    out[offset : offset + p.numel()] += g.reshape(-1).float()
+                offset += p.numel()
+        return out
+
+    def release(self) -> None:
+        self._kept = None
+
+
+def _rows(layout: PromptResponseLayout, rows: Tensor) -> PromptResponseLayout:
+    idx = rows.long().cpu()
+    return PromptResponseLayout(
+        layout.prompt_ids[idx], layout.prompt_mask[idx], layout.response_ids[idx], layout.response_mask[idx]
+    )
+
+
+def policy_gradient(
+    model: nn.Module,
+    layout: PromptResponseLayout,
+    credit: Tensor,
+    params: Sequence[nn.Parameter],
+    *,
+    temperature: float = 1.0,
+    micro_batch_size: int = 64,
+) -> Tensor:
+    """g(Â) [P] float32 = ∇_θ Σ_{i,t} Â_{i,t} log π_θ(y_{i,t} | prompt_i, y_{i,<t}), θ = `params` flattened in order.
+
+    layout: M rows of left-padded prompts and right-padded responses (their response_mask the valid
+    tokens); credit [M,T], read on the valid tokens only. log π at `temperature` as the trainer takes it,
+    in eval mode, `micro_batch_size` rows per forward. Linear in Â: g(a Â1 + b Â2) = a g(Â1) + b g(Â2).
+    """
+    with torch.enable_grad(), eval_mode(model), _requiring_grad(params):
+        return _BatchGradients(model, layout, params, temperature, micro_batch_size).of(credit)
+
+
+def cosine(a: Tensor, b: Tensor) -> float | None:
+    """a·b / (|a| |b|) of two flat vectors, accumulated in float64; None when either is 0."""
+    dot = aa = bb = 0.0
+    for x, y in zip(a.split(_DOT_CHUNK), b.split(_DOT_CHUNK)):
+        x, y = x.double(), y.double()
+        dot, aa, bb = dot + float(x @ y), aa + float(x @ x), bb + float(y @ y)
+    if aa == 0.0 or bb == 0.0:
+        return None
+    return max(-1.0, min(1.0, dot / math.sqrt(aa * bb)))
+
+
+def group_batches(groups: Tensor, n_batches: int) -> list[Tensor]:
+    """Row indices (int64) of min(n_batches, #groups) batches of whole groups: the distinct groups of
+    groups [M] (sorted by id) split into contiguous runs as equal as possible (sizes differ by at most one)."""
+    if n_batches < 1:
+        raise ValueError(f"n_batches must be >= 1, got {n_batches}")
+    _, inv = torch.unique(groups.cpu(), return_inverse=True)
+    n_groups = int(inv.max()) + 1 if inv.numel() else 0
+    if not n_groups:
+        return []
+    return [
+        torch.isin(inv, part).nonzero().squeeze(1)
+        for part in torch.arange(n_groups).tensor_split(min(n_batches, n_groups))
+    ]
+
+
+def gradient_cosines(
+    model: nn.Module,
+    layout: PromptResponseLayout,
+    credits: Mapping[str, Tensor],
+    references: Mapping[str, Tensor],
+    batches: Sequence[Tensor],
+    params: Sequence[nn.Parameter],
+    *,
+    temperature: float = 1.0,
+    micro_batch_size: int = 64,
+) -> tuple[dict[str, dict[str, dict[str, list[float | None]]]], int]:
+    """({"credits": {name: {ref: [B] cos}}, "references": {ref: {ref: [B] cos}}}, backward passes).
+
+    cos = cos(g_b(credit), g_b(reference)) on each batch b of rows; credits / references: {name: [M,T]}
+    on the rows of `layout`; batches: row indices (e.g. `group_batches`). The references are also
+    compared with each other (and themselves: 1). Memory: the references' gradients of the batch plus
+    one credit's at a time; a credit equal to a reference on a batch (GSPO's on-policy credit is GRPO's)
+    reuses its gradient. None where a gradient is 0.
+    """
+    by_credit: dict[str, dict[str, list[float | None]]] = {n: {r: [] for r in references} for n in credits}
+    by_ref: dict[str, dict[str, list[float | None]]] = {n: {r: [] for r in references} for n in references}
+    passes = 0
+    with torch.enable_grad(), eval_mode(model), _requiring_grad(params):
+        for b in batches:
+            grads = _BatchGradients(model, _rows(layout, b), params, temperature, micro_batch_size)
+            ref_g = {r: grads.of(c[b]) for r, c in references.items()}
+            for r, g in ref_g.items():
+                for s, h in ref_g.items():
+                    by_ref[r][s].append(cosine(g, h))
+            for name, credit in credits.items():
+                c = credit[b].float()
+                same = next((r for r, rc in references.items() if torch.equal(rc[b].float(), c)), None)
+                g = ref_g[same] if same is not None else grads.of(c)
+                for r, h in ref_g.items():
+                    by_credit[name][r].append(cosine(g, h))
+                del g
+            passes += grads.backward_passes
+            grads.release()
+            del ref_g
+    return {"credits": by_credit, "references": by_ref}, passes
+
+
+def mean_and_stderr(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """(mean, standard error of the mean) over the defined values; SE None below 2 of them."""
+    v = [x for x in values if x is not None]
+    if not v:
+        return None, None
+    mean = sum(v) / len(v)
+    if len(v) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1) / len(v))
+
+
+def _summary(per_batch: list[float | None]) -> dict[str, Any]:
+    mean, se = mean_and_stderr(per_batch)
+    return {"mean": mean, "se": se, "per_batch": per_batch}
+
+
+def gradient_fidelity(
+    model: nn.Module,
+    layout: PromptResponseLayout,
+    oracle: ProbeOracle,
+    got: Mapping[str, MethodCredit],
+    grpo: MethodCredit,
+    cfg: ProbeConfig,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The "gradients" result of a point, on the oracle's rows of `layout` (the probe's N rows) split into
+    `cfg.grad_batches` batches of whole problems (`group_batches`): for each credit, its cos with g(A*)
+    and with g(Â_GRPO) on every batch, summarised as {"cos_oracle": {mean, se, per_batch}, "cos_grpo":
+    ...} under "credits" (each method of `got` with credit) and "references" (A* and GRPO's Â); the
+    headroom index 1 - cos(g_GRPO, g*) (same summary); θ, the batches and the cost. `grpo`: GRPO's
+    credit on the batch, the reference."""
+    say = log or (lambda _msg: None)
+    params, described = trainable_parameters(model)
+    head: dict[str, Any] = {"parameters": described, "parameter_count": sum(p.numel() for p in params)}
+    if grpo.credit is None:
+        return {**head, "status": "n/a", "reason": f"no GRPO credit on this batch ({grpo.reason})"}
+    rows = oracle.rows
+    mask = oracle.credit.mask.bool().cpu()
+    references = {
+        "oracle": torch.where(mask, oracle.credit.advantages.float().cpu(), 0.0),
+        "grpo": grpo.credit.effective().detach().float().cpu()[rows],
+    }
+    credits = {
+        n: g.credit.effective().detach().float().cpu()[rows] for n, g in got.items() if g.credit is not None
+    }
+    groups = oracle.groups if oracle.groups is not None else torch.arange(rows.numel())
+    batches = group_batches(groups, cfg.grad_batches)
+    say(f"gradient fidelity: {len(batches)} batches x {len(credits) + 2} credits, θ = {described} ...")
+    start = time.perf_counter()
+    cos, passes = gradient_cosines(
+        model, _rows(layout, rows), credits, references, batches, params,
+        temperature=cfg.sampling.temperature, micro_batch_size=cfg.sampling.batch_size,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    _, inv = torch.unique(groups.cpu(), return_inverse=True)
+    headroom = [None if c is None else 1.0 - c for c in cos["references"]["grpo"]["oracle"]]
+    return {
+        **head,
+        "status": "ok",
+        "temperature": cfg.sampling.temperature,
+        "batches": len(batches),
+        "groups_per_batch": [int(torch.unique(inv[b]).numel()) for b in batches],
+        "rollouts_per_batch": [int(b.numel()) for b in batches],
+        "backward_passes": passes,
+        "seconds": seconds,
+        "headroom": _summary(headroom),
+        **{
+            part: {
+                n: {f"cos_{r}": _summary(v) for r, v in per_ref.items()} for n, per_ref in cos[part].items()
+            }
+            for part in ("references", "credits")
+        },
+    }
+
+
+def with_gradient_columns(section: dict[str, Any], gradients: dict[str, Any]) -> dict[str, Any]:
+    """The oracle section with "gradients" and, in each method's row with credit, grad_cos_oracle /
+    grad_cos_grpo and their standard errors `<key>_se` (the mean and SE over batches)."""
+    credits = gradients.get("credits", {})
+    methods = {}
+    for name, row in section["methods"].items():
+        got = credits.get(name)
+        extra: dict[str, Any] = {}
+        if got is not None:
+            for r in REFERENCES:
+                extra[f"grad_cos_{r}"] = got[f"cos_{r}"]["mean"]
+                extra[f"grad_cos_{r}_se"] = got[f"cos_{r}"]["se"]
+        methods[name] = {**row, **extra}
+    return {**section, "methods": methods, "gradients": gradients}

@@ -59,6 +59,13 @@ def _add_data_and_oracle_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the oracle skips tokens of probability >= 1 - delta (A* = 0, |A*| <= delta; default {DEFAULT_DELTA})",
     )
     parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=200,
+        help="resamples of whole groups for the standard errors of the fidelity table's ρ, sign agreement "
+        "and Â mass (default 200; 0: none)",
+    )
+    parser.add_argument(
         "--grad-batches",
         type=int,
         default=DEFAULT_GRAD_BATCHES,
@@ -120,13 +127,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ks", default=",".join(map(str, DEFAULT_KS)), help="k values of blame@k (default 1,3,10)"
     )
     parser.add_argument("--random-draws", type=int, default=20, help="draws averaged for the random baseline")
-    parser.add_argument(
-        "--bootstrap",
-        type=int,
-        default=200,
-        help="resamples of whole groups for the standard errors of the fidelity table's ρ, sign agreement "
-        "and Â mass (default 200; 0: none)",
-    )
     parser.add_argument("--batch-size", type=int, default=64, help="rows per forward / generate call")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")

@@ -214,7 +214,14 @@ def _sampling(
     return tpl, float(temp)
 
 
-def _check_oracle(data: str, k: int, delta: float) -> None:
+def _check_oracle(data: str, k: int, delta: float, bootstrap: int, grad_batches: int) -> None:
+    """The oracle table's options: K, delta, the bootstrap resamples and the gradient batches."""
+    if bootstrap != 0 and bootstrap < 2:
+        raise ConfigError(f"--bootstrap must be 0 (no standard errors) or >= 2 resamples, got {bootstrap}")
+    if grad_batches != 0 and grad_batches < 2:
+        raise ConfigError(
+            f"--grad-batches must be 0 (no gradient cosines) or >= 2 batches (a standard error), got {grad_batches}"
+        )
     if k != 0 and k < 2:
         raise ConfigError(
             f"--oracle must be 0 (off) or >= 2 continuations per state (a standard error), got {k}"
@@ -252,9 +259,8 @@ def probe_config(
     bootstrap: int = 200,
     grad_batches: int = DEFAULT_GRAD_BATCHES,
 ) -> ProbeConfig:
-    """A checked ProbeConfig; options left None take the run's settings (its toy task, template,
-    temperature, estimator) when a run is probed, else the defaults (`data`: `default_data` of the
-    run or `model`; `max_new_tokens`: `default_max_new_tokens` of the data). `ks` may be "1,3,10"."""
+    """A checked ProbeConfig; options left None take a probed run's settings (toy task, template, temperature,
+    estimator), else the defaults (`default_data`, `default_max_new_tokens` of the data). `ks` may be "1,3,10"."""
     data = data or default_data(run_cfg, model)
     _check_data(data)
     max_new_tokens = max_new_tokens if max_new_tokens is not None else default_max_new_tokens(data)
@@ -262,13 +268,7 @@ def probe_config(
         groups=groups, group_size=group_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
         random_draws=random_draws,
     )  # fmt: skip
-    _check_oracle(data, oracle, oracle_delta)
-    if bootstrap != 0 and bootstrap < 2:
-        raise ConfigError(f"--bootstrap must be 0 (no standard errors) or >= 2 resamples, got {bootstrap}")
-    if grad_batches != 0 and grad_batches < 2:
-        raise ConfigError(
-            f"--grad-batches must be 0 (no gradient cosines) or >= 2 batches (a standard error), got {grad_batches}"
-        )
+    _check_oracle(data, oracle, oracle_delta, bootstrap, grad_batches)
     task = _task_settings(
         data, run_cfg, {"difficulty": difficulty, "digits": digits, "operand_digits": operand_digits}
     )

@@ -101,8 +101,15 @@ def test_errors_name_the_problem(spec, msg):
 
 
 def test_unknown_split():
-    with pytest.raises(ConfigError, match="unknown split"):
-        rgd.load(SMALL, split="validation", size=3)
+    with pytest.raises(ConfigError, match="unknown split 'dev'; use train, heldout or validation"):
+        rgd.load(SMALL, split="dev", size=3)
+
+
+def test_validation_split_is_a_third_seed_range():
+    train, heldout, val = (rgd.load(SMALL, split=s, size=5) for s in ("train", "heldout", "validation"))
+    assert val == rgd.load(SMALL, split="validation", size=5)
+    assert [p.problem for p in val] != [p.problem for p in train]
+    assert [p.problem for p in val] != [p.problem for p in heldout]
 
 
 def test_missing_package_names_the_extra(monkeypatch):

@@ -6,6 +6,8 @@ from hypothesis import strategies as st
 
 from tokencredit.data.loaders import Problem
 from tokencredit.data.synthetic import (
+    CONNECTIVES,
+    ENDINGS,
     LABELS,
     ArithmeticProblem,
     ArithmeticTask,
@@ -302,3 +304,62 @@ def test_hard_task_teacher_slips_only_at_carries():
         a, op, b = loc.expected.split(" ")[:3]
         assert op == "+" and (int(a) % 10 + int(b) % 10) >= 10
     assert 0.45 < wrong / len(probs) < 0.75
+
+
+# ---------------------------------------------------------------- free phrasings (the headroom knob)
+
+
+def test_phrasings_change_the_solutions_not_the_problems():
+    plain, free = ArithmeticTask(seed=3).sample(50), ArithmeticTask(seed=3, phrasings=4).sample(50)
+    assert [p.problem for p in plain] == [p.problem for p in free]
+    assert [p.answer for p in plain] == [p.answer for p in free]
+    assert free[0].solution.startswith("Then ") and locate_first_error(free[0], free[0].solution).kind == "correct"
+    with pytest.raises(ValueError, match="phrasings"):
+        ArithmeticTask(phrasings=len(CONNECTIVES) + 1)
+    with pytest.raises(ValueError, match="explicit rng"):
+        ArithmeticTask(phrasings=2).solution(P)
+
+
+def test_free_solutions_draw_only_the_first_k_phrasings_and_stay_correct():
+    task = ArithmeticTask(phrasings=3)
+    rng = random.Random(0)
+    seen_conn, seen_end = set(), set()
+    for p in task.sample(200):
+        text = task.solution(p, rng=rng)
+        assert check(p, text) and locate_first_error(p, text).kind == "correct"
+        for line in text.split("\n")[:-1]:
+            conn, rest = line.split(" ", 1) if not line.startswith("We get") else ("We get", line[7:])
+            seen_conn.add(conn)
+            seen_end.add(next((e for e in ENDINGS[1:] if rest.endswith(e)), ""))
+    assert seen_conn == set(CONNECTIVES[:3]) and seen_end == set(ENDINGS[:3])
+    # Same rng seed, same solutions; the slips are still drawn as without phrasings.
+    a = [task.solution(p, forget_rate=0.7, rng=random.Random(5)) for p in task.sample(20)]
+    b = [task.solution(p, forget_rate=0.7, rng=random.Random(5)) for p in task.sample(20)]
+    assert a == b
+
+
+def test_first_error_inside_a_free_phrased_line():
+    text = "Next 47 + 38 = 75;\n75 - 19 = 56\n56 + 6 = 62\nThe answer is \\boxed{62}."
+    loc = locate_first_error(P, text)
+    assert (loc.kind, loc.step, text[loc.start : loc.end]) == ("wrong-step", 0, "75")
+    # A right step with free words passes; the error is found on the next line.
+    text = "We get 47 + 38 = 85 (sure)\nSo 85 - 19 = 67 ok\n67 + 6 = 73\nThe answer is \\boxed{73}."
+    loc = locate_first_error(P, text)
+    assert (loc.kind, loc.step, text[loc.start : loc.end]) == ("wrong-step", 1, "7")
+    # Words that are not a free phrasing are an error at their first character.
+    text = "Hence 47 + 38 = 85\n85 - 19 = 66\n66 + 6 = 72\nThe answer is \\boxed{72}."
+    assert locate_first_error(P, text).kind == "malformed" and locate_first_error(P, text).start == 0
+    # A connective before a broken step: the error is in the step, not in the free word.
+    loc = locate_first_error(P, "Then 47 + 3")
+    assert (loc.kind, loc.start) == ("malformed", len("Then 47 + 3"))
+
+
+def test_free_words_are_labelled_free():
+    text = "Next 47 + 38 = 85;\n85 - 19 = 66 ok\nSo the answer is \\boxed{72}."
+    labels = label_chars(P, text)
+    assert "free" in LABELS
+    got = "".join({"format": ".", "computed": "c", "answer": "a", "free": "F"}[lab] for lab in labels)
+    first, second = text.split("\n")[:2]
+    assert got[: len(first)] == "FFFFFcc.c.cc...ccF"
+    assert got[len(first) + 1 : len(first) + 1 + len(second)] == "cc.c.cc...ccFFF"
+    assert "F" not in got[len(first) + len(second) + 2 :]  # "So" before the answer line is not a step's word

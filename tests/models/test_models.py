@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from tokencredit import cli, hf_progress, models
-from tokencredit.data.synthetic import ArithmeticTask
+from tokencredit.data.synthetic import CONNECTIVES, ENDINGS, ArithmeticTask
 from tokencredit.data.templates import QWEN_MATH_SYSTEM, render
 from tokencredit.errors import ConfigError
 from tokencredit.models import (
@@ -309,3 +309,58 @@ def test_loading_bars_are_off_unless_the_environment_asks(monkeypatch, capfd):
     monkeypatch.setenv(hf_progress.ENV, "maybe")
     with pytest.raises(ConfigError, match="TOKENCREDIT_PROGRESS_BARS='maybe'"):
         load_model("toy")
+
+
+def test_free_variant_ships_fits_its_budget_and_is_the_default_task_with_free_words():
+    free = models.toy_variant("toy-free")
+    assert "--task toy-free" in free.rebuild_command
+    assert json.loads((free.asset_dir / "warm_start.json").read_text()) == dataclasses.asdict(free.config)
+    task = models.toy_task(seed=2, name="toy-free")
+    assert task.phrasings == free.config.phrasings > 0
+    plain = models.toy_task(seed=2)
+    assert [p.problem for p in task.sample(50)] == [p.problem for p in plain.sample(50)]
+    # the longest possible free-phrased solution (every step with the longest words) fits the budget
+    longest_words = max(len(c) + 1 for c in CONNECTIVES[: task.phrasings]) + max(map(len, ENDINGS[: task.phrasings]))
+    longest = max(len(p.solution) - len("Then ") * task.difficulty + 1 for p in task.sample(500, "train"))
+    assert longest + longest_words * task.difficulty <= free.max_new_tokens
+
+
+def test_free_warm_start_samples_free_words_and_leaves_room():
+    """Sampled held-out answers use several of the free connectives (high entropy where the reward does
+    not look) and are right neither almost never nor almost always."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, tk = load_model("toy-free")
+        probs = models.toy_task(name="toy-free").sample(40, "heldout")
+        acc = models.toy_accuracy(model, tk, probs, temperature=0.0, max_new_tokens=128)
+        enc = tk([render("qwen-math", p.problem, tk) for p in probs[:16]], return_tensors="pt", padding=True)
+        torch.manual_seed(0)
+        out = model.generate(**enc, max_new_tokens=128, do_sample=True, top_k=0, top_p=1.0)
+    finally:
+        torch.set_num_threads(threads)
+    firsts = [t.split(" ", 1)[0] for t in tk.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)]
+    assert len(set(firsts) & set(CONNECTIVES)) >= 3, firsts
+    assert 0.1 <= acc <= 0.85, acc
+
+
+def test_build_toy_set_overrides_and_init(tmp_path, capsys):
+    threads = torch.get_num_threads()
+    try:
+        args = ["build-toy", "--out", str(tmp_path), "--steps", "1", "--eval", "0", "--set", "phrasings=2"]
+        assert cli.main([*args, "--set", "init=toy"]) == 0
+        capsys.readouterr()
+        assert cli.main([*args, "--set", "phrasing=2"]) == 2
+        assert "closest: phrasings" in capsys.readouterr().err
+        assert cli.main(["build-toy", "--steps", "1", "--eval", "0", "--set", "phrasings=2"]) == 2
+        assert "give --out" in capsys.readouterr().err
+        assert cli.main([*args, "--set", "forget_rate=high"]) == 2
+        assert "forget_rate must be a float" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(threads)
+    built = json.loads((tmp_path / "warm_start.json").read_text())
+    assert built["phrasings"] == 2 and built["init"] == "toy" and built["steps"] == 1
+    # one step from the shipped toy's weights, not from a fresh model: still close to them
+    new, old = load_file(tmp_path / "model.safetensors"), load_file(TOY_ASSET_DIR / "model.safetensors")
+    assert new.keys() == old.keys()
+    assert max(float((new[k] - old[k]).abs().max()) for k in new) < 0.05

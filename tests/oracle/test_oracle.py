@@ -361,6 +361,35 @@ def test_deterministic_under_a_seed(tree):
     assert not torch.equal(a.advantages, c.advantages)
 
 
+def test_split_halves_leave_a_star_unchanged_and_average_to_it(tree):
+    """A* is linear in the value means: A* of K continuations = the mean of A* of the first and of the
+    last K/2, with the same states, skips (deterministic from the log-probs) and final rewards."""
+    policy, seqs, mask, lp, rewards, _ = tree
+    plain = token_advantages(TreeSampler(policy, seqs), mask, lp, rewards, k=8, delta=0.02, seed=3)
+    out = token_advantages(TreeSampler(policy, seqs), mask, lp, rewards, k=8, delta=0.02, seed=3, split_halves=True)
+    assert plain.half_advantages is None
+    for name in ("advantages", "stderr", "values", "value_stderr", "known", "skipped", "bound"):
+        assert torch.equal(getattr(out, name), getattr(plain, name)), name
+    half = out.half_advantages
+    assert half.shape == (2, *mask.shape) and half.dtype == torch.float32
+    torch.testing.assert_close(half.mean(0), out.advantages, rtol=0, atol=1e-6)
+    assert int(out.skipped.sum()) > 5 and not bool(half[:, ~mask | out.skipped].any())
+    assert not torch.equal(half[0], half[1])  # independent halves
+    # each half is the estimate from its own K/2 rewards: the last position's value after is the reward
+    last = mask.sum(1) - 1
+    keep = ~out.skipped[torch.arange(len(seqs)), last]
+    want = rewards - out.values[torch.arange(len(seqs)), last]
+    torch.testing.assert_close(half.mean(0)[torch.arange(len(seqs)), last][keep], want[keep], rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        oracle.half_means(torch.tensor([[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0]])),
+        torch.tensor([[0.5, 0.0], [1.0, 0.5]], dtype=torch.float64),  # [2, M]: first halves, last halves
+    )
+    with pytest.raises(ValueError, match="even k"):
+        token_advantages(TreeSampler(policy, seqs), mask, lp, rewards, k=5, split_halves=True)
+    with pytest.raises(ValueError, match="K even"):
+        oracle.half_means(torch.zeros(3, 5))
+
+
 def test_only_states_next_to_an_unskipped_position_are_sampled(tree):
     policy, seqs, mask, lp, rewards, _ = tree
 

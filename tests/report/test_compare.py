@@ -271,6 +271,21 @@ def test_unmatched_seeds_lora_groups_and_differing_settings(tmp_path):
         aggregate([read_run(dirs[0]), read_run(dirs[0])])
 
 
+def test_runs_group_by_their_label(tmp_path):
+    # `compare --arm grpo-big=grpo:...` stores its row in run.label: same recipe, its own row
+    root = tmp_path / "r"
+    dirs = [fake_run(root, "grpo", s, [(20, 0.5 + 0.1 * s)]) for s in (0, 1)]
+    dirs += [
+        fake_run(root / "arm", "grpo", s, [(20, 0.7)], extra_sets=["run.label=grpo-big"]) for s in (0, 1)
+    ]
+    res = aggregate([read_run(d) for d in dirs], baseline="grpo")
+    assert [(g["label"], g["recipe"], g["seeds"]) for g in res["recipes"]] == [
+        ("grpo", "grpo", [0, 1]), ("grpo-big", "grpo", [0, 1])
+    ]  # fmt: skip
+    assert res["recipes"][1]["vs_baseline"]["mean_diff"] == pytest.approx(0.15)
+    assert "run.label" not in res["differing_settings"]
+
+
 def test_read_errors_name_the_file_and_line(tmp_path, fabricated):
     root, dirs = fabricated
     m = dirs[0] / "metrics.jsonl"

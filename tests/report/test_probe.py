@@ -147,6 +147,9 @@ def test_token_labels_priority():
     chars = ["format", "computed", "computed", "format", "answer", "answer", "format"]
     spans = [(0, 3), (3, 4), (4, 6), (6, 7), (7, 7)]
     assert probe.token_labels(chars, spans) == ["computed", "format", "answer", "format", "format"]
+    chars = ["free", "free", "format", "computed", "free", "answer"]
+    spans = [(0, 2), (1, 3), (3, 5), (4, 6), (2, 3)]
+    assert probe.token_labels(chars, spans) == ["free", "free", "computed", "answer", "format"]
 
 
 # ------------------------------------------------------------------------------------ metrics
@@ -211,10 +214,10 @@ def test_mass_shares_by_label():
     labels = torch.tensor([[0, 1, 2, -1], [0, 1, -1, -1]])
     shares, defined = probe.mass_shares(adv, mask, labels)
     assert defined.tolist() == [True, False]
-    assert shares[0].tolist() == pytest.approx([1 / 6, 3 / 6, 2 / 6])
-    assert shares[1].tolist() == [0.0, 0.0, 0.0]
+    assert shares[0].tolist() == pytest.approx([1 / 6, 3 / 6, 2 / 6, 0.0])
+    assert shares[1].tolist() == [0.0, 0.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="rollout 0, token 2"):
-        probe.mass_shares(adv, mask, torch.tensor([[0, 1, 3, -1], [0, 1, -1, -1]]))
+        probe.mass_shares(adv, mask, torch.tensor([[0, 1, len(probe.LABELS), -1], [0, 1, -1, -1]]))
 
 
 def test_random_baseline_hits_k_over_length_in_expectation():
@@ -318,7 +321,7 @@ def test_probe_batch_methods_and_baselines(toy_tok):
     assert "## Evolution (blame@1 / blame@3)" in md and "| credit | hand | again |" in md
     assert md.count("| grpo |") == 3  # two point tables and the evolution table
     header = next(line for line in md.splitlines() if line.startswith("| credit | blame@1"))
-    assert header.count("|") == len(probe.DEFAULT_KS) + 6  # 1 + len(ks) + 4 columns
+    assert header.count("|") == len(probe.DEFAULT_KS) + len(probe.LABELS) + 3  # credit, ks, rank, labels
 
 
 # ------------------------------------------------------------------------------------ CLI
@@ -565,7 +568,13 @@ def test_probe_config_data_toy_hard_and_oracle_options(tmp_path):
 
     kw = dict(groups=2, group_size=2, seed=0, max_new_tokens=None, random_draws=1, batch_size=8, ks="1")
     toy = probe.probe_config(None, None, model="toy", **kw)
-    assert (toy.data, toy.difficulty, toy.digits, toy.sampling.max_new_tokens, toy.oracle_k) == ("toy", 3, 2, 96, 0)
+    assert (toy.data, toy.difficulty, toy.digits, toy.sampling.max_new_tokens, toy.oracle_k) == (
+        "toy",
+        3,
+        2,
+        96,
+        0,
+    )
     assert toy.synthetic and toy.oracle_delta == DEFAULT_DELTA
     flat = toy.record()  # the JSON "config": flat, as before the sampling was grouped
     assert list(flat) == [

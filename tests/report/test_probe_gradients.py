@@ -195,13 +195,14 @@ def test_cli_gradient_columns_and_headroom(toy_runs):
     assert sec["methods"]["grpo"]["grad_cos_oracle"] == pytest.approx(1 - head["mean"])
     assert "grad_cos_oracle" not in sec["methods"]["arca"] and "arca" not in grads["credits"]
     table = [line for line in md.split("### Credit fidelity")[1].splitlines() if line.startswith("|")]
-    assert table[0].endswith("| cos(g, g*) | cos(g, g_GRPO) |")
-    assert all(line.count("|") == 3 + 6 + 2 for line in table if not line.startswith("|---"))
+    assert table[0].endswith("| cos(g, g*) | corrected | cos(g, g_GRPO) |")  # K = 2 is even: the noise ceiling
+    assert all(line.count("|") == 3 + 6 + 3 for line in table if not line.startswith("|---"))
     assert table[-1].startswith("| *Monte-Carlo oracle (K=2)* | cost: ") and table[-1].endswith(
-        f"| 1.000 ± 0.000 | {star['cos_grpo']['mean']:.3f} ± {star['cos_grpo']['se']:.3f} |"
+        f"| 1.000 ± 0.000 | – | {star['cos_grpo']['mean']:.3f} ± {star['cos_grpo']['se']:.3f} |"
     )
-    assert f"| {sec['methods']['surprisal']['grad_cos_oracle']:.3f} ± " in md
-    assert f"**Headroom index 1 - cos(g_GRPO, g*) = {head['mean']:.3f} ± {head['se']:.3f}**" in md
+    s = sec["methods"]["surprisal"]
+    assert f"| {s['grad_cos_oracle']:.3f} ± {s['grad_cos_oracle_se']:.3f} | {s['grad_cos_oracle_corrected']:.3f} ± " in md
+    assert f"**Headroom index 1 - cos(g_GRPO, g*) = {head['mean']:.3f} ± {head['se']:.3f}** (noise-corrected " in md
     assert "at ratio 1" in md and f"{grads['backward_passes']} backward passes" in md
 
 
@@ -223,5 +224,194 @@ def test_cli_grad_batches_0_turns_it_off(toy_runs):
 
     table_on, table_off = cells(md_on), cells(md_off)
     assert len(table_on) == len(table_off) > 4
-    # the same table less the two gradient columns (but the oracle's cost row, whose seconds differ)
-    assert [row[:-2] for row in table_on[:-1]] == table_off[:-1]
+    # the same table less the three gradient columns (but the oracle's cost row, whose seconds differ)
+    assert [row[:-3] for row in table_on[:-1]] == table_off[:-1]
+
+
+# ------------------------------------------------------------------------ split-half noise ceiling
+def test_spearman_brown_and_disattenuation():
+    assert probe.spearman_brown(0.5) == pytest.approx(2 / 3) and probe.spearman_brown(1.0) == 1.0
+    assert probe.spearman_brown(0.2) == pytest.approx(0.4 / 1.2)
+    assert [probe.spearman_brown(r) for r in (0.0, -0.3, None)] == [None, None, None]  # undefined, not divided
+    assert probe.disattenuated(0.6, 0.64) == (pytest.approx(0.75), False)
+    assert probe.disattenuated(0.9, 0.64) == (1.0, True) and probe.disattenuated(-0.9, 0.64) == (-1.0, True)
+    assert probe.disattenuated(None, 0.5) == (None, False) and probe.disattenuated(0.5, None) == (None, False)
+    assert probe.disattenuated(0.5, 0.0) == (None, False)
+
+
+def test_noise_ceiling_per_batch_and_where_it_is_undefined():
+    split = [0.5, -0.2, None, 0.8]  # batch 1: halves anti-aligned; batch 2: a half's gradient was 0
+    c = probe.noise_ceiling(split, {"m": [0.4, 0.3, 0.2, 0.99]}, [0.6, 0.5, 0.4, 0.7])
+    rel = c["reliability"]
+    assert rel["status"] == "ok" and rel["undefined_batches"] == [1, 2] and "batch(es) 1, 2" in rel["reason"]
+    assert rel["split_half"]["per_batch"] == split
+    assert rel["full_k"]["per_batch"] == pytest.approx([2 / 3, None, None, 1.6 / 1.8])
+    r_k = [2 / 3, 1.6 / 1.8]
+    want = [0.4 / math.sqrt(r_k[0]), None, None, 1.0]  # 0.99 / sqrt(0.889) > 1: capped
+    assert c["credits"]["m"]["per_batch"] == pytest.approx(want) and c["credits"]["m"]["capped"] == 1
+    mean, se = probe.mean_and_stderr(want)
+    assert (c["credits"]["m"]["mean"], c["credits"]["m"]["se"]) == (pytest.approx(mean), pytest.approx(se))
+    head = c["headroom_corrected"]
+    assert head["per_batch"] == pytest.approx([1 - 0.6 / math.sqrt(r_k[0]), None, None, 1 - 0.7 / math.sqrt(r_k[1])])
+    assert head["mean"] == pytest.approx(probe.mean_and_stderr(head["per_batch"])[0]) and head["capped"] == 0
+    none = probe.noise_ceiling([0.0, -0.1], {"m": [0.4, 0.3]}, [0.5, 0.5])
+    assert none["reliability"]["status"] == "undefined" and none["headroom_corrected"]["mean"] is None
+    assert none["credits"]["m"] == {"mean": None, "se": None, "per_batch": [None, None], "capped": 0}
+    # the Markdown says so instead of printing a number
+    grads = {"status": "ok", "parameters": "θ", "batches": 2, "groups_per_batch": [1, 1], "rollouts_per_batch": [2, 2],
+             "backward_passes": 8, "seconds": 0.1, "headroom": {"mean": 0.5, "se": 0.0},
+             "reliability": {**none["reliability"], "k_half": 2}, "headroom_corrected": none["headroom_corrected"],
+             "credits": {"m": {"cos_oracle_corrected": none["credits"]["m"]}}}  # fmt: skip
+    line = probe.gradient_line(grads)
+    assert "(noise-corrected n/a; split-half reliability of g* n/a, from cos(g*_a, g*_b) = -0.050 ± 0.050)" in line
+    assert "Undefined (null) on batch(es) 0, 1: split-half cosine <= 0" in line
+
+
+def _ceiling_on(model, rows, t, n_batches, sigma, same_noise, seed=0):
+    """The noise ceiling of a signal credit S whose oracle halves are S + sigma noise, on n_batches batches
+    of `rows` random rows x t tokens: (its corrected and uncorrected cosines with g*, r_half), mean over batches."""
+    g = torch.Generator().manual_seed(seed)
+    n = rows * n_batches
+    lay = PromptResponseLayout(torch.randint(2, VOCAB, (n, P), generator=g), torch.ones(n, P, dtype=torch.bool),
+                               torch.randint(2, VOCAB, (n, t), generator=g), torch.ones(n, t, dtype=torch.bool))  # fmt: skip
+    signal, noise_a, noise_b = (torch.randn(n, t, generator=g) for _ in range(3))
+    a, b = signal + sigma * noise_a, signal + sigma * (noise_a if same_noise else noise_b)
+    params, _ = probe.trainable_parameters(model)
+    cos, _ = probe.gradient_cosines(
+        model, lay, {"signal": signal}, {"oracle": (a + b) / 2}, list(torch.arange(n).split(rows)), params,
+        micro_batch_size=rows, halves=(a, b),
+    )  # fmt: skip
+    raw = cos["credits"]["signal"]["oracle"]
+    c = probe.noise_ceiling(cos["split_half"], {"signal": raw}, raw)
+    return c["credits"]["signal"]["mean"], probe.mean_and_stderr(raw)[0], c["reliability"]["split_half"]["mean"]
+
+
+def test_noise_ceiling_recovers_the_signal_and_not_when_the_halves_share_their_noise(model):
+    """A*_x = S + sigma n_x: with independent n_a, n_b the corrected cos(g(S), g*) is ~1 and the raw one
+    clearly lower; with n_a = n_b (the model's assumption broken) the halves agree perfectly (r_half 1),
+    so nothing is corrected and the cosine stays low: the check can fail."""
+    corrected, raw, r_half = _ceiling_on(model, 8, 12, 12, 1.0, same_noise=False)
+    assert corrected > 0.95 and raw < 0.88 and corrected - raw > 0.1 and 0.3 < r_half < 0.7
+    corrected, raw, r_half = _ceiling_on(model, 8, 12, 12, 1.0, same_noise=True)
+    assert r_half == pytest.approx(1.0) and corrected == pytest.approx(raw) and corrected < 0.85
+
+
+def test_noise_ceiling_of_high_dimensional_vectors_matches_the_model():
+    """g_x = g_true + n_x in 50,000 dimensions (|g_true|^2 = 1, E|n_x|^2 = 1.5): r_half -> 1 / 2.5,
+    r_K -> 1 / 1.75, cos(g_true, g*) -> sqrt(r_K), and its corrected value -> 1."""
+    g = torch.Generator().manual_seed(0)
+    d, batches = 50_000, 4
+    split, raw = [], []
+    for _ in range(batches):
+        true = torch.randn(d, generator=g) / math.sqrt(d)
+        n_a, n_b = (torch.randn(d, generator=g) * math.sqrt(1.5 / d) for _ in range(2))
+        split.append(probe.cosine(true + n_a, true + n_b))
+        raw.append(probe.cosine(true, true + (n_a + n_b) / 2))
+    c = probe.noise_ceiling(split, {"true": raw}, raw)
+    assert c["reliability"]["split_half"]["mean"] == pytest.approx(1 / 2.5, abs=0.02)
+    assert c["reliability"]["full_k"]["mean"] == pytest.approx(1 / 1.75, abs=0.02)
+    assert probe.mean_and_stderr(raw)[0] == pytest.approx(math.sqrt(1 / 1.75), abs=0.02)
+    assert c["credits"]["true"]["mean"] == pytest.approx(1.0, abs=0.02)
+    assert c["headroom_corrected"]["mean"] == pytest.approx(0.0, abs=0.02)
+
+
+def _hand_oracle(k, half=None):
+    """A ProbeOracle of the layout's 6 rows, 3 problems of 2 rows, A* and (optionally) its halves given."""
+    from tokencredit.oracle import OracleCost, OracleCredit
+
+    mask = torch.ones(N, T, dtype=torch.bool)
+    mask[1, 4:] = False
+    adv = torch.where(mask, _credit(6) if half is None else half.mean(0), 0.0)
+    zero = torch.zeros(N, T)
+    credit = OracleCredit(
+        advantages=adv, stderr=zero, mask=mask, skipped=torch.zeros_like(mask), bound=zero,
+        values=torch.zeros(N, T + 1), value_stderr=torch.zeros(N, T + 1), known=torch.zeros(N, T + 1, dtype=torch.bool),
+        rewards=torch.zeros(N), cost=OracleCost(), half_advantages=half,
+    )  # fmt: skip
+    groups = torch.tensor([0, 0, 1, 1, 2, 2])
+    return probe.ProbeOracle(torch.arange(N), credit, torch.full((N,), -1), groups=groups)
+
+
+def _method(credit):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(credit=SimpleNamespace(effective=lambda: credit), reason="")
+
+
+def test_gradient_fidelity_split_half_columns_and_odd_k(model, layout):
+    half = torch.stack([_credit(6) + 0.5 * _credit(7), _credit(6) + 0.5 * _credit(8)])  # a signal plus noise
+    got = {"m": _method(_credit(9))}
+    grpo = _method(torch.ones(N, T))
+    cfg = probe.ProbeConfig(oracle_k=4, grad_batches=3)
+    res = probe.gradient_fidelity(model, layout, _hand_oracle(4, half), got, grpo, cfg)
+    rel = res["reliability"]
+    assert rel["status"] == "ok" and rel["k_half"] == 2 and rel["undefined_batches"] == []
+    params, _ = probe.trainable_parameters(model)
+    mask = layout.response_mask
+    for i, rows in enumerate(([0, 1], [2, 3], [4, 5])):
+        sub = _rows_layout(layout, rows)
+        g_a, g_b = (probe.policy_gradient(model, sub, torch.where(mask, h, 0.0)[rows], params) for h in half)
+        assert rel["split_half"]["per_batch"][i] == pytest.approx(probe.cosine(g_a, g_b), abs=1e-6)
+    assert rel["full_k"]["per_batch"] == pytest.approx([probe.spearman_brown(r) for r in rel["split_half"]["per_batch"]])
+    corrected = res["credits"]["m"]["cos_oracle_corrected"]
+    want = [probe.disattenuated(c, r)[0] for c, r in
+            zip(res["credits"]["m"]["cos_oracle"]["per_batch"], rel["full_k"]["per_batch"])]  # fmt: skip
+    assert corrected["per_batch"] == pytest.approx(want)
+    row = probe.with_gradient_columns({"methods": {"m": {}}}, res)["methods"]["m"]
+    assert row["grad_cos_oracle_corrected"] == corrected["mean"] and row["grad_cos_oracle_corrected_se"] == corrected["se"]
+    # K odd: no ceiling, the reason instead, every other number the same
+    odd = probe.gradient_fidelity(model, layout, _hand_oracle(3, half), got, grpo, probe.ProbeConfig(oracle_k=3, grad_batches=3))
+    assert odd["reliability"] == {"status": "n/a", "reason": odd["reliability"]["reason"]}
+    assert "K = 3 is odd" in odd["reliability"]["reason"] and "headroom_corrected" not in odd
+    assert "cos_oracle_corrected" not in odd["credits"]["m"] and odd["headroom"] == res["headroom"]
+    assert odd["credits"]["m"]["cos_oracle"] == res["credits"]["m"]["cos_oracle"]
+    assert "grad_cos_oracle_corrected" not in probe.with_gradient_columns({"methods": {"m": {}}}, odd)["methods"]["m"]
+    assert "No noise correction: K = 3 is odd" in probe.gradient_line(odd)
+    assert res["backward_passes"] == odd["backward_passes"] + 2 * 3  # two more passes per batch, no more
+
+
+def _rows_layout(layout, rows):
+    return PromptResponseLayout(*(t[rows] for t in (layout.prompt_ids, layout.prompt_mask, layout.response_ids,
+                                                     layout.response_mask)))  # fmt: skip
+
+
+def test_oracle_halves_on_a_toy_probe_leave_a_star_unchanged():
+    """The probe's oracle with the ceiling (K even, gradients on) gives the same A* as without, bit for bit,
+    and A* = (A*_a + A*_b) / 2 to 1e-6 (A* is linear in the value means; skipped positions 0 in all)."""
+    from tokencredit import models
+
+    model, tok = models.load_model("toy")
+    kw = dict(groups=3, group_size=4, seed=0, max_new_tokens=None, random_draws=1, batch_size=64, ks="1",
+              model="toy", oracle=4)  # fmt: skip
+    on, off = (probe.probe_config(None, None, grad_batches=b, **kw) for b in (2, 0))
+    assert probe.split_halves(on) and not probe.split_halves(off)
+    problems = probe.probe_problems(on)
+    ro = probe.sample_rollouts(model, tok, problems, on)
+    rows = [problems[int(i)] for i in ro.prompt_index]
+    every = torch.ones(len(rows), dtype=torch.bool)
+    a, b = (probe.run_oracle(model, tok, ro, rows, probe.checker_reward, every, c) for c in (on, off))
+    assert b.credit.half_advantages is None
+    assert torch.equal(a.credit.advantages, b.credit.advantages) and torch.equal(a.credit.stderr, b.credit.stderr)
+    half = a.credit.half_advantages
+    assert half.shape == (2, *a.credit.advantages.shape) and half.dtype == torch.float32
+    torch.testing.assert_close(half.mean(0), a.credit.advantages, rtol=0, atol=1e-6)
+    assert not bool(half[:, ~a.credit.mask | a.credit.skipped].any()) and bool(a.credit.skipped.any())
+    assert not torch.equal(half[0], half[1])
+
+
+def test_cli_noise_ceiling_keys(toy_runs):
+    data, md = toy_runs["on"]
+    grads = data["points"][0]["oracle"]["gradients"]
+    rel = grads["reliability"]
+    assert rel["status"] == "ok" and rel["k_half"] == 1  # --oracle 2: halves of one continuation each
+    for part in ("split_half", "full_k"):
+        assert set(rel[part]) == {"mean", "se", "per_batch"} and len(rel[part]["per_batch"]) == 2
+    assert rel["full_k"]["per_batch"] == pytest.approx([probe.spearman_brown(r) for r in rel["split_half"]["per_batch"]])
+    head = grads["headroom_corrected"]
+    assert set(head) == {"mean", "se", "per_batch", "capped"} and len(head["per_batch"]) == 2
+    for name, row in data["points"][0]["oracle"]["methods"].items():
+        if name in grads["credits"]:
+            c = grads["credits"][name]["cos_oracle_corrected"]
+            assert row["grad_cos_oracle_corrected"] == c["mean"] and row["grad_cos_oracle_corrected_se"] == c["se"]
+            assert all(x is None or -1.0 <= x <= 1.0 for x in c["per_batch"])
+    assert "split-half reliability of g*" in md and "Noise-corrected (column \"corrected\")" in md

@@ -12,5 +12,5 @@ COMMANDS: dict[str, str] = {
     "explain": "per-token credit heatmaps of several methods as one HTML file",
     "compare": "method shoot-out: recipes x seeds on equal terms",
     "probe": "credit-quality probe: does a method blame the first wrong token?",
-    "build-toy": "rebuild a shipped toy warm start (toy, toy-hard) deterministically",
+    "build-toy": "rebuild a shipped toy warm start (toy, toy-hard, toy-free) deterministically",
 }

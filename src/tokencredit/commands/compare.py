@@ -1,11 +1,14 @@
 """`tokencredit compare`: the method shoot-out, recipes x seeds on equal terms (see
 `tokencredit.report.compare`). Parses the flags, plans and trains the runs (or collects existing
-ones), aggregates them, writes compare.md / compare.json / the plots into --out and prints the table."""
+ones), aggregates them, writes compare.md / compare.json / the plots into --out and prints the table.
+With --tune-lr the learning-rate sweep on the validation split runs first (`report.compare.tune`)."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -25,6 +28,35 @@ from tokencredit.report.compare import (
     rich_table,
     write_report,
 )
+from tokencredit.report.compare.plan import PlannedRun, parse_seeds
+from tokencredit.report.compare.tune import (
+    DEFAULT_TUNE_SEED,
+    TUNE_DIR,
+    check_tune_options,
+    parse_lrs,
+    plan_tune,
+    tune_result,
+    tune_scores,
+    tune_seeds,
+)
+
+
+def _add_fair_arguments(parser: argparse.ArgumentParser) -> None:
+    """--arm (rows with their own overrides) and --tune-lr / --tune-seeds (a learning rate per row)."""
+    parser.add_argument(
+        "--arm", action="append", default=[], metavar="NAME=RECIPE:KEY=VALUE[,KEY=VALUE...]",
+        help="a row NAME that trains RECIPE with these trainer overrides after --set (repeatable), e.g. "
+        "grpo-matched=grpo:rollout.group_size=96",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tune-lr", metavar="LR,LR,...",
+        help="choose a learning rate per row among these on the validation split (data.eval_split=validation, "
+        "tune runs in OUT/tune/runs) before the main runs, which then train with it",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tune-seeds", metavar="SEED,SEED,...",
+        help=f"seeds of the --tune-lr runs, none of --seeds (default: the first two from {DEFAULT_TUNE_SEED} not in --seeds)",
+    )  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="trainer config override for every run, e.g. run.steps=40 (repeatable; algo.<field>=... "
         "overrides that field of every recipe)",
     )  # fmt: skip
+    _add_fair_arguments(parser)
     parser.add_argument(
         "--lora-rank", type=int,
         help="train every recipe with a LoRA adapter of this rank (0 = full fine-tuning; default: the config's)",
@@ -93,6 +126,11 @@ def command_line(args: argparse.Namespace) -> str:
             parts += ["--config", args.config]
         for s in args.set:
             parts += ["--set", s]
+        for a in args.arm:
+            parts += ["--arm", a]
+        if args.tune_lr:
+            seeds = tune_seeds(args.tune_seeds, parse_seeds(args.seeds or DEFAULT_SEEDS))
+            parts += ["--tune-lr", args.tune_lr, "--tune-seeds", ",".join(map(str, seeds))]
         if args.lora_rank is not None:
             parts += ["--lora-rank", str(args.lora_rank)]
         if args.lora_only_rank != 8:
@@ -119,18 +157,22 @@ def _check(args: argparse.Namespace) -> None:
     if not 0.0 <= args.target <= 1.0:
         raise ConfigError(f"--target is an accuracy in [0, 1], got {args.target}")
     if args.collect:
-        given = [n for n in ("recipes", "seeds", "config", "lora_rank") if getattr(args, n) is not None]
-        given += ["set"] * bool(args.set) + ["jobs"] * (args.jobs != 1)
+        flags = ("recipes", "seeds", "config", "lora_rank", "tune_lr", "tune_seeds")
+        given = [n for n in flags if getattr(args, n) is not None]
+        given += ["set"] * bool(args.set) + ["arm"] * bool(args.arm) + ["jobs"] * (args.jobs != 1)
         if given:
             raise ConfigError(
                 f"--collect only aggregates existing runs; --{given[0].replace('_', '-')} does not apply"
             )
+    if args.tune_seeds is not None and not args.tune_lr:
+        raise ConfigError("--tune-seeds applies only with --tune-lr")
 
 
-def _train(args: argparse.Namespace, console: Console) -> tuple[list[RunData], dict[str, str]]:
+def _execute(
+    plans: list[PlannedRun], args: argparse.Namespace, console: Console
+) -> tuple[list[RunData], dict[str, str]]:
     """Train the planned runs that are not finished; (the finished runs, {run_dir: error} of the others).
     Stopped by a signal, the runs in progress checkpoint their last step and the same command continues them."""
-    plans = plan_runs(args)
     try:
         failed = execute(plans, args.jobs, console)
     except Interrupted as e:
@@ -142,15 +184,49 @@ def _train(args: argparse.Namespace, console: Console) -> tuple[list[RunData], d
     return finished_runs(plans, failed)
 
 
+def _tune(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    """The --tune-lr sweep on the validation split (`tokencredit.report.compare.tune`); compare.json's "tune"."""
+    check_tune_options(args)
+    lrs = parse_lrs(args.tune_lr)
+    seeds = tune_seeds(args.tune_seeds, parse_seeds(args.seeds or DEFAULT_SEEDS))
+    plans = plan_tune(args, lrs, seeds)
+    console.rule(
+        f"learning-rate sweep on the validation split: {len(plans)} tune runs -> {Path(args.out) / TUNE_DIR}"
+    )
+    runs, failed = _execute(plans, args, console)
+    for d, why in failed.items():
+        console.print(f"[yellow]tune run {Path(d).name} not counted: {why}")
+    tune = tune_result(tune_scores(plans, runs, args.metric), failed, metric=args.metric, seeds=seeds)
+    console.print(_chosen_line(tune), highlight=False, soft_wrap=True)
+    return tune
+
+
+def _chosen_line(tune: dict[str, Any]) -> str:
+    chosen = ", ".join(f"{label} {lr:g}" for label, lr in tune["chosen"].items())
+    return f"learning rate chosen on the validation split (tune seeds {', '.join(map(str, tune['seeds']))}): {chosen}"
+
+
+def _train(
+    args: argparse.Namespace, console: Console
+) -> tuple[list[RunData], dict[str, str], dict[str, Any] | None]:
+    """The --tune-lr sweep if asked (its result, else None), then the main runs with the chosen rates:
+    (the finished main runs, {run_dir: error} of the others, the sweep's result)."""
+    tune = _tune(args, console) if args.tune_lr else None
+    plans = plan_runs(args, tune["chosen"] if tune else None)
+    runs, failed = _execute(plans, args, console)
+    return runs, failed, tune
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console()
     _check(args)
     failed: dict[str, str] = {}
     left_out: list[dict[str, str]] = []
+    tune = None
     if args.collect:
         runs, left_out = collect_runs(args.collect)
     else:
-        runs, failed = _train(args, console)
+        runs, failed, tune = _train(args, console)
     for d in left_out:
         console.print(f"[yellow]left out {d['run_dir']}: {d['reason']}")
     damaged = damaged_parts(runs)
@@ -161,11 +237,15 @@ def run(args: argparse.Namespace) -> int:
     result["left_out"] = left_out
     result["damaged"] = damaged
     result["command"] = command_line(args)
+    if tune is not None:
+        result["tune"] = tune
     paths = write_report(result, args.out, band=args.band, smooth=args.smooth)
     console.print(rich_table(result, width=console.width))
     warning = few_seeds_warning(result)
     if warning:
         console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)
+    if tune is not None:
+        console.print(_chosen_line(tune), highlight=False, soft_wrap=True)
     console.print(
         f"table: {paths['markdown']}   plots: {paths['accuracy']}, {paths['differences']}, {paths['concentration']}"
     )

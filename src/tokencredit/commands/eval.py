@@ -45,7 +45,7 @@ _RUN = " (a run directory: the run's own)"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", required=True,
-        help="'toy', 'toy-hard', 'smollm2', a model directory, a .gguf file, a cached hub id ORG/NAME, or a run "
+        help="'toy', 'toy-hard', 'toy-free', 'smollm2', a model directory, a .gguf file, a cached hub id ORG/NAME, or a run "
         "directory of `tokencredit train` (its final model; by default on the run's own evaluation data and "
         "settings from its config.toml: data.eval, eval.*, the template, max_new_tokens, dtype)",
     )  # fmt: skip
@@ -138,9 +138,10 @@ def _settings(args: argparse.Namespace) -> EvalSettings:
 
 def _run_data(run: RunDir, cfg: TrainConfig, limit: int | None) -> dict[str, list[Any]]:
     """{data.eval: its problems}: the run's held-out data as the trainer loads it (one benchmark, as the
-    trainer evaluates it), the first `limit` problems when given."""
+    trainer evaluates it; its validation split for a run with data.eval_split = "validation"), the
+    first `limit` problems when given."""
     try:
-        problems = load_problems_for(cfg.data.eval, cfg.data, split="heldout")
+        problems = load_problems_for(cfg.data.eval, cfg.data, split=cfg.data.eval_split)
     except ConfigError as e:
         raise ConfigError(f"{run.config_path}: data.eval = {cfg.data.eval!r}: {e} (give --bench)") from None
     return {cfg.data.eval: problems[:limit] if limit else problems}

@@ -40,7 +40,7 @@ __all__ = ["add_arguments", "run"]
 def _add_data_and_oracle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data",
-        help="problems: 'toy' (the synthetic task), 'toy-hard', a benchmark name (math500, ...), "
+        help="problems: 'toy' (the synthetic task), 'toy-hard', 'toy-free', a benchmark name (math500, ...), "
         "'reasoning-gym:NAME[?params]' or a data file; these have no checker truth of the first wrong token, "
         "only the --oracle metrics (default: the run's or the toy model's synthetic task, else toy)",
     )
@@ -72,7 +72,9 @@ def _add_data_and_oracle_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="B",
         help="with --oracle: split the oracle's rollouts into B batches of whole problems and add each method's "
         "gradient cosines with the oracle's and GRPO's policy gradient (mean ± SE over the batches) and the "
-        f"headroom index; costs backward passes (default {DEFAULT_GRAD_BATCHES}; 0: off)",
+        "headroom index; with an even K also their split-half noise ceiling (A* from each half of the K "
+        "continuations, no extra sampling: the noise-corrected cosines and headroom); costs backward passes "
+        f"(default {DEFAULT_GRAD_BATCHES}; 0: off)",
     )
 
 

@@ -17,7 +17,7 @@ from tokencredit.train.trainer import Trainer
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML file with [run] [model] [data] [rollout] [optim] [reward] [eval] [checkpoint] [algo]")
     p.add_argument("--recipe", help="recipe name (see `tokencredit recipes`)")
-    p.add_argument("--model", help="'toy' (default), 'toy-hard', 'smollm2', a model directory, a .gguf file or a cached hub id ORG/NAME")
+    p.add_argument("--model", help="'toy' (default), 'toy-hard', 'toy-free', 'smollm2', a model directory, a .gguf file or a cached hub id ORG/NAME")
     p.add_argument("--steps", type=int, help="number of RL steps (run.steps)")
     p.add_argument("--seed", type=int, help="run.seed")
     p.add_argument("--out", help="run directory (default runs/<recipe>-s<seed>-<time>)")

@@ -19,9 +19,11 @@ seed=seed, size=size)``. ``size`` defaults to the caller's (the trainer's ``data
 training, ``data.eval_size`` for evaluation) and ``seed`` to 0. The held-out split is generated
 with ``seed + EVAL_SEED_OFFSET``: reasoning-gym seeds entry i with ``seed + i``, so seeds closer
 than the size share entries, and the offset keeps the two splits' generators disjoint for any
-training size below it. The same spec in ``data.train`` and ``data.eval`` therefore gives
-disjoint draws. (A small problem space, such as sums of two one-digit numbers, repeats questions
-across any two draws: disjoint seeds, not disjoint questions.)
+training size below it. The validation split (``data.eval_split = "validation"``, for tuning) is
+generated with ``seed + VALIDATION_SEED_OFFSET``, disjoint from both in the same way. The same spec
+in ``data.train`` and ``data.eval`` therefore gives disjoint draws. (A small problem space, such as
+sums of two one-digit numbers, repeats questions across any two draws: disjoint seeds, not disjoint
+questions.)
 
 Each problem's gold answer is a `tokencredit.rewards.reasoning_gym.GymAnswer`: the entry's
 reference answer that also names the entry, so that reasoning-gym's own checker
@@ -40,10 +42,11 @@ from tokencredit.errors import ConfigError, closest
 from tokencredit.rewards.custom import parse_bool, parse_query
 from tokencredit.rewards.reasoning_gym import EXTRA, GymAnswer, question_sha256
 
-__all__ = ["EVAL_SEED_OFFSET", "PREFIX", "PRESETS", "is_spec", "load", "parse_spec"]
+__all__ = ["EVAL_SEED_OFFSET", "PREFIX", "PRESETS", "VALIDATION_SEED_OFFSET", "is_spec", "load", "parse_spec"]
 
 PREFIX = "reasoning-gym:"
 EVAL_SEED_OFFSET = 1_000_000_000
+VALIDATION_SEED_OFFSET = 2 * EVAL_SEED_OFFSET  # a third seed range, disjoint from train and held-out
 HELDOUT_SPLITS = ("heldout", "eval", "test")
 # Named settings: name -> (dataset, parameters), chosen so that a small instruct model starts well
 # inside (0, 1). SmolLM2-135M-Instruct, greedy, "chat" template, 128 held-out problems (2026-11-25):
@@ -145,12 +148,13 @@ def _config(gym: Any, spec: str, name: str, raw: dict[str, str]) -> dict[str, An
 
 
 def load(spec: str, *, split: str = "train", size: int | None = None) -> list[Problem]:
-    """The problems of a reasoning-gym data source (module docstring): `split` "train" or a held-out
-    split ("heldout" / "eval" / "test": the seed plus `EVAL_SEED_OFFSET`); `size` problems unless
-    the spec sets ``size`` (else the dataset's default)."""
+    """The problems of a reasoning-gym data source (module docstring): `split` "train", a held-out
+    split ("heldout" / "eval" / "test": the seed plus `EVAL_SEED_OFFSET`) or "validation" (the seed
+    plus `VALIDATION_SEED_OFFSET`); `size` problems unless the spec sets ``size`` (else the dataset's
+    default)."""
     name, raw = _resolve(spec)
-    if split not in ("train", *HELDOUT_SPLITS):
-        raise ConfigError(f"{spec!r}: unknown split {split!r}; use train or heldout")
+    if split not in ("train", "validation", *HELDOUT_SPLITS):
+        raise ConfigError(f"{spec!r}: unknown split {split!r}; use train, heldout or validation")
     gym = _import_gym()
     params = _config(gym, spec, name, raw)
     if "size" not in params and size is not None:
@@ -160,6 +164,8 @@ def load(spec: str, *, split: str = "train", size: int | None = None) -> list[Pr
         raise ConfigError(f"{spec!r}: seed and size must be integers")
     if split in HELDOUT_SPLITS:
         params["seed"] += EVAL_SEED_OFFSET
+    elif split == "validation":
+        params["seed"] += VALIDATION_SEED_OFFSET
     try:
         json.dumps(params)
     except TypeError as e:

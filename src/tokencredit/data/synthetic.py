@@ -26,6 +26,14 @@ the expression (never on the seed), so the two splits are disjoint for every see
 ``sample`` is deterministic in ``(difficulty, digits, seed, split)`` and prefix-stable
 (``sample(n)`` is the first n items of ``sample(n + k)``).
 
+Free choices (``phrasings=k``, the headroom knob of issue 32): each step line may open with one of
+``k`` equivalent connectives and close with one of ``k`` equivalent endings (`CONNECTIVES`,
+`ENDINGS`: ``Next 85 - 19 = 66;``), drawn uniformly by the teacher. The reward never depends on
+them, so after a warm start they are high-entropy tokens whose exact advantage is zero: uniform
+credit spreads the outcome over them, exact credit does not. The checker accepts any of the
+`CONNECTIVES` / `ENDINGS` on every task (they never change correctness) and labels their
+characters "free".
+
 `ArithmeticTask.solution(..., forget_rate=q)` also writes a *noisy teacher's* solution that, in
 each addition with a carry, forgets the carry with probability q (digit-wise mod-10 sum for that
 step) and propagates the slip consistently to the answer (so a slip always gives a wrong answer); the supervised warm
@@ -45,7 +53,7 @@ from typing import Literal
 from tokencredit.data.loaders import Problem
 
 __all__ = [
-    "LABELS", "ArithmeticProblem", "ArithmeticTask", "ErrorLocation", "check", "extract_answer", "label_chars",
+    "CONNECTIVES", "ENDINGS", "LABELS", "MAX_PHRASINGS", "ArithmeticProblem", "ArithmeticTask", "ErrorLocation", "check", "extract_answer", "label_chars",
     "locate_first_error", "parse_problem", "reference_solution",
 ]  # fmt: skip
 
@@ -58,7 +66,13 @@ class ArithmeticProblem(Problem):
 
 
 Kind = Literal["correct", "wrong-step", "wrong-final", "malformed"]
-LABELS: tuple[str, str, str] = ("format", "computed", "answer")
+LABELS: tuple[str, str, str, str] = ("format", "computed", "answer", "free")
+
+# Equivalent phrasings of a step line (distinct first characters, so the choice is one token of the
+# character-level toy tokenizer); ``phrasings=k`` uses the first k of each.
+CONNECTIVES: tuple[str, ...] = ("Then", "Next", "So", "Also", "Here", "We get", "Calc", "Finally")
+ENDINGS: tuple[str, ...] = ("", ".", ";", ",", " ok", " done", " !", " (sure)")
+MAX_PHRASINGS = len(CONNECTIVES)
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,9 @@ _STEP_RE = re.compile(r"^(-?\d+) ([+-]) (-?\d+) = (-?\d+)$")
 _ANSWER_PREFIX = "The answer is \\boxed{"
 _ANSWER_RE = re.compile(r"^The answer is \\boxed\{(-?\d+)\}\.$")
 _BOXED_INT_RE = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
+_AFFIXED_RE = re.compile(
+    rf"^(?:({'|'.join(map(re.escape, CONNECTIVES))}) )?(.*?)({'|'.join(map(re.escape, ENDINGS[1:]))})?$"
+)
 
 
 def _problem_text(problem: Problem | str) -> str:
@@ -133,11 +150,18 @@ def _has_carry(a: int, op: str, b: int) -> bool:
     return _apply(a, op, b, forget=True) != _apply(a, op, b)
 
 
-def _chain(terms: Sequence[int], ops: Sequence[str], forget: Sequence[bool] | None = None) -> list[str]:
+def _chain(
+    terms: Sequence[int],
+    ops: Sequence[str],
+    forget: Sequence[bool] | None = None,
+    affixes: Sequence[tuple[str, str]] | None = None,
+) -> list[str]:
+    """Solution lines; ``affixes[i]`` = (connective, ending) of step i ("" = none)."""
     lines, acc = [], terms[0]
     for i, (op, b) in enumerate(zip(ops, terms[1:])):
         c = _apply(acc, op, b, forget=bool(forget[i]) if forget is not None else False)
-        lines.append(f"{acc} {op} {b} = {c}")
+        conn, end = affixes[i] if affixes is not None else ("", "")
+        lines.append(f"{conn + ' ' if conn else ''}{acc} {op} {b} = {c}{end}")
         acc = c
     lines.append(f"{_ANSWER_PREFIX}{acc}}}.")
     return lines
@@ -208,12 +232,26 @@ def _common_prefix(a: str, b: str) -> int:
     return i
 
 
+def _split_affixes(line: str) -> tuple[int, str, int]:
+    """(length of the free connective incl. its space, the rest, length of the free ending) of a line.
+
+    A connective counts before a number, an ending only after a well-formed step."""
+    m = _AFFIXED_RE.match(line)
+    head = len(m.group(1)) + 1 if m is not None and m.group(1) else 0
+    rest = line[head:]
+    if not rest[:1].isdigit() and not rest.startswith("-"):
+        return 0, line, 0
+    if m is not None and _STEP_RE.match(m.group(2)):
+        return head, m.group(2), len(m.group(3) or "")
+    return head, rest, 0
+
+
 def locate_first_error(problem: Problem | str, completion_text: str) -> ErrorLocation:
     """Process-level check: the first line and character where a completion departs from the
     reference solution, and what kind of error it is (see `ErrorLocation`).
 
-    Lines are compared with the reference one by one; trailing whitespace after the answer line is
-    ignored. This is stricter than `check`: a completion whose steps are wrong but whose boxed
+    Lines are compared with the reference one by one; trailing whitespace after the answer line and
+    the free connectives / endings of a step line (`CONNECTIVES`, `ENDINGS`) are ignored. This is stricter than `check`: a completion whose steps are wrong but whose boxed
     answer happens to be right is a "wrong-step" here (and True for `check`).
     """
     ref = _chain(*parse_problem(problem))
@@ -228,6 +266,11 @@ def locate_first_error(problem: Problem | str, completion_text: str) -> ErrorLoc
         # Trailing whitespace after the answer is not an error.
         if (line.rstrip() if i == n_steps else line) == expected:
             continue
+        if i < n_steps:  # a free connective / ending around a right step is not an error
+            head, core, _ = _split_affixes(line)
+            if core == expected:
+                continue
+            offset, line = offset + head, core
         start = offset + _common_prefix(line, expected)
         if start >= text_len:
             # The text stops inside (or right before) this line: it ended early.
@@ -256,6 +299,8 @@ def label_chars(problem: Problem | str, completion_text: str) -> list[str]:
     - "answer": the characters inside the last ``\\boxed{...}``;
     - "computed": elsewhere, digits and the signs / operators ``+ - *`` (problem-dependent
       arithmetic: operands, operators, intermediate results);
+    - "free": a step line's connective (with its space) and ending (`CONNECTIVES`, `ENDINGS`): words
+      the answer does not depend on;
     - "format": everything else (spaces, ``=``, newlines, "The answer is \\boxed{", "}.") -- the
       boilerplate shared by every solution.
 
@@ -264,6 +309,11 @@ def label_chars(problem: Problem | str, completion_text: str) -> list[str]:
     """
     parse_problem(problem)
     labels = ["computed" if (c.isdigit() or c in "+-*") else "format" for c in completion_text]
+    for offset, line in _lines_with_offsets(completion_text):
+        head, core, tail = _split_affixes(line)
+        labels[offset : offset + head] = ["free"] * head
+        end = offset + len(line)
+        labels[end - tail : end] = ["free"] * tail
     box = completion_text.rfind("\\boxed{")
     if box >= 0:
         open_at = box + len("\\boxed{")
@@ -282,6 +332,9 @@ class ArithmeticTask:
         operand_digits: the later operands lie in ``[1, 10**operand_digits - 1]``, 1..digits.
         seed: sampling seed (split membership does not depend on it).
         heldout_fraction: share of the problem space reserved for the held-out split, in (0, 1).
+        phrasings: free choices per step line (0 = none; k in 1..`MAX_PHRASINGS`: the teacher opens
+          each step with one of the first k `CONNECTIVES` and closes it with one of the first k
+          `ENDINGS`). The problems and the checker do not depend on it.
     """
 
     def __init__(
@@ -291,6 +344,7 @@ class ArithmeticTask:
         operand_digits: int = 1,
         seed: int = 0,
         heldout_fraction: float = 0.1,
+        phrasings: int = 0,
     ):
         if not isinstance(difficulty, int) or difficulty < 1:
             raise ValueError(f"difficulty must be an int >= 1 (number of steps), got {difficulty!r}")
@@ -300,18 +354,22 @@ class ArithmeticTask:
             raise ValueError(f"operand_digits must be an int in 1..digits ({digits}), got {operand_digits!r}")
         if not 0.0 < heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction!r}")
+        if not isinstance(phrasings, int) or not 0 <= phrasings <= MAX_PHRASINGS:
+            raise ValueError(f"phrasings must be an int in 0..{MAX_PHRASINGS}, got {phrasings!r}")
         self.difficulty = difficulty
         self.digits = digits
         self.operand_digits = operand_digits
         self.seed = seed
         self.heldout_fraction = heldout_fraction
+        self.phrasings = phrasings
         self.max_value = 10**digits - 1
         self.max_operand = 10**operand_digits - 1
 
     def __repr__(self) -> str:
         return (
             f"ArithmeticTask(difficulty={self.difficulty}, digits={self.digits}, "
-            f"operand_digits={self.operand_digits}, seed={self.seed})"
+            f"operand_digits={self.operand_digits}, seed={self.seed}"
+            + (f", phrasings={self.phrasings})" if self.phrasings else ")")
         )
 
     def split_of(self, expression: str) -> str:
@@ -358,7 +416,8 @@ class ArithmeticTask:
                 continue
             seen.add(expr)
             text = f"Compute {expr}."
-            lines = _chain(terms, ops)
+            canonical = [(CONNECTIVES[0], ENDINGS[0])] * len(ops) if self.phrasings else None
+            lines = _chain(terms, ops, affixes=canonical)
             answer = lines[-1][len(_ANSWER_PREFIX) : -2]
             pid = f"arith-d{self.difficulty}-{split}-{self.seed}-{len(out)}"
             out.append(ArithmeticProblem(id=pid, problem=text, answer=answer, solution="\n".join(lines)))
@@ -369,20 +428,23 @@ class ArithmeticTask:
     ) -> str:
         """A teacher's solution: correct when ``forget_rate`` is 0; otherwise each addition with a carry
         forgets it with probability ``forget_rate`` (drawn from ``rng``), the slip propagating
-        consistently through the later steps to the boxed answer."""
+        consistently through the later steps to the boxed answer. With ``phrasings`` each step's
+        connective and ending are drawn uniformly from the task's first k (after the slips)."""
         if not 0.0 <= forget_rate <= 1.0:
             raise ValueError(f"forget_rate must be in [0, 1], got {forget_rate!r}")
         terms, ops = parse_problem(problem)
-        if forget_rate == 0.0:
+        if forget_rate == 0.0 and not self.phrasings:
             return "\n".join(_chain(terms, ops))
         if rng is None:
-            raise ValueError("a noisy solution (forget_rate > 0) needs an explicit rng for determinism")
+            raise ValueError("a noisy or free-phrased solution needs an explicit rng for determinism")
         forget, acc = [], terms[0]
         for op, b in zip(ops, terms[1:]):
-            f = _has_carry(acc, op, b) and rng.random() < forget_rate
+            f = forget_rate > 0.0 and _has_carry(acc, op, b) and rng.random() < forget_rate
             forget.append(f)
             acc = _apply(acc, op, b, forget=f)
-        return "\n".join(_chain(terms, ops, forget))
+        k = self.phrasings
+        affixes = [(rng.choice(CONNECTIVES[:k]), rng.choice(ENDINGS[:k])) for _ in ops] if k else None
+        return "\n".join(_chain(terms, ops, forget, affixes))
 
     @staticmethod
     def check(problem: Problem | str, completion_text: str) -> bool:

@@ -22,7 +22,9 @@ built with one thread, the command's default).
 A second, harder variant ships beside it (`TOY_VARIANTS`): "toy-hard", six-step chains (solutions
 of about 97 tokens) with its own warm start in ``tokencredit/assets/toy-hard``, rebuilt with
 ``tokencredit build-toy --task toy-hard``; `load_model("toy-hard")` loads it and
-`toy_task(name="toy-hard")` gives its task.
+`toy_task(name="toy-hard")` gives its task. A third, "toy-free" (``--task toy-free``), is the
+default task with free phrasings around every step (`ArithmeticTask(phrasings=k)`): words the
+reward does not depend on, which a warm start samples with high entropy.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from tokencredit.errors import ConfigError, closest
 
 TOY_ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "toy"
 TOY_HARD_ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "toy-hard"
+TOY_FREE_ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "toy-free"
 REBUILD_COMMAND = "tokencredit build-toy"
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -135,6 +138,8 @@ class WarmStartConfig:
     digits: int = 2
     operand_digits: int = 1
     forget_rate: float = 0.7  # P(the teacher drops the carry of an addition that has one)
+    phrasings: int = 0  # free connectives / endings per step line (`ArithmeticTask`'s headroom knob)
+    init: str = ""  # "" = a fresh model; else the shipped warm start (e.g. "toy") to continue from
     template: str = "qwen-math"
     steps: int = 2400
     batch_size: int = 16
@@ -169,9 +174,17 @@ class ToyVariant:
 # sampled wrong-step rollouts of 64 x 4 held-out samples first went wrong at a step with a carry.
 TOY_HARD_CONFIG = WarmStartConfig(difficulty=6, forget_rate=0.55)
 
+# The free-phrasing variant (issue 32's headroom knob): the default task's three-step chains, each
+# step opened and closed by one of PHRASINGS equivalent words the teacher draws uniformly
+# (`synthetic.CONNECTIVES` / `ENDINGS`; solutions up to 108 characters plus EOS). The reward never
+# depends on them, so they are high-entropy tokens with zero exact advantage. Chosen among the
+# variants screened by the headroom index (docs/results.md, "A task with headroom").
+TOY_FREE_CONFIG = WarmStartConfig(phrasings=4)
+
 TOY_VARIANTS: dict[str, ToyVariant] = {
     "toy": ToyVariant("toy", TOY_ASSET_DIR, WarmStartConfig(), max_new_tokens=80),
     "toy-hard": ToyVariant("toy-hard", TOY_HARD_ASSET_DIR, TOY_HARD_CONFIG, max_new_tokens=128),
+    "toy-free": ToyVariant("toy-free", TOY_FREE_ASSET_DIR, TOY_FREE_CONFIG, max_new_tokens=128),
 }
 
 
@@ -199,4 +212,5 @@ def toy_task(seed: int = 0, path: str | Path | None = None, *, name: str = "toy"
         digits=int(cfg["digits"]),
         operand_digits=int(cfg["operand_digits"]),
         seed=seed,
+        phrasings=int(cfg.get("phrasings", 0)),
     )

@@ -12,11 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from tokencredit.data.synthetic import ArithmeticTask, check
 from tokencredit.data.templates import render
-from tokencredit.models.toy import TOY_ASSET_DIR, WarmStartConfig, build_toy_model, build_toy_tokenizer
+from tokencredit.models.toy import (
+    TOY_ASSET_DIR,
+    WarmStartConfig,
+    build_toy_model,
+    build_toy_tokenizer,
+    toy_variant,
+)
 
 
 def _encode_examples(tokenizer: Any, prompts: list[str], targets: list[str]) -> tuple[torch.Tensor, ...]:
@@ -77,7 +83,11 @@ def warm_start(
 
     cfg = config or WarmStartConfig()
     task = ArithmeticTask(
-        difficulty=cfg.difficulty, digits=cfg.digits, operand_digits=cfg.operand_digits, seed=cfg.seed
+        difficulty=cfg.difficulty,
+        digits=cfg.digits,
+        operand_digits=cfg.operand_digits,
+        seed=cfg.seed,
+        phrasings=cfg.phrasings,
     )
     problems = task.sample(cfg.steps * cfg.batch_size, "train")
     teacher_rng = random.Random(f"teacher|{cfg.seed}")
@@ -165,12 +175,15 @@ def toy_accuracy(
 def build_toy(
     out_dir: str | Path | None = None, config: WarmStartConfig | None = None, *, log_every: int = 0
 ) -> Path:
-    """Build the toy model from scratch (init + warm start) and save model + tokenizer to `out_dir`
+    """Build the toy model (a fresh init, or the shipped warm start `config.init`, then the warm start) and save model + tokenizer to `out_dir`
     (default: the package's asset directory). Returns the directory."""
     cfg = config or WarmStartConfig()
     out = Path(out_dir) if out_dir is not None else TOY_ASSET_DIR
     tok = build_toy_tokenizer()
-    model = build_toy_model(cfg.model, seed=cfg.seed, tokenizer=tok)
+    if cfg.init:  # continue from a shipped warm start (its tokenizer and architecture are the toy's)
+        model = AutoModelForCausalLM.from_pretrained(toy_variant(cfg.init).asset_dir, dtype=torch.float32)
+    else:
+        model = build_toy_model(cfg.model, seed=cfg.seed, tokenizer=tok)
     warm_start(model, tok, cfg, log_every=log_every)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)

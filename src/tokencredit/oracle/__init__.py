@@ -50,7 +50,7 @@ and when on it uses the step-level bound 1 - prod_t p_t over the step's tokens (
 the step as one action).
 
 Modules: `values` (result types and the pure estimation functions on tensors: `skip_positions`,
-`value_states`, `mc_value`, `advantages_from_values`, `step_ids_from_boundaries`,
+`value_states`, `mc_value`, `half_means`, `advantages_from_values`, `step_ids_from_boundaries`,
 `step_advantages_from_values`), `drivers` (`token_advantages`, `step_advantages` over any
 `ContinuationSampler`; the tests drive them with a hand-made policy whose A* is known in closed
 form), `sampler` (the Hugging Face `ModelSampler`), this package's one-call entry points
@@ -82,6 +82,7 @@ from tokencredit.oracle.values import (
     OracleCredit,
     SampledRewards,
     advantages_from_values,
+    half_means,
     mc_value,
     skip_positions,
     step_advantages_from_values,
@@ -93,9 +94,10 @@ from tokencredit.rollout.settings import SamplingSettings
 __all__ = [
     "DEFAULT_DELTA", "DEFAULT_K", "VINE_K", "VINE_MAX_STEPS", "ContinuationSampler", "MCSettings", "ModelSampler",
     "OracleCost", "OracleCredit", "RewardFn", "SampledRewards", "advantages_from_values", "average_ranks", "fidelity",
-    "fidelity_stderr", "line_break_boundaries", "mc_signals", "mc_value", "oracle_credit", "oracle_targets", "policy_log_probs",
-    "skip_positions", "spearman", "step_advantages", "step_advantages_from_values", "step_ids_from_boundaries",
-    "token_advantages", "value_states", "vine_credit",
+    "fidelity_stderr", "half_means", "line_break_boundaries", "mc_signals", "mc_value", "oracle_credit",
+    "oracle_targets", "policy_log_probs", "skip_positions", "spearman", "step_advantages",
+    "step_advantages_from_values", "step_ids_from_boundaries", "token_advantages", "value_states",
+    "vine_credit",
 ]  # fmt: skip
 
 
@@ -116,6 +118,7 @@ def oracle_credit(
     seed: int = 0,
     batch_size: int = 64,
     reward_range: tuple[float, float] = (0.0, 1.0),
+    split_halves: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> OracleCredit:
     """Token-level A* (and standard errors) of a batch of rollouts sampled from `model`.
@@ -124,6 +127,7 @@ def oracle_credit(
     the rollouts were sampled with). `old_log_probs` [N,T]: log pi(y_t | s_t) at `temperature`
     (computed in one no-grad pass when None). Each rollout's own reward is recomputed with
     `reward_fn` so that V after the last token and the continuations' rewards are the same function.
+    split_halves (k even): also A* of each half of the K continuations (`OracleCredit.half_advantages`).
     """
     sampler = ModelSampler(
         model, tokenizer, rollouts, golds, reward_fn, temperature=temperature, max_new_tokens=max_new_tokens,
@@ -144,6 +148,7 @@ def oracle_credit(
         delta=delta,
         seed=seed,
         reward_range=reward_range,
+        split_halves=split_halves,
     )
     out.cost.seconds = time.perf_counter() - t0
     return out

@@ -19,6 +19,7 @@ from tokencredit.oracle.values import (
     OracleCredit,
     _check_mask,
     advantages_from_values,
+    half_means,
     mc_value,
     skip_positions,
     step_advantages_from_values,
@@ -61,14 +62,17 @@ def _check_range(r: Tensor, reward_range: tuple[float, float], rows: Tensor, cut
 
 
 def _sample_values(
-    sampler: ContinuationSampler, need: Tensor, k: int, seed: int, reward_range: tuple[float, float], who: str
-) -> tuple[Tensor, Tensor, int, int]:
-    """(values, stderr) float64 shaped like `need` ([N, C]) at the needed columns, plus (states, tokens)."""
+    sampler: ContinuationSampler, need: Tensor, k: int, seed: int, reward_range: tuple[float, float],
+    who: str, *, halves: bool = False,
+) -> tuple[Tensor, Tensor, int, int, Tensor | None]:  # fmt: skip
+    """(values, stderr) float64 shaped like `need` ([N, C]) at the needed columns, (states, tokens),
+    and with `halves` the [2, N, C] values of the first and of the last K/2 rewards per state (else None)."""
     rows, cuts = need.nonzero(as_tuple=True)
     values = torch.zeros(need.shape, dtype=torch.float64)
     se = torch.zeros(need.shape, dtype=torch.float64)
+    half = torch.zeros(2, *need.shape, dtype=torch.float64) if halves else None
     if rows.numel() == 0:
-        return values, se, 0, 0
+        return values, se, 0, 0, half
     out = sampler(rows.cpu(), cuts.cpu(), k, seed)
     r = out.rewards
     if tuple(r.shape) != (rows.numel(), k):
@@ -77,7 +81,17 @@ def _sample_values(
     mean, err = mc_value(r)
     values[rows, cuts] = mean
     se[rows, cuts] = err
-    return values, se, out.states, out.generated_tokens
+    if half is not None:
+        half[:, rows, cuts] = half_means(r)
+    return values, se, out.states, out.generated_tokens, half
+
+
+def _half_advantages(half: Tensor, rewards: Tensor, m: Tensor, skip: Tensor) -> Tensor:
+    """[2,N,T] float32: A* of each half's values [2,N,T+1] (final column: the reward, as for the full A*)."""
+    n = m.shape[0]
+    half[:, torch.arange(n), m.sum(1)] = rewards.double()
+    zero = torch.zeros_like(half[0])
+    return torch.stack([advantages_from_values(h, zero, m, skip)[0] for h in half])
 
 
 def _result(
@@ -109,25 +123,39 @@ def token_advantages(
     delta: float = DEFAULT_DELTA,
     seed: int = 0,
     reward_range: tuple[float, float] = (0.0, 1.0),
+    split_halves: bool = False,
 ) -> OracleCredit:
     """Token-level Monte-Carlo advantages A*_t = V(s_{t+1}) - V(s_t) of N rollouts (package docstring).
 
     mask [N,T]: valid response tokens (right-padded); log_probs [N,T]: log pi(y_t | s_t) at the
     sampling temperature (decides the delta skip and its bound); rewards [N]: each rollout's own
     reward (the value after its last token). `sampler` gives K rewards for every needed state.
+    split_halves (K even): also A* from the first and from the last K/2 of those rewards
+    (`OracleCredit.half_advantages`, no extra sampling; A* itself is unchanged).
     """
     t0 = time.perf_counter()
     m = _check_inputs(mask, rewards, k, reward_range, "token_advantages").cpu()
+    if split_halves and k % 2:
+        raise ValueError(
+            f"token_advantages: split_halves needs an even k (two halves of K/2 continuations), got {k}"
+        )
     log_probs, rewards = log_probs.cpu(), rewards.cpu()
     n = m.shape[0]
     skip = skip_positions(log_probs, m, delta)
     need = value_states(m, skip)
-    values, se, n_states, n_tokens = _sample_values(sampler, need, k, seed, reward_range, "token_advantages")
+    values, se, n_states, n_tokens, half = _sample_values(
+        sampler, need, k, seed, reward_range, "token_advantages", halves=split_halves
+    )
     values[torch.arange(n), m.sum(1)] = rewards.double()
     adv, adv_se = advantages_from_values(values, se, m, skip)
     span = reward_range[1] - reward_range[0]
     bound = torch.where(skip, span * (1.0 - log_probs.double().exp()).clamp(min=0.0), 0.0).float()
-    return _result(adv, adv_se, m, skip, bound, values, se, need, rewards, states=n_states, tokens=n_tokens, k=k, t0=t0)
+    out = _result(
+        adv, adv_se, m, skip, bound, values, se, need, rewards, states=n_states, tokens=n_tokens, k=k, t0=t0
+    )
+    if half is not None:
+        out.half_advantages = _half_advantages(half, rewards, m, skip)
+    return out
 
 
 def _step_starts(m: Tensor, boundaries: Tensor, steps: Tensor, max_steps: int | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -213,7 +241,9 @@ def step_advantages(
     need = torch.zeros(n, t + 1, dtype=torch.bool)
     r_idx, j_idx = is_start.nonzero(as_tuple=True)
     need[r_idx, starts[r_idx, j_idx]] = True
-    values, se, n_states, n_tokens = _sample_values(sampler, need, k, seed, reward_range, "step_advantages")
+    values, se, n_states, n_tokens, _ = _sample_values(
+        sampler, need, k, seed, reward_range, "step_advantages"
+    )
     # Step-start values: sampled where needed, the reward at the final state and past the cap.
     step_values = rewards.double()[:, None].expand(n, n_steps + 1).clone()
     step_se = torch.zeros(n, n_steps + 1, dtype=torch.float64)

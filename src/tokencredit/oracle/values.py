@@ -16,8 +16,8 @@ from torch import Tensor
 
 __all__ = [
     "DEFAULT_DELTA", "DEFAULT_K", "VINE_K", "VINE_MAX_STEPS", "ContinuationSampler", "OracleCost", "OracleCredit",
-    "SampledRewards", "advantages_from_values", "mc_value", "skip_positions", "step_advantages_from_values",
-    "step_ids_from_boundaries", "value_states",
+    "SampledRewards", "advantages_from_values", "half_means", "mc_value", "skip_positions",
+    "step_advantages_from_values", "step_ids_from_boundaries", "value_states",
 ]  # fmt: skip
 
 DEFAULT_DELTA = 1e-3
@@ -80,6 +80,9 @@ class OracleCredit:
     rewards [N] float32: each rollout's own reward (the value after its last token).
     steps [N,T] int64 (step level only): index of the step holding each token, -1 off the mask.
     cost: `OracleCost`.
+    half_advantages [2,N,T] float32 (token level, when asked for): A* from the first and from the last
+      K/2 continuations of every state (same states, same skips, the same final rewards); A* is linear
+      in the value means, so `advantages` = (half_advantages[0] + half_advantages[1]) / 2 up to rounding.
     """
 
     advantages: Tensor
@@ -93,6 +96,7 @@ class OracleCredit:
     rewards: Tensor
     cost: OracleCost
     steps: Tensor | None = None
+    half_advantages: Tensor | None = None
 
     def significant(self, z: float = 2.0) -> Tensor:
         """bool [N,T]: estimated (not skipped) valid positions with |A*| > z * stderr."""
@@ -174,6 +178,17 @@ def mc_value(rewards: Tensor) -> tuple[Tensor, Tensor]:
         raise ValueError(f"mc_value: rewards must be [M, K] with K >= 2, got shape {tuple(rewards.shape)}")
     r = rewards.double()
     return r.mean(1), r.std(1, unbiased=True) / math.sqrt(r.shape[1])
+
+
+def half_means(rewards: Tensor) -> Tensor:
+    """[2, M] float64: the mean of the first and of the last K/2 of K sampled rewards per state
+    (rewards [M,K], K even); their average is `mc_value`'s mean."""
+    if rewards.dim() != 2 or rewards.shape[1] < 2 or rewards.shape[1] % 2:
+        raise ValueError(
+            f"half_means: rewards must be [M, K] with K even and >= 2, got shape {tuple(rewards.shape)}"
+        )
+    r = rewards.double()
+    return torch.stack([h.mean(1) for h in r.chunk(2, dim=1)])
 
 
 def _final_columns(mask: Tensor) -> Tensor:

@@ -27,6 +27,7 @@ class RunConfig:
     steps: int = 40  # training steps (each: prompts_per_step x group_size rollouts, then the update)
     out_dir: str = "runs"  # each run gets its own directory under this one
     name: str = ""  # run directory name under out_dir; "" = <recipe>-<seed>-<timestamp>
+    label: str = ""  # its row in `tokencredit compare` ("" = the recipe's name; set by compare --arm)
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch intra-op threads on CPU; 0 = auto (1 for the toy model, whose ops are too small to split; else torch's default)
     progress: bool = True  # a live progress bar (false: one plain line per step)
@@ -55,6 +56,7 @@ class DataConfig:
     digits: int = 2  # toy task: operands and running totals below 10**digits
     train_size: int = 4000  # toy task: distinct training problems
     eval_size: int = 200  # held-out problems (toy) or a limit on benchmark problems (0 = all)
+    eval_split: str = "heldout"  # what data.eval scores: heldout (the test split) | validation (toy / reasoning-gym: problems disjoint from the training and held-out ones, for tuning)
     problem_field: str = ""  # field mapping for user files ("" = auto: problem/question/prompt)
     answer_field: str = ""  # "" = auto: answer/solution
 
@@ -316,6 +318,7 @@ def validate_config(cfg: TrainConfig) -> None:
     need(0.0 <= cfg.model.lora_dropout < 1.0, "model.lora_dropout", "must be in [0, 1)")
     need(cfg.data.train_size >= 1, "data.train_size", "must be >= 1")
     need(cfg.data.eval_size >= 0, "data.eval_size", "must be >= 0")
+    _check_eval_split(cfg.data.eval_split)
     need(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
     need(r.group_size >= 2, "rollout.group_size", "must be >= 2 for group baselines")
     # Sampling, not greedy: G identical greedy completions would give every group zero advantage.
@@ -353,6 +356,17 @@ def validate_config(cfg: TrainConfig) -> None:
     need(q.vine_max_steps >= 1, "oracle.vine_max_steps", "must be >= 1")
     need(bool(q.delimiter), "oracle.delimiter", "must be a non-empty string")
     need(q.batch_size >= 1, "oracle.batch_size", "must be >= 1")
+
+
+EVAL_SPLITS = ("heldout", "validation")
+
+
+def _check_eval_split(split: str) -> None:
+    """data.eval_split: one of `EVAL_SPLITS` (an unknown one names the closest)."""
+    if split not in EVAL_SPLITS:
+        raise ConfigError(
+            f"data.eval_split must be heldout or validation, got {split!r}{closest(split, EVAL_SPLITS)}"
+        )
 
 
 def _check_device(device: str) -> None:

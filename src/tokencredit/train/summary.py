@@ -54,8 +54,9 @@ def step_record(
 
 
 def run_summary(history: list[dict[str, Any]], *, run_dir: Path, recipe: str, steps_done: int, seconds: float,
-                final_model: Path) -> dict[str, Any]:  # fmt: skip
-    """summary.json: the first and last evaluation, wall time, throughput, the exported model."""
+                final_model: Path, eval_split: str = "heldout") -> dict[str, Any]:  # fmt: skip
+    """summary.json: the first and last evaluation (of `eval_split`, data.eval_split: heldout or
+    validation), wall time, throughput, the exported model."""
     evals = [h for h in history if h.get("type") == "eval"]
     steps = [h for h in history if h.get("type") != "eval" and "reward" in h]
     busy = sum(s["time_generate"] + s["time_signals"] + s["time_update"] for s in steps)
@@ -63,6 +64,7 @@ def run_summary(history: list[dict[str, Any]], *, run_dir: Path, recipe: str, st
         "run_dir": str(run_dir),
         "recipe": recipe,
         "steps": steps_done,
+        "eval_split": eval_split,
         "seconds": seconds,
         "base": evals[0] if evals else None,
         "final": evals[-1] if evals else None,
@@ -120,17 +122,18 @@ def plot_curves(history: list[dict[str, Any]], path: Path, title: str = "") -> P
 
 
 def summary_table(summary: dict[str, Any], steps: list[dict[str, Any]]) -> Table:
-    """Base vs final held-out accuracy, response length, time, tokens/s."""
+    """Base vs final held-out (or validation: summary["eval_split"]) accuracy, response length, time, tokens/s."""
     t = Table(title=f"tokencredit train: {summary['recipe']}, {summary['steps']} steps")
     t.add_column("")
     t.add_column("start", justify="right")
     t.add_column("final", justify="right")
     t.add_column("change", justify="right")
     base, final = summary.get("base") or {}, summary.get("final") or {}
+    split = "validation" if summary.get("eval_split") == "validation" else "held-out"
     for key, label in (
-        ("eval_greedy_accuracy", "held-out greedy accuracy"),
-        ("eval_avg_at_k", "held-out avg@k"),
-        ("eval_mean_length", "held-out response length"),
+        ("eval_greedy_accuracy", f"{split} greedy accuracy"),
+        ("eval_avg_at_k", f"{split} avg@k"),
+        ("eval_mean_length", f"{split} response length"),
     ):
         if key in base and key in final:
             t.add_row(label, f"{base[key]:.3f}", f"{final[key]:.3f}", f"{final[key] - base[key]:+.3f}")

@@ -91,7 +91,7 @@ class Trainer:
         # Data and reward function before the model: a malformed file or a bad reward name is
         # reported in a second, not after loading a large checkpoint.
         self.train_problems = load_problems_for(cfg.data.train, cfg.data, split="train")
-        self.eval_problems = load_problems_for(cfg.data.eval, cfg.data, split="heldout")
+        self.eval_problems = load_problems_for(cfg.data.eval, cfg.data, split=cfg.data.eval_split)
         self.sampler = PromptSampler(self.train_problems, cfg.run.seed)
         # correctness only; the format reward and DAPO's overlong shaping are added to the score separately
         self.reward_fn = Reward(cfg.reward.function, timeout=cfg.reward.timeout, retry_timeouts=cfg.reward.retry_timeouts)
@@ -378,10 +378,11 @@ class Trainer:
         final_dir = self.export_final()
         summary = run_summary(
             self.history, run_dir=self.run_dir, recipe=self.recipe.name, steps_done=self.step_done, seconds=seconds,
-            final_model=final_dir,
+            final_model=final_dir, eval_split=self.cfg.data.eval_split,
         )  # fmt: skip
         self.run.write_summary(summary)
-        plot_curves(self.history, self.run.curves_path, title=f"{self.recipe.name} on {self.cfg.data.train}")
+        title = f"{self.cfg.run.label or self.recipe.name} on {self.cfg.data.train}"
+        plot_curves(self.history, self.run.curves_path, title=title)
         steps = [h for h in self.history if h.get("type") != "eval" and "reward" in h]
         self.console.print(summary_table(summary, steps))
         self.console.print(f"curves: {self.run.curves_path}   metrics: {self.metrics.path}   model: {final_dir}")

@@ -7,6 +7,11 @@ such as ARCA) the LoRA rank, so they see the same data stream (`PromptSampler` d
 sampling draws extra prompts from that stream when a group is uninformative; the table shows the
 generation rounds per step so that difference in budget stays visible.
 
+`--arm NAME=RECIPE:KEY=VALUE[,...]` adds a row NAME that trains RECIPE with its own overrides (after the
+shared --set; its runs carry `run.label = NAME`, by which runs are grouped). `--tune-lr LR,LR,...` first
+chooses a learning rate per row on a validation split (`data.eval_split = "validation"`, tune seeds of
+their own, runs in ``OUT/tune/runs``; see `tune`), then trains the main runs on the held-out split with it.
+
 Compare is resumable: a run with a `summary.json` for the planned number of steps is not rerun; an
 unfinished run resumes from its last checkpoint. SIGINT / SIGTERM stop every run in progress after its
 step, with a checkpoint of it (subprocesses get the signal forwarded), and the same command continues.
@@ -27,8 +32,9 @@ Modules, one concern each (execution and statistics never import each other):
     runs       reading run directories (through tokencredit.train.rundir.RunDir) into RunData
     aggregate  groups of runs by recipe, curves over seeds, the result dict
     render     Markdown and rich tables, plots, writing compare.md / compare.json / the plots
-    plan       planning the runs (one TrainConfig per recipe and seed), their state on disk
+    plan       planning the runs (one TrainConfig per row: recipe or --arm, and seed), their state on disk
     execute    training the unfinished ones in-process or as subprocesses; stopping them on a signal
+    tune       the --tune-lr sweep: its tune runs, their scores and the choice of a learning rate per row
 The command line is `tokencredit.commands.compare`.
 """
 
@@ -37,8 +43,10 @@ from tokencredit.report.compare.execute import execute, finished_runs
 from tokencredit.report.compare.plan import (
     DEFAULT_RECIPES,
     DEFAULT_SEEDS,
+    Arm,
     PlannedRun,
     PlanOptions,
+    parse_arm,
     plan_runs,
     plan_state,
 )
@@ -62,8 +70,8 @@ from tokencredit.report.compare.stats import (
 )
 
 __all__ = [
-    "DEFAULT_RECIPES", "DEFAULT_SEEDS", "METRICS", "Group", "PairedTest", "PlanOptions", "PlannedRun", "RunData", "aggregate",
+    "DEFAULT_RECIPES", "DEFAULT_SEEDS", "METRICS", "Arm", "Group", "PairedTest", "PlanOptions", "PlannedRun", "RunData", "aggregate",
     "collect_runs", "damaged_parts", "execute", "expand_run_dirs", "few_seeds_warning", "final_accuracy", "finished_runs", "group_runs", "markdown",
-    "mean_std", "paired_t_test", "plan_runs", "plan_state", "plot_accuracy", "plot_concentration", "plot_differences",
+    "mean_std", "paired_t_test", "parse_arm", "plan_runs", "plan_state", "plot_accuracy", "plot_concentration", "plot_differences",
     "read_run", "rich_table", "steps_to_target", "t_two_sided_p", "table_rows", "write_report",
 ]  # fmt: skip

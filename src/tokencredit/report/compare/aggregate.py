@@ -30,7 +30,7 @@ INTERVAL = (
     "paired tests two-sided, Holm-corrected across recipes"
 )
 METRICS = {"greedy": "eval_greedy_accuracy", "avg": "eval_avg_at_k"}
-_FREE_KEYS = RUNTIME_KEYS | {"run.seed", "algo.recipe"}
+_FREE_KEYS = RUNTIME_KEYS | {"run.seed", "run.label", "algo.recipe"}
 # Always listed in compare.md's settings, default or not.
 _KEY_SETTINGS = (
     "model.name", "run.steps", "rollout.prompts_per_step", "rollout.group_size", "rollout.max_new_tokens",
@@ -55,15 +55,16 @@ class Group:
 
 
 def group_runs(runs: list[RunData]) -> list[Group]:
-    """Group by (recipe name, LoRA rank, recipe fields), in order of first appearance; labels are the
-    recipe names, with the LoRA rank or a variant number added where a name would be ambiguous."""
+    """Group by (label: the recipe name or `compare --arm`'s NAME, LoRA rank, recipe fields), in order of
+    first appearance; the group labels are the run labels, with the LoRA rank or a variant number added
+    where one would be ambiguous."""
     keyed: dict[tuple[str, int, str], Group] = {}
     for r in runs:
-        key = (r.recipe, r.lora_rank, json.dumps(r.recipe_dict, sort_keys=True))
-        keyed.setdefault(key, Group(r.recipe, r.recipe, r.lora_rank)).runs.append(r)
+        key = (r.label, r.lora_rank, json.dumps(r.recipe_dict, sort_keys=True))
+        keyed.setdefault(key, Group(r.label, r.recipe, r.lora_rank)).runs.append(r)
     groups = list(keyed.values())
-    for name in {g.recipe for g in groups}:
-        same = [g for g in groups if g.recipe == name]
+    for name in {g.label for g in groups}:
+        same = [g for g in groups if g.label == name]
         if len(same) == 1:
             continue
         ranks = {g.lora_rank for g in same}

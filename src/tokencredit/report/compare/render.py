@@ -16,7 +16,7 @@ from tokencredit.train.rundir import atomic_write_text
 
 __all__ = [
     "INTERVAL_NOTE", "few_seeds_warning", "markdown", "plot_accuracy", "plot_concentration", "plot_differences",
-    "rich_table", "table_rows", "write_report",
+    "rich_table", "table_rows", "tune_section", "write_report",
 ]  # fmt: skip
 
 INTERVAL_NOTE = (
@@ -163,7 +163,12 @@ def _notes(result: dict[str, Any]) -> list[str]:
     lines += ["Settings shared by every run:", ""]
     lines += [f"- `{k} = {json.dumps(v)}`" for k, v in result["settings"].items()]
     if result["differing_settings"]:
-        lines += ["", "**Settings that differ between runs** (the comparison is not on equal terms):", ""]
+        lines += [
+            "",
+            "**Settings that differ between runs** (the comparison is not on equal terms, unless by design: "
+            "`--arm` overrides, learning rates chosen by `--tune-lr`):",
+            "",
+        ]
         for k, vals in result["differing_settings"].items():
             by_value: dict[str, list[str]] = {}
             for d, v in vals.items():
@@ -182,8 +187,43 @@ def _notes(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _fmt_lr_cell(entry: dict[str, Any], chosen: bool) -> str:
+    """A cell of the learning-rate table: mean ± sd over the tune seeds, bold and marked when chosen."""
+    if entry["failed_seeds"]:
+        n = len(entry["failed_seeds"]) + len(entry["seeds"])
+        return f"failed ({len(entry['failed_seeds'])}/{n} seeds)"
+    cell = _fmt(entry["final_accuracy"])
+    return f"**{cell}** ✓" if chosen else cell
+
+
+def tune_section(tune: dict[str, Any]) -> list[str]:
+    """compare.md's "Learning rate chosen on the validation split": a row x learning-rate table of the
+    mean final validation accuracy (± sd over the tune seeds), the chosen rate marked, and the rule."""
+    lrs = tune["lrs"]
+    metric = "greedy" if tune["metric"] == METRICS["greedy"] else "avg@k"
+    lines = [
+        "## Learning rate chosen on the validation split",
+        "",
+        f"Final validation accuracy ({metric}), mean ± sd over tune seeds {', '.join(map(str, tune['seeds']))} "
+        f'(`data.eval_split = "validation"`: problems disjoint from the training and the held-out ones); '
+        f"chosen: {tune['rule']}. The runs above trained with the chosen rate on the held-out split.",
+        "",
+        "| recipe | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | chosen lr |",
+        "|---|" + "---:|" * (len(lrs) + 1),
+    ]
+    for row in tune["rows"]:
+        by_lr = {e["lr"]: e for e in row["lrs"]}
+        cells = [_fmt_lr_cell(by_lr[lr], lr == row["chosen"]) if lr in by_lr else "" for lr in lrs]
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + f" | {row['chosen']:g} |")
+    if tune["failed"]:
+        lines += ["", "**Tune runs not counted:**", ""]
+        lines += [f"- `{x['run_dir']}`: {x['reason']}" for x in tune["failed"]]
+    return lines + [""]
+
+
 def markdown(result: dict[str, Any], command: str) -> str:
-    """compare.md: the command, the table, the settings and notes, and the two plots."""
+    """compare.md: the command, the table, the settings and notes, the learning-rate sweep (--tune-lr)
+    and the plots."""
     cols, rows = table_rows(result)
     esc = [[c.replace("|", "\\|") for c in row] for row in rows]
     lines = [
@@ -201,6 +241,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         "",
         *_notes(result),
         "",
+        *(tune_section(result["tune"]) if result.get("tune") else []),
         f"![held-out accuracy]({ACCURACY_PNG})",
         "",
         f"![paired differences from the baseline]({DIFFERENCES_PNG})",

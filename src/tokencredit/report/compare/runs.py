@@ -43,6 +43,11 @@ class RunData:
     damaged: list[str] = field(default_factory=list)  # parts skipped, one line each (file:line, what to do)
 
     @property
+    def label(self) -> str:
+        """The row the run belongs to: its run.label (`compare --arm NAME=...`), else its recipe's name."""
+        return str(self.config.get("run.label") or self.recipe)
+
+    @property
     def finished(self) -> bool:
         return self.summary is not None and int(self.summary.get("steps", -1)) >= int(
             self.config["run.steps"]

@@ -15,6 +15,7 @@ only truth. One module per concern:
     score     the numbers of one credit tensor, the chance baselines, every `--methods` column on a batch
     fidelity  A* of the rollouts of mixed groups and each credit's fidelity to it (Spearman, signs, blame)
     gradients the cosine of each credit's policy gradient with A*'s and GRPO's, per batch; the headroom index
+              and its split-half noise ceiling (A* from each half of the K continuations)
     pipeline  sample -> truth -> score (-> oracle) for one model (`probe_model`) and each probed point
     points    which models: a model directory, the toy warm start, a run's final model or checkpoints
     render    the JSON payload and the Markdown tables
@@ -48,14 +49,18 @@ from tokencredit.report.probe.fidelity import (
     oracle_section,
     run_oracle,
     score_fidelity,
+    split_halves,
 )
 from tokencredit.report.probe.gradients import (
     cosine,
+    disattenuated,
     gradient_cosines,
     gradient_fidelity,
     group_batches,
     mean_and_stderr,
+    noise_ceiling,
     policy_gradient,
+    spearman_brown,
     trainable_parameters,
     with_gradient_columns,
 )
@@ -137,6 +142,7 @@ __all__ = [
     "default_data",
     "default_max_new_tokens",
     "default_output",
+    "disattenuated",
     "evolution_table",
     "expected_hits",
     "fidelity_baselines",
@@ -154,6 +160,7 @@ __all__ = [
     "method_credits",
     "method_row",
     "mixed_rows",
+    "noise_ceiling",
     "oracle_cost",
     "oracle_section",
     "parse_checkpoint",
@@ -178,6 +185,8 @@ __all__ = [
     "score_fidelity",
     "score_methods",
     "select_rollouts",
+    "spearman_brown",
+    "split_halves",
     "stderr_of",
     "target_ranks",
     "tie_counts",

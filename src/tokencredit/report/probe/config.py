@@ -74,7 +74,8 @@ class ProbeConfig:
       bootstrap         resamples of whole groups for the fidelity statistics' standard errors
                         (`tokencredit.oracle.fidelity_stderr`; 0: none).
       grad_batches      batches of whole problems for the gradient cosines with the oracle's and GRPO's
-                        gradient, their spread the standard error (`report.probe.gradients`; 0: none).
+                        gradient, their spread the standard error (`report.probe.gradients`; 0: none);
+                        with oracle_k even also their split-half noise ceiling.
 
     The settings are grouped in the docstring, not in nested objects (but for the sampling), because
     they are the flat options of ``tokencredit probe`` and the flat "config" of its JSON (`record`).

@@ -57,6 +57,7 @@ __all__ = [
     "oracle_section",
     "run_oracle",
     "score_fidelity",
+    "split_halves",
 ]
 
 ORACLE_Z = 2.0
@@ -103,7 +104,9 @@ def run_oracle(
     """A* (`oracle_credit`, `cfg.oracle_k` continuations per state, `cfg.oracle_delta`) of the
     rollouts where `rows` (bool [N]) holds, sampled as the probe sampled them; None when no row is
     selected. golds[i]: rollout i's gold for `reward_fn`; old_log_probs [N,T]: the probe's signal
-    at `cfg.sampling.temperature` when it has one (else computed for the selected rows)."""
+    at `cfg.sampling.temperature` when it has one (else computed for the selected rows). With the
+    gradient cosines (`cfg.grad_batches` > 0) and K even, also A* of each half of the continuations
+    (`OracleCredit.half_advantages`, for the gradients' noise ceiling; A* itself is unchanged)."""
     idx = rows.bool().cpu().nonzero().squeeze(1)
     if not idx.numel():
         return None
@@ -111,12 +114,18 @@ def run_oracle(
         model, tokenizer, select_rollouts(ro, idx), [golds[i] for i in idx.tolist()], reward_fn,
         temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens, top_p=cfg.sampling.top_p,
         k=cfg.oracle_k, delta=cfg.oracle_delta, old_log_probs=None if old_log_probs is None else old_log_probs.cpu()[idx],
-        seed=cfg.seed, batch_size=cfg.sampling.batch_size, log=log,
+        seed=cfg.seed, batch_size=cfg.sampling.batch_size, split_halves=split_halves(cfg), log=log,
     )  # fmt: skip
     groups = ro.prompt_index.cpu()[idx]
     return ProbeOracle(
         idx, credit, oracle_targets(credit, ORACLE_Z), groups=groups, bootstrap=cfg.bootstrap, seed=cfg.seed
     )
+
+
+def split_halves(cfg: ProbeConfig) -> bool:
+    """Whether the oracle also keeps A* of each half of its K continuations: with the gradient cosines
+    (their noise ceiling, `gradients`) and K even."""
+    return cfg.grad_batches > 0 and cfg.oracle_k >= 2 and cfg.oracle_k % 2 == 0
 
 
 def _hits(c: Tensor, oracle: ProbeOracle, rows: Tensor, k: int) -> Tensor:

@@ -16,6 +16,27 @@ uniform credit's gradient points from the exact credit's. Cosines are scale-free
 (A* is small and sparse) does not enter. log π is taken as the trainer takes it
 (`tokencredit.signals.token_log_probs`: chunked LM head, no [N,T,V] float32 tensor, logits /
 temperature) in eval mode; memory holds the references' flattened gradients plus one more.
+
+Noise ceiling. A* is a Monte-Carlo estimate from K continuations per state: g* = g(A*) = g_true + n,
+g_true the gradient of the exact A* on the same rollouts (same states, same delta skips) and n the
+sampling noise, which lowers every cosine with g* (the headroom index is an upper bound at finite K).
+With K even the oracle also keeps A*_a and A*_b from the first and the last K/2 continuations of each
+state (no extra sampling; A* is linear in the value means, so A* = (A*_a + A*_b) / 2), and per batch
+
+    r_half = cos(g(A*_a), g(A*_b))                      split-half reliability
+    r_K    = 2 r_half / (1 + r_half)                    Spearman-Brown: the reliability of g*
+    cos(g(Â), g_true) ≈ cos(g(Â), g*) / sqrt(r_K)       disattenuated, capped to [-1, 1]
+    corrected headroom = 1 - cos(g_GRPO, g*) / sqrt(r_K)   (from the capped cosine)
+
+reported per batch and as mean ± SE over batches. Model: g(A*_x) = g_true + n_x (x = a, b) with
+n_a, n_b independent, of equal expected squared norm s^2 and uncorrelated with g_true and with g(Â)
+(the continuations are independent of the rollouts' credit). Then r_half ≈ |g_true|^2 / (|g_true|^2
++ s^2), the full K's noise (n_a + n_b) / 2 has s^2 / 2, so cos(g*, g_true)^2 ≈ r_K and cos(g(Â), g*) ≈
+cos(g(Â), g_true) sqrt(r_K); the approximations are the high-dimensional ones (cross terms small next
+to the norms). A batch's estimate is noisy, so the ratio can pass 1: it is capped, and each summary
+counts its capped batches. Where r_half <= 0 (or a half's gradient is 0) the halves share no
+direction, the correction is undefined and is null (never divided). The halves' two gradients are
+computed and freed before the references', so the memory peak is unchanged.
 """
 
 from __future__ import annotations
@@ -38,11 +59,14 @@ from tokencredit.signals import eval_mode, has_lora_adapter, token_log_probs
 __all__ = [
     "REFERENCES",
     "cosine",
+    "disattenuated",
     "gradient_cosines",
     "gradient_fidelity",
     "group_batches",
     "mean_and_stderr",
+    "noise_ceiling",
     "policy_gradient",
+    "spearman_brown",
     "trainable_parameters",
     "with_gradient_columns",
 ]
@@ -191,6 +215,13 @@ def group_batches(groups: Tensor, n_batches: int) -> list[Tensor]:
     ]
 
 
+def _split_half(grads: _BatchGradients, halves: tuple[Tensor, Tensor], b: Tensor) -> float | None:
+    """cos(g(A*_a), g(A*_b)) on batch b; both gradients freed before the references' are computed."""
+    g_a = grads.of(halves[0][b].float())
+    g_b = grads.of(halves[1][b].float())
+    return cosine(g_a, g_b)
+
+
 def gradient_cosines(
     model: nn.Module,
     layout: PromptResponseLayout,
@@ -201,21 +232,26 @@ def gradient_cosines(
     *,
     temperature: float = 1.0,
     micro_batch_size: int = 64,
-) -> tuple[dict[str, dict[str, dict[str, list[float | None]]]], int]:
+    halves: tuple[Tensor, Tensor] | None = None,
+) -> tuple[dict[str, Any], int]:
     """({"credits": {name: {ref: [B] cos}}, "references": {ref: {ref: [B] cos}}}, backward passes).
 
     cos = cos(g_b(credit), g_b(reference)) on each batch b of rows; credits / references: {name: [M,T]}
     on the rows of `layout`; batches: row indices (e.g. `group_batches`). The references are also
     compared with each other (and themselves: 1). Memory: the references' gradients of the batch plus
     one credit's at a time; a credit equal to a reference on a batch (GSPO's on-policy credit is GRPO's)
-    reuses its gradient. None where a gradient is 0.
+    reuses its gradient. None where a gradient is 0. halves: (A*_a, A*_b) [M,T] each, the oracle from
+    each half of its continuations: adds "split_half": [B] cos(g_b(A*_a), g_b(A*_b)) (two more passes).
     """
     by_credit: dict[str, dict[str, list[float | None]]] = {n: {r: [] for r in references} for n in credits}
     by_ref: dict[str, dict[str, list[float | None]]] = {n: {r: [] for r in references} for n in references}
+    split: list[float | None] = []
     passes = 0
     with torch.enable_grad(), eval_mode(model), _requiring_grad(params):
         for b in batches:
             grads = _BatchGradients(model, _rows(layout, b), params, temperature, micro_batch_size)
+            if halves is not None:
+                split.append(_split_half(grads, halves, b))
             ref_g = {r: grads.of(c[b]) for r, c in references.items()}
             for r, g in ref_g.items():
                 for s, h in ref_g.items():
@@ -230,7 +266,10 @@ def gradient_cosines(
             passes += grads.backward_passes
             grads.release()
             del ref_g
-    return {"credits": by_credit, "references": by_ref}, passes
+    out: dict[str, Any] = {"credits": by_credit, "references": by_ref}
+    if halves is not None:
+        out["split_half"] = split
+    return out, passes
 
 
 def mean_and_stderr(values: Sequence[float | None]) -> tuple[float | None, float | None]:
@@ -249,6 +288,99 @@ def _summary(per_batch: list[float | None]) -> dict[str, Any]:
     return {"mean": mean, "se": se, "per_batch": per_batch}
 
 
+def spearman_brown(r_half: float | None) -> float | None:
+    """r_K = 2 r_half / (1 + r_half): the reliability of the mean of two halves whose cosine is r_half
+    (module docstring: g* = (g_a + g_b) / 2 carries half the noise of either); None when r_half is None
+    or <= 0 (no shared direction: the correction is undefined)."""
+    if r_half is None or r_half <= 0:
+        return None
+    return 2.0 * r_half / (1.0 + r_half)
+
+
+def disattenuated(cos: float | None, reliability: float | None) -> tuple[float | None, bool]:
+    """(cos / sqrt(reliability) clamped to [-1, 1], whether it was clamped): cos(g, g_true) from cos(g, g*)
+    and r_K, for a g whose noise is independent of g*'s (not g* itself); (None, False) when either is
+    None or reliability <= 0."""
+    if cos is None or reliability is None or reliability <= 0:
+        return None, False
+    x = cos / math.sqrt(reliability)
+    return max(-1.0, min(1.0, x)), abs(x) > 1.0
+
+
+def _corrected(cos: Sequence[float | None], r_k: Sequence[float | None]) -> dict[str, Any]:
+    """{mean, se, per_batch, capped}: `disattenuated` per batch, capped the batches clamped to ±1."""
+    pairs = [disattenuated(c, r) for c, r in zip(cos, r_k, strict=True)]
+    return {**_summary([c for c, _ in pairs]), "capped": sum(hit for _, hit in pairs)}
+
+
+def noise_ceiling(
+    split_half: Sequence[float | None],
+    cos_oracle: Mapping[str, Sequence[float | None]],
+    grpo_oracle: Sequence[float | None],
+) -> dict[str, Any]:
+    """The split-half noise ceiling of the gradient cosines with g* (module docstring), per batch b.
+
+    split_half [B]: r_half = cos(g(A*_a), g(A*_b)); cos_oracle {name: [B] cos(g(Â), g*)}; grpo_oracle
+    [B]: cos(g_GRPO, g*). Returns {"reliability": {"status", "split_half", "full_k" (r_K, Spearman-
+    Brown), "undefined_batches" (r_half <= 0 or None: null there)}, "headroom_corrected": 1 - capped
+    cos(g_GRPO, g*) / sqrt(r_K), "credits": {name: capped cos(g(Â), g*) / sqrt(r_K)}}, each a summary
+    {mean, se, per_batch} (mean ± SE over the defined batches), the corrected ones with "capped"."""
+    r_k = [spearman_brown(r) for r in split_half]
+    head = _corrected(grpo_oracle, r_k)
+    head["per_batch"] = [None if c is None else 1.0 - c for c in head["per_batch"]]
+    head.update(zip(("mean", "se"), mean_and_stderr(head["per_batch"])))
+    undefined = [i for i, r in enumerate(split_half) if r is None or r <= 0]
+    reliability = {
+        "status": "ok" if len(undefined) < len(split_half) else "undefined",
+        "split_half": _summary(list(split_half)),
+        "full_k": _summary(r_k),
+        "undefined_batches": undefined,
+    }
+    if undefined:
+        reliability["reason"] = (
+            f"batch(es) {', '.join(map(str, undefined))}: split-half cosine <= 0 or undefined (the halves' "
+            "gradients share no direction, noise swamps the signal): the correction 1/sqrt(r_K) is "
+            "undefined there"
+        )
+    credits = {n: _corrected(v, r_k) for n, v in cos_oracle.items()}
+    return {"reliability": reliability, "headroom_corrected": head, "credits": credits}
+
+
+def _oracle_halves(oracle: ProbeOracle, k: int) -> tuple[tuple[Tensor, Tensor] | None, str | None]:
+    """((A*_a, A*_b) [M,T] float32, 0 off the mask, None) for the noise ceiling, or (None, why not)."""
+    if k % 2:
+        return None, f"K = {k} is odd: no two equal halves of the continuations (use an even --oracle)"
+    half = oracle.credit.half_advantages
+    if half is None:
+        return None, "the oracle kept no A* of each half of its continuations"
+    mask = oracle.credit.mask.bool().cpu()
+    a, b = (torch.where(mask, h.float().cpu(), 0.0) for h in half)
+    return (a, b), None
+
+
+def _ceiling(cos: Mapping[str, Any], k: int, why_not: str | None) -> dict[str, Any]:
+    """"reliability" and "headroom_corrected" (`noise_ceiling`) and {name: corrected summary} under
+    "credits"; without the halves, "reliability": {"status": "n/a", "reason"} only."""
+    if why_not is not None:
+        return {"reliability": {"status": "n/a", "reason": why_not}}
+    by_credit = {n: v["oracle"] for n, v in cos["credits"].items()}
+    out = noise_ceiling(cos["split_half"], by_credit, cos["references"]["grpo"]["oracle"])
+    out["reliability"] = {"k_half": k // 2, **out["reliability"]}
+    return out
+
+
+def _summaries(cos: Mapping[str, Any], corrected: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """"references" and "credits": {name: {"cos_<ref>": summary}}, the credits' with `corrected` as
+    "cos_oracle_corrected"."""
+    out = {
+        part: {n: {f"cos_{r}": _summary(v) for r, v in per_ref.items()} for n, per_ref in cos[part].items()}
+        for part in ("references", "credits")
+    }
+    for n, summary in corrected.items():
+        out["credits"][n]["cos_oracle_corrected"] = summary
+    return out
+
+
 def gradient_fidelity(
     model: nn.Module,
     layout: PromptResponseLayout,
@@ -263,8 +395,9 @@ def gradient_fidelity(
     `cfg.grad_batches` batches of whole problems (`group_batches`): for each credit, its cos with g(A*)
     and with g(Â_GRPO) on every batch, summarised as {"cos_oracle": {mean, se, per_batch}, "cos_grpo":
     ...} under "credits" (each method of `got` with credit) and "references" (A* and GRPO's Â); the
-    headroom index 1 - cos(g_GRPO, g*) (same summary); θ, the batches and the cost. `grpo`: GRPO's
-    credit on the batch, the reference."""
+    headroom index 1 - cos(g_GRPO, g*) (same summary); the noise ceiling (`noise_ceiling`, when the
+    oracle kept A* of each half of its K continuations): "reliability", "headroom_corrected" and each
+    credit's "cos_oracle_corrected"; θ, the batches and the cost. `grpo`: GRPO's credit on the batch."""
     say = log or (lambda _msg: None)
     params, described = trainable_parameters(model)
     head: dict[str, Any] = {"parameters": described, "parameter_count": sum(p.numel() for p in params)}
@@ -279,17 +412,19 @@ def gradient_fidelity(
     credits = {
         n: g.credit.effective().detach().float().cpu()[rows] for n, g in got.items() if g.credit is not None
     }
+    halves, why_not = _oracle_halves(oracle, cfg.oracle_k)
     groups = oracle.groups if oracle.groups is not None else torch.arange(rows.numel())
     batches = group_batches(groups, cfg.grad_batches)
     say(f"gradient fidelity: {len(batches)} batches x {len(credits) + 2} credits, θ = {described} ...")
     start = time.perf_counter()
     cos, passes = gradient_cosines(
         model, _rows(layout, rows), credits, references, batches, params,
-        temperature=cfg.sampling.temperature, micro_batch_size=cfg.sampling.batch_size,
+        temperature=cfg.sampling.temperature, micro_batch_size=cfg.sampling.batch_size, halves=halves,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     _, inv = torch.unique(groups.cpu(), return_inverse=True)
     headroom = [None if c is None else 1.0 - c for c in cos["references"]["grpo"]["oracle"]]
+    ceiling = _ceiling(cos, cfg.oracle_k, why_not)
     return {
         **head,
         "status": "ok",
@@ -300,26 +435,25 @@ def gradient_fidelity(
         "backward_passes": passes,
         "seconds": seconds,
         "headroom": _summary(headroom),
-        **{
-            part: {
-                n: {f"cos_{r}": _summary(v) for r, v in per_ref.items()} for n, per_ref in cos[part].items()
-            }
-            for part in ("references", "credits")
-        },
+        "reliability": ceiling["reliability"],
+        **({"headroom_corrected": ceiling["headroom_corrected"]} if "headroom_corrected" in ceiling else {}),
+        **_summaries(cos, ceiling.get("credits", {})),
     }
 
 
 def with_gradient_columns(section: dict[str, Any], gradients: dict[str, Any]) -> dict[str, Any]:
     """The oracle section with "gradients" and, in each method's row with credit, grad_cos_oracle /
-    grad_cos_grpo and their standard errors `<key>_se` (the mean and SE over batches)."""
+    grad_cos_grpo (and with the noise ceiling grad_cos_oracle_corrected) and their standard errors
+    `<key>_se` (the mean and SE over batches)."""
     credits = gradients.get("credits", {})
     methods = {}
     for name, row in section["methods"].items():
         got = credits.get(name)
         extra: dict[str, Any] = {}
         if got is not None:
-            for r in REFERENCES:
-                extra[f"grad_cos_{r}"] = got[f"cos_{r}"]["mean"]
-                extra[f"grad_cos_{r}_se"] = got[f"cos_{r}"]["se"]
+            keys = [f"cos_{r}" for r in REFERENCES] + [k for k in ("cos_oracle_corrected",) if k in got]
+            for key in keys:
+                extra[f"grad_{key}"] = got[key]["mean"]
+                extra[f"grad_{key}_se"] = got[key]["se"]
         methods[name] = {**row, **extra}
     return {**section, "methods": methods, "gradients": gradients}

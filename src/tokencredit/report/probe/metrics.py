@@ -156,7 +156,7 @@ def mass_shares(
     """(shares [N, n_labels] float64, defined [N] bool): per rollout, the share of sum |Â| on each label.
 
     labels [N,T] int: a code in [0, n_labels) at every valid token (`LABELS` order: format, computed,
-    answer). Rows without credit mass (sum |Â| = 0) are not defined and get 0 shares.
+    answer, free). Rows without credit mass (sum |Â| = 0) are not defined and get 0 shares.
     """
     if tuple(labels.shape) != tuple(adv.shape) or tuple(mask.shape) != tuple(adv.shape):
         raise ValueError(

@@ -57,7 +57,7 @@ def _row(name: str, r: dict[str, Any], ks: Sequence[int]) -> str:
     if r.get("status", "ok") != "ok":
         reason = r.get("reason", "n/a")
         text = reason if reason == NA_LORA else f"n/a ({reason})"
-        return f"| {name} | " + " | ".join([text] + [""] * (len(ks) + 3)) + " |"
+        return f"| {name} | " + " | ".join([text] + [""] * (len(ks) + len(LABELS))) + " |"
     cells = [_pct(r.get(f"blame@{k}"), r.get(f"blame@{k}_se")) for k in ks] + [_rank(r)]
     cells += [_pct(r.get(f"mass_{lab}")) for lab in LABELS]
     return f"| {name} | " + " | ".join(cells) + " |"
@@ -74,9 +74,11 @@ def point_table(point: dict[str, Any], ks: Sequence[int]) -> str:
     head = (
         "| credit | "
         + " | ".join(f"blame@{k}" for k in ks)
-        + " | mean rank (/len) | mass: format | mass: computed | mass: answer |"
+        + " | mean rank (/len) | "
+        + " | ".join(f"mass: {lab}" for lab in LABELS)
+        + " |"
     )
-    sep = "|" + "---|" * (len(ks) + 5)
+    sep = "|" + "---|" * (len(ks) + 2 + len(LABELS))
     lines = [head, sep]
     lines += [_row(name, r, ks) for name, r in point["methods"].items()]
     lines.append(_row("*random (chance)*", point["baselines"]["random"], ks))
@@ -94,24 +96,31 @@ def _rho(x: float | None, se: float | None = None) -> str:
     return text if se is None else f"{text} ± {se:.3f}"
 
 
-def _grad_cells(r: dict[str, Any] | None) -> list[str]:
-    """cos(g, g*) and cos(g, g_GRPO), mean ± SE over batches ("–": not computed)."""
+_GRAD_KEYS = {2: ("oracle", "grpo"), 3: ("oracle", "oracle_corrected", "grpo")}
+"""The gradient columns' keys (grad_cos_<key>) by their number: with the noise ceiling, three."""
+
+
+def _grad_cells(r: dict[str, Any] | None, n: int = 2) -> list[str]:
+    """The n gradient columns: cos(g, g*), (noise-corrected,) cos(g, g_GRPO), mean ± SE over batches
+    ("–": not computed)."""
+    keys = _GRAD_KEYS[n]
     if r is None:
-        return ["–", "–"]
-    return [_rho(r.get(f"grad_cos_{ref}"), r.get(f"grad_cos_{ref}_se")) for ref in ("oracle", "grpo")]
+        return ["–"] * n
+    cell = {k: _rho(r[f"grad_cos_{k}"], r.get(f"grad_cos_{k}_se")) for k in keys if f"grad_cos_{k}" in r}
+    return [cell.get(k, "–") for k in keys]
 
 
-def _fidelity_row(name: str, r: dict[str, Any], ks: Sequence[int], grads: bool = False) -> str:
-    """One row of the fidelity table; `grads`: with the two gradient-cosine columns."""
+def _fidelity_row(name: str, r: dict[str, Any], ks: Sequence[int], grads: int = 0) -> str:
+    """One row of the fidelity table; `grads`: the number of gradient-cosine columns (0, 2 or 3)."""
     if r.get("status", "ok") != "ok":
         reason = r.get("reason", "n/a")
         text = reason if reason == NA_LORA else f"n/a ({reason})"
-        return f"| {name} | " + " | ".join([text] + [""] * (len(ks) + 3 + 2 * grads)) + " |"
+        return f"| {name} | " + " | ".join([text] + [""] * (len(ks) + 3 + grads)) + " |"
     cells = [_rho(r[k], r.get(f"{k}_se")) for k in ("spearman", "spearman_per_response")]
     cells += [_pct(r[k], r.get(f"{k}_se")) for k in ("sign_agreement", "significant_share")]
     cells += [_pct(r.get(f"oracle_blame@{k}"), r.get(f"oracle_blame@{k}_se")) for k in ks]
     if grads:
-        cells += _grad_cells(r if "grad_cos_oracle" in r else None)
+        cells += _grad_cells(r if "grad_cos_oracle" in r else None, grads)
     return f"| {name} | " + " | ".join(cells) + " |"
 
 
@@ -134,28 +143,34 @@ def _cost_text(cost: dict[str, Any]) -> str:
     )
 
 
-def _has_gradients(oracle: dict[str, Any]) -> bool:
-    return oracle.get("gradients", {}).get("status") == "ok"
+def _gradient_columns(oracle: dict[str, Any]) -> int:
+    """The fidelity table's gradient columns: 0 (none), 2, or 3 with the noise-corrected cos(g, g*)."""
+    g = oracle.get("gradients", {})
+    if g.get("status") != "ok":
+        return 0
+    return 3 if "headroom_corrected" in g else 2
 
 
 def fidelity_table(oracle: dict[str, Any], ks: Sequence[int]) -> str:
     """The Markdown table "Credit fidelity against Monte-Carlo A*" of one point's "oracle" result: one
     row per method, the chance baselines, and the oracle's cost in its own row; with the point's
-    "gradients", the columns cos(g, g*) and cos(g, g_GRPO) (the oracle's row: A*'s own gradient)."""
-    grads = _has_gradients(oracle)
+    "gradients", the columns cos(g, g*), with the noise ceiling its noise-corrected value ("corrected"),
+    and cos(g, g_GRPO) (the oracle's row: A*'s own gradient, no corrected value)."""
+    grads = _gradient_columns(oracle)
+    names = {0: "", 2: " | cos(g, g*) | cos(g, g_GRPO)", 3: " | cos(g, g*) | corrected | cos(g, g_GRPO)"}
     head = (
         "| credit | ρ pooled | ρ per response | sign agreement | Â mass on significant | "
         + " | ".join(f"blame@{k} vs A*" for k in ks)
-        + (" | cos(g, g*) | cos(g, g_GRPO)" if grads else "")
+        + names[grads]
         + " |"
     )
-    lines = [head, "|" + "---|" * (len(ks) + 5 + 2 * grads)]
+    lines = [head, "|" + "---|" * (len(ks) + 5 + grads)]
     lines += [_fidelity_row(name, r, ks, grads) for name, r in oracle["methods"].items()]
     lines.append(_fidelity_row("*random (chance)*", oracle["baselines"]["random"], ks, grads))
     lines.append(_fidelity_row("*uniform (chance)*", oracle["baselines"]["uniform"], ks, grads))
     cells = [f"cost: {_cost_text(oracle['cost'])}"] + [""] * (len(ks) + 3)
     if grads:
-        cells += _grad_cells(_reference_cells(oracle["gradients"], "oracle"))
+        cells += _grad_cells(_reference_cells(oracle["gradients"], "oracle"), grads)
     lines.append(f"| {oracle_label(oracle)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -165,20 +180,55 @@ def _sizes(values: Sequence[int]) -> str:
     return f"{low}" if low == high else f"{low}-{high}"
 
 
+def _headroom_text(gradients: dict[str, Any]) -> str:
+    """The headroom index, with the noise ceiling "(noise-corrected x; split-half reliability of g* r_K,
+    from cos(g*_a, g*_b) r_half)" when it was computed."""
+    h = gradients["headroom"]
+    text = f"**Headroom index 1 - cos(g_GRPO, g*) = {_rho(h['mean'], h['se'])}**"
+    c, rel = gradients.get("headroom_corrected"), gradients.get("reliability", {})
+    if c is None:
+        return text
+    full, half = rel["full_k"], rel["split_half"]
+    return (
+        f"{text} (noise-corrected {_rho(c['mean'], c['se'])}; split-half reliability of g* "
+        f"{_rho(full['mean'], full['se'])}, from cos(g*_a, g*_b) = {_rho(half['mean'], half['se'])})"
+    )
+
+
+def _ceiling_text(gradients: dict[str, Any]) -> str:
+    """The paragraph on what the noise correction is and assumes (or why there is none; "" in results
+    from before it existed)."""
+    rel = gradients.get("reliability")
+    if rel is None:
+        return ""
+    if rel["status"] == "n/a":
+        return f"No noise correction: {rel['reason']}."
+    capped = gradients["headroom_corrected"]["capped"]
+    capped += sum(c.get("cos_oracle_corrected", {}).get("capped", 0) for c in gradients["credits"].values())
+    return (
+        "Noise-corrected (column \"corrected\"): A* is a Monte-Carlo estimate whose noise lowers every "
+        "cosine with g*; per batch, cos(g, g*) / sqrt(r_K) estimates the cosine with the exact A*'s gradient, "
+        "r_K = 2 r_half / (1 + r_half) (Spearman-Brown) the reliability of g*, r_half = cos(g*_a, g*_b) "
+        f"between the gradients of A* from each half (K/2 = {rel['k_half']}) of the continuations; capped "
+        f"at ±1 ({capped} batch value(s) capped); assumes the halves' noises independent and of equal size."
+        + (f" Undefined (null) on {rel['reason']}." if rel.get("reason") else "")
+    )
+
+
 def gradient_line(gradients: dict[str, Any]) -> str:
-    """The line under the fidelity table: what the gradient cosines are, the headroom index, θ, the cost."""
+    """The line under the fidelity table: what the gradient cosines are, the headroom index (and its
+    noise-corrected value), θ, the cost."""
     if gradients["status"] != "ok":
         return f"Gradient cosines: n/a ({gradients['reason']})."
-    h = gradients["headroom"]
     return (
         f"Gradient fidelity: cos(g, g*) and cos(g, g_GRPO) are the cosines between the policy gradient "
         f"∇θ Σ Â log π of the method's Â and that of A* (of GRPO's Â) on the same rollouts, at ratio 1 (the "
         f"first mini-batch step's direction, before AdamW's per-coordinate scaling), θ = {gradients['parameters']}; "
         f"mean ± standard error over {gradients['batches']} batches of whole problems "
         f"({_sizes(gradients['groups_per_batch'])} problems, {_sizes(gradients['rollouts_per_batch'])} "
-        f"rollouts each). **Headroom index 1 - cos(g_GRPO, g*) = {_rho(h['mean'], h['se'])}**. "
+        f"rollouts each). {_headroom_text(gradients)}. "
         f"Cost: {gradients['backward_passes']:,} backward passes, {gradients['seconds']:.1f} s."
-    )
+    ) + (f"\n\n{ceiling}" if (ceiling := _ceiling_text(gradients)) else "")
 
 
 def _fidelity_section(oracle: dict[str, Any], ks: Sequence[int]) -> list[str]:
@@ -303,8 +353,9 @@ def _preamble(result: dict[str, Any]) -> list[str]:
             "",
             f"blame@k: share of wrong rollouts whose first wrong token is among the k most negatively credited "
             f"tokens (expected value under random tie-breaking); mean rank of that token (1 = most negative; "
-            f"rank / length in brackets); |Â| columns: share of the credit mass on format / computed / answer "
-            f"tokens. Effective credit (per-token gradient weight at ratio 1); sequence advantage "
+            f"rank / length in brackets); |Â| columns: share of the credit mass on format / computed / answer / "
+            f"free tokens (free: the connectives and endings of the free-phrasing task). Effective credit "
+            f"(per-token gradient weight at ratio 1); sequence advantage "
             f"{cfg['advantage']}; task difficulty {cfg['difficulty']}, "
             f"digits {cfg['digits']}, temperature {cfg['temperature']}, seed "
             f"{cfg['seed']}.",

@@ -10,7 +10,7 @@ rollouts, where the sequence advantage is not 0):
 - mean rank of the first wrong token (1 = the most negative), and rank / length;
 - praise@k (JSON only): share of correct rollouts whose first answer token is among the k most
   positively credited tokens;
-- |Â| format / computed / answer: per rollout, the share of its |Â| mass on each token label,
+- |Â| format / computed / answer / free: per rollout, the share of its |Â| mass on each token label,
   averaged over the rollouts that carry credit (uniform credit gives the token shares).
 
 Ties count in expectation (`tokencredit.report.probe.metrics`). Two baselines are scored on the
@@ -50,7 +50,7 @@ def score_credit(credit: Tensor, truth: ProbeTruth, ks: Sequence[int] = DEFAULT_
 
     Keys: blame_rollouts, blame@k (and blame@k_se, its standard error over rollouts), mean_rank,
     mean_rank_frac (rank / length), praise_rollouts,
-    praise@k, mass_rollouts, mass_format / mass_computed / mass_answer, blame_by_kind {kind: {n, blame@k}}.
+    praise@k, mass_rollouts, mass_format / mass_computed / mass_answer / mass_free, blame_by_kind {kind: {n, blame@k}}.
     """
     c = credit.detach().cpu()
     if tuple(c.shape) != tuple(truth.mask.shape):

@@ -114,11 +114,12 @@ def char_to_token(spans: Sequence[tuple[int, int]], char_pos: int) -> int | None
 
 def token_labels(char_labels: Sequence[str], spans: Sequence[tuple[int, int]]) -> list[str]:
     """One label per token from per-character labels: "answer" if any of its characters is answer, else
-    "computed" if any is computed, else "format" (tokens without text, e.g. EOS, are format)."""
+    "computed" if any is computed, else "free" if any is free, else "format" (tokens without text, e.g.
+    EOS, are format)."""
     out = []
     for s, e in spans:
         chars = set(char_labels[s:e])
-        out.append("answer" if "answer" in chars else ("computed" if "computed" in chars else "format"))
+        out.append(next((lab for lab in ("answer", "computed", "free") if lab in chars), "format"))
     return out
 
 

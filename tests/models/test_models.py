@@ -256,19 +256,23 @@ def test_hard_variant_ships_and_fits_its_budget():
     )
 
 
-def test_hard_warm_start_answers_in_format_and_leaves_room():
-    """Greedy answers on held-out problems are six-step chains; accuracy is neither near 0 nor near 1
-    (the shipped build measured 30-60% on 400 held-out problems; see models.TOY_HARD_CONFIG)."""
+@pytest.fixture
+def one_thread():
+    """torch on one CPU thread inside the test (the shipped builds' measurements), restored after."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    try:
-        model, tk = load_model("toy-hard")
-        probs = models.toy_task(name="toy-hard").sample(40, "heldout")
-        acc = models.toy_accuracy(model, tk, probs, temperature=0.0, max_new_tokens=128)
-        enc = tk([render("qwen-math", p.problem, tk) for p in probs[:6]], return_tensors="pt", padding=True)
-        out = model.generate(**enc, max_new_tokens=128, do_sample=False)
-    finally:
-        torch.set_num_threads(threads)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_hard_warm_start_answers_in_format_and_leaves_room(one_thread):
+    """Greedy answers on held-out problems are six-step chains; accuracy is neither near 0 nor near 1
+    (the shipped build measured 30-60% on 400 held-out problems; see models.TOY_HARD_CONFIG)."""
+    model, tk = load_model("toy-hard")
+    probs = models.toy_task(name="toy-hard").sample(40, "heldout")
+    acc = models.toy_accuracy(model, tk, probs, temperature=0.0, max_new_tokens=128)
+    enc = tk([render("qwen-math", p.problem, tk) for p in probs[:6]], return_tensors="pt", padding=True)
+    out = model.generate(**enc, max_new_tokens=128, do_sample=False)
     for t in tk.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True):
         lines = t.strip().split("\n")
         assert len(lines) == 7 and lines[-1].startswith("The answer is \\boxed{"), t
@@ -325,20 +329,15 @@ def test_free_variant_ships_fits_its_budget_and_is_the_default_task_with_free_wo
     assert longest + longest_words * task.difficulty <= free.max_new_tokens
 
 
-def test_free_warm_start_samples_free_words_and_leaves_room():
+def test_free_warm_start_samples_free_words_and_leaves_room(one_thread):
     """Sampled held-out answers use several of the free connectives (high entropy where the reward does
     not look) and are right neither almost never nor almost always."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model, tk = load_model("toy-free")
-        probs = models.toy_task(name="toy-free").sample(40, "heldout")
-        acc = models.toy_accuracy(model, tk, probs, temperature=0.0, max_new_tokens=128)
-        enc = tk([render("qwen-math", p.problem, tk) for p in probs[:16]], return_tensors="pt", padding=True)
-        torch.manual_seed(0)
-        out = model.generate(**enc, max_new_tokens=128, do_sample=True, top_k=0, top_p=1.0)
-    finally:
-        torch.set_num_threads(threads)
+    model, tk = load_model("toy-free")
+    probs = models.toy_task(name="toy-free").sample(40, "heldout")
+    acc = models.toy_accuracy(model, tk, probs, temperature=0.0, max_new_tokens=128)
+    enc = tk([render("qwen-math", p.problem, tk) for p in probs[:16]], return_tensors="pt", padding=True)
+    torch.manual_seed(0)
+    out = model.generate(**enc, max_new_tokens=128, do_sample=True, top_k=0, top_p=1.0)
     firsts = [t.split(" ", 1)[0] for t in tk.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)]
     assert len(set(firsts) & set(CONNECTIVES)) >= 3, firsts
     assert 0.1 <= acc <= 0.85, acc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -12,6 +13,7 @@ from conftest import tiny_qwen3
 from tokencredit import cli
 from tokencredit.errors import ConfigError
 from tokencredit.report import probe
+from tokencredit.report.probe import gradients as gradients_module
 from tokencredit.rollout import PromptResponseLayout
 from tokencredit.signals import position_ids_from_mask
 
@@ -194,7 +196,9 @@ def test_cli_gradient_columns_and_headroom(toy_runs):
     assert sec["methods"]["gspo"]["grad_cos_grpo"] == pytest.approx(1.0)  # on-policy GSPO is GRPO's credit
     assert sec["methods"]["grpo"]["grad_cos_oracle"] == pytest.approx(1 - head["mean"])
     assert "grad_cos_oracle" not in sec["methods"]["arca"] and "arca" not in grads["credits"]
-    table = [line for line in md.split("### Credit fidelity")[1].splitlines() if line.startswith("|")]
+    lines = md.split("### Credit fidelity")[1].splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[first:]))  # the fidelity table
     assert table[0].endswith("| cos(g, g*) | corrected | cos(g, g_GRPO) |")  # K = 2 is even: the noise ceiling
     assert all(line.count("|") == 3 + 6 + 3 for line in table if not line.startswith("|---"))
     assert table[-1].startswith("| *Monte-Carlo oracle (K=2)* | cost: ") and table[-1].endswith(
@@ -204,6 +208,11 @@ def test_cli_gradient_columns_and_headroom(toy_runs):
     assert f"| {s['grad_cos_oracle']:.3f} ± {s['grad_cos_oracle_se']:.3f} | {s['grad_cos_oracle_corrected']:.3f} ± " in md
     assert f"**Headroom index 1 - cos(g_GRPO, g*) = {head['mean']:.3f} ± {head['se']:.3f}** (noise-corrected " in md
     assert "at ratio 1" in md and f"{grads['backward_passes']} backward passes" in md
+    # the expected gradients of two batches: estimates, no jackknife SE (below 3 batches), and their table
+    e = grads["expected"]
+    assert e["status"] == "ok" and e["batches"] == 2 and set(e["credits"]) == set(grads["credits"])
+    assert all(v["se"] is None for row in e["credits"].values() for v in row.values())
+    assert "Expected headroom 1 - cos(E g_GRPO, E g*)" in md and "| credit | cos(E g, E g*) |" in md
 
 
 def test_cli_grad_batches_0_turns_it_off(toy_runs):
@@ -215,12 +224,10 @@ def test_cli_grad_batches_0_turns_it_off(toy_runs):
     for name, row in sec_on["methods"].items():
         assert {k: v for k, v in row.items() if not k.startswith("grad_cos_")} == sec_off["methods"][name]
 
-    def cells(md):
-        return [
-            line.split("|")[1:-1]
-            for line in md.split("### Credit fidelity")[1].splitlines()
-            if line.startswith("|")
-        ]
+    def cells(md):  # the fidelity table: the first block of table lines after its heading
+        lines = md.split("### Credit fidelity")[1].splitlines()
+        first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+        return [line.split("|")[1:-1] for line in itertools.takewhile(lambda x: x.startswith("|"), lines[first:])]
 
     table_on, table_off = cells(md_on), cells(md_off)
     assert len(table_on) == len(table_off) > 4
@@ -415,3 +422,51 @@ def test_cli_noise_ceiling_keys(toy_runs):
             assert row["grad_cos_oracle_corrected"] == c["mean"] and row["grad_cos_oracle_corrected_se"] == c["se"]
             assert all(x is None or -1.0 <= x <= 1.0 for x in c["per_batch"])
     assert "split-half reliability of g*" in md and "Noise-corrected (column \"corrected\")" in md
+
+
+# ------------------------------------------------------------------------ expected gradients (cross-batch)
+def test_gradient_cosines_keeps_the_dot_products_of_every_pair_of_batches(model, layout):
+    params, _ = probe.trainable_parameters(model)
+    star, uniform, other = _credit(0), torch.ones(N, T), _credit(1)
+    batches = [torch.tensor([0, 1]), torch.tensor([2, 3]), torch.tensor([4, 5])]
+    refs = {"oracle": star, "grpo": uniform}
+    cos, passes = probe.gradient_cosines(
+        model, layout, {"other": other, "grpo": uniform}, refs, batches, params, micro_batch_size=N, grams=True
+    )
+    plain, plain_passes = probe.gradient_cosines(
+        model, layout, {"other": other, "grpo": uniform}, refs, batches, params, micro_batch_size=N
+    )
+    assert "grams" not in plain and plain_passes == passes  # keeping the gradients costs no pass
+    assert cos["credits"] == plain["credits"]
+    g_other = [probe.policy_gradient(model, _rows_layout(layout, b), other[b], params) for b in batches]
+    g_star = [probe.policy_gradient(model, _rows_layout(layout, b), star[b], params) for b in batches]
+    got = cos["grams"]["credits"]["other"]
+    for i in range(3):
+        for j in range(3):
+            assert got["self"][i][j] == pytest.approx(float(g_other[i].double() @ g_other[j].double()), rel=1e-5)
+            assert got["oracle"][i][j] == pytest.approx(float(g_other[i].double() @ g_star[j].double()), rel=1e-5)
+    # a credit equal to a reference (GRPO's) keeps the reference's gradients: the same dot products
+    assert cos["grams"]["credits"]["grpo"] == cos["grams"]["references"]["grpo"]
+
+
+def test_gradient_fidelity_reports_expected_gradients_and_n_a_over_the_memory_limit(model, layout, monkeypatch):
+    got = {"m": _method(_credit(9))}
+    grpo = _method(torch.ones(N, T))
+    cfg = probe.ProbeConfig(oracle_k=4, grad_batches=3)
+    res = probe.gradient_fidelity(model, layout, _hand_oracle(4), got, grpo, cfg)
+    e = res["expected"]
+    assert e["status"] == "ok" and e["batches"] == 3 and set(e["credits"]) == {"m"}
+    assert set(e["references"]) == {"oracle", "grpo"} and set(e["grams"]["credits"]) == {"m"}
+    star = e["references"]["oracle"]["cos_oracle"]["mean"]  # random credits: the batches may share no direction
+    assert star is None or star == pytest.approx(1.0)
+    grams = e["grams"]["references"]["oracle"]
+    assert grams["self"] == grams["oracle"] and len(grams["self"]) == 3  # A* with itself: one matrix
+    json.dumps(e)  # the payload, Gram matrices included, is plain JSON
+    lines = probe.expected_table(e)
+    assert any(line.startswith("| m | ") for line in lines) and "Expected headroom" in "\n".join(lines)
+    monkeypatch.setattr(gradients_module, "EXPECTED_MAX_BYTES", 0)
+    off = probe.gradient_fidelity(model, layout, _hand_oracle(4), got, grpo, cfg)
+    assert off["expected"]["status"] == "n/a" and "GiB" in off["expected"]["reason"]
+    assert off["credits"] == res["credits"]  # everything else unchanged
+    assert probe.expected_table(off["expected"])[-1].startswith("Expected gradients: n/a")
+    assert probe.expected_table({}) == []  # a result from before the analysis existed

@@ -16,6 +16,8 @@ only truth. One module per concern:
     fidelity  A* of the rollouts of mixed groups and each credit's fidelity to it (Spearman, signs, blame)
     gradients the cosine of each credit's policy gradient with A*'s and GRPO's, per batch; the headroom index
               and its split-half noise ceiling (A* from each half of the K continuations)
+    expected  the expected gradients from the dot products of different batches: the bias of each credit's
+              update against exact credit's, free of batch and Monte-Carlo noise, and the signal share
     pipeline  sample -> truth -> score (-> oracle) for one model (`probe_model`) and each probed point
     points    which models: a model directory, the toy warm start, a run's final model or checkpoints
     render    the JSON payload and the Markdown tables
@@ -81,6 +83,7 @@ from tokencredit.report.probe.pipeline import REWARD_NAMES, probe_model, probe_p
 from tokencredit.report.probe.points import ProbePoint, default_output, parse_checkpoint, resolve_points
 from tokencredit.report.probe.render import (
     evolution_table,
+    expected_table,
     fidelity_table,
     gradient_line,
     markdown_report,
@@ -144,6 +147,7 @@ __all__ = [
     "default_output",
     "disattenuated",
     "evolution_table",
+    "expected_table",
     "expected_hits",
     "fidelity_baselines",
     "fidelity_table",

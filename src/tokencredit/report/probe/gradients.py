@@ -37,6 +37,11 @@ to the norms). A batch's estimate is noisy, so the ratio can pass 1: it is cappe
 counts its capped batches. Where r_half <= 0 (or a half's gradient is 0) the halves share no
 direction, the correction is undefined and is null (never divided). The halves' two gradients are
 computed and freed before the references', so the memory peak is unchanged.
+
+Bias or noise. Each batch's gradients are also kept (up to `EXPECTED_MAX_BYTES`) and the dot products
+of *different* batches' gradients give the expected gradients' cosines and each credit's signal share
+(`tokencredit.report.probe.expected`): what of the per-batch headroom is a bias every step repeats,
+and what is noise that averages out.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from torch import Tensor, nn
 
 from tokencredit.report.methods import MethodCredit
 from tokencredit.report.probe.config import ProbeConfig
+from tokencredit.report.probe.expected import expected_gradients
 from tokencredit.report.probe.fidelity import ProbeOracle
 from tokencredit.rollout import PromptResponseLayout
 from tokencredit.signals import eval_mode, has_lora_adapter, token_log_probs
@@ -75,6 +81,9 @@ REFERENCES = ("oracle", "grpo")
 """The reference gradients every credit is compared with: the oracle's A* and GRPO's uniform credit."""
 
 _DOT_CHUNK = 1 << 24  # elements per float64 piece of a dot product: exact enough, no [P] float64 copy
+EXPECTED_MAX_BYTES = 2 << 30
+"""The most memory the cross-batch analysis (`expected`) may hold in kept gradients; above it, n/a with
+the reason (a full model of 100 M+ parameters: use a LoRA adapter or fewer --grad-batches)."""
 
 
 def trainable_parameters(model: nn.Module) -> tuple[list[nn.Parameter], str]:
@@ -189,15 +198,30 @@ def policy_gradient(
         return _BatchGradients(model, layout, params, temperature, micro_batch_size).of(credit)
 
 
+def _dot(a: Tensor, b: Tensor) -> float:
+    """a·b of two flat vectors, accumulated in float64 piece by piece."""
+    return sum(float(x.double() @ y.double()) for x, y in zip(a.split(_DOT_CHUNK), b.split(_DOT_CHUNK)))
+
+
 def cosine(a: Tensor, b: Tensor) -> float | None:
     """a·b / (|a| |b|) of two flat vectors, accumulated in float64; None when either is 0."""
-    dot = aa = bb = 0.0
-    for x, y in zip(a.split(_DOT_CHUNK), b.split(_DOT_CHUNK)):
-        x, y = x.double(), y.double()
-        dot, aa, bb = dot + float(x @ y), aa + float(x @ x), bb + float(y @ y)
+    aa, bb = _dot(a, a), _dot(b, b)
     if aa == 0.0 or bb == 0.0:
         return None
-    return max(-1.0, min(1.0, dot / math.sqrt(aa * bb)))
+    return max(-1.0, min(1.0, _dot(a, b) / math.sqrt(aa * bb)))
+
+
+def _grams(kept: Mapping[str, list[Tensor]], refs: Mapping[str, list[Tensor]]) -> dict[str, Any]:
+    """{name: {"self": [B][B] g_b·g_b', ref: [B][B] g_b·ref_b'}} of the kept per-batch gradients."""
+    out: dict[str, Any] = {}
+    for name, vs in kept.items():
+        n = len(vs)
+        own = [[0.0] * n for _ in range(n)]
+        for i in range(n):
+            for j in range(i, n):
+                own[i][j] = own[j][i] = _dot(vs[i], vs[j])
+        out[name] = {"self": own, **{r: [[_dot(v, w) for w in ws] for v in vs] for r, ws in refs.items()}}
+    return out
 
 
 def group_batches(groups: Tensor, n_batches: int) -> list[Tensor]:
@@ -233,6 +257,7 @@ def gradient_cosines(
     temperature: float = 1.0,
     micro_batch_size: int = 64,
     halves: tuple[Tensor, Tensor] | None = None,
+    grams: bool = False,
 ) -> tuple[dict[str, Any], int]:
     """({"credits": {name: {ref: [B] cos}}, "references": {ref: {ref: [B] cos}}}, backward passes).
 
@@ -242,10 +267,14 @@ def gradient_cosines(
     one credit's at a time; a credit equal to a reference on a batch (GSPO's on-policy credit is GRPO's)
     reuses its gradient. None where a gradient is 0. halves: (A*_a, A*_b) [M,T] each, the oracle from
     each half of its continuations: adds "split_half": [B] cos(g_b(A*_a), g_b(A*_b)) (two more passes).
+    grams: keeps every batch's gradients (on the CPU; memory: (credits + references) x B x |θ| floats) and
+    adds "grams": {"references" / "credits": {name: {"self": [B][B], ref: [B][B]}}}, the dot products
+    across batches that `expected.expected_gradients` reads.
     """
     by_credit: dict[str, dict[str, list[float | None]]] = {n: {r: [] for r in references} for n in credits}
     by_ref: dict[str, dict[str, list[float | None]]] = {n: {r: [] for r in references} for n in references}
     split: list[float | None] = []
+    kept: dict[str, dict[str, list[Tensor]]] = {"references": {r: [] for r in references}, "credits": {n: [] for n in credits}}
     passes = 0
     with torch.enable_grad(), eval_mode(model), _requiring_grad(params):
         for b in batches:
@@ -256,12 +285,16 @@ def gradient_cosines(
             for r, g in ref_g.items():
                 for s, h in ref_g.items():
                     by_ref[r][s].append(cosine(g, h))
+                if grams:
+                    kept["references"][r].append(g.cpu())
             for name, credit in credits.items():
                 c = credit[b].float()
                 same = next((r for r, rc in references.items() if torch.equal(rc[b].float(), c)), None)
                 g = ref_g[same] if same is not None else grads.of(c)
                 for r, h in ref_g.items():
                     by_credit[name][r].append(cosine(g, h))
+                if grams:
+                    kept["credits"][name].append(g.cpu())
                 del g
             passes += grads.backward_passes
             grads.release()
@@ -269,6 +302,8 @@ def gradient_cosines(
     out: dict[str, Any] = {"credits": by_credit, "references": by_ref}
     if halves is not None:
         out["split_half"] = split
+    if grams:
+        out["grams"] = {part: _grams(vs, kept["references"]) for part, vs in kept.items()}
     return out, passes
 
 
@@ -397,7 +432,9 @@ def gradient_fidelity(
     ...} under "credits" (each method of `got` with credit) and "references" (A* and GRPO's Â); the
     headroom index 1 - cos(g_GRPO, g*) (same summary); the noise ceiling (`noise_ceiling`, when the
     oracle kept A* of each half of its K continuations): "reliability", "headroom_corrected" and each
-    credit's "cos_oracle_corrected"; θ, the batches and the cost. `grpo`: GRPO's credit on the batch."""
+    credit's "cos_oracle_corrected"; "expected": the cross-batch cosines of the expected gradients and
+    their signal shares (`expected.expected_gradients`, or n/a over `EXPECTED_MAX_BYTES`); θ, the batches
+    and the cost. `grpo`: GRPO's credit on the batch."""
     say = log or (lambda _msg: None)
     params, described = trainable_parameters(model)
     head: dict[str, Any] = {"parameters": described, "parameter_count": sum(p.numel() for p in params)}
@@ -416,15 +453,25 @@ def gradient_fidelity(
     groups = oracle.groups if oracle.groups is not None else torch.arange(rows.numel())
     batches = group_batches(groups, cfg.grad_batches)
     say(f"gradient fidelity: {len(batches)} batches x {len(credits) + 2} credits, θ = {described} ...")
+    kept_bytes = 4 * head["parameter_count"] * len(batches) * (len(credits) + len(references))
     start = time.perf_counter()
     cos, passes = gradient_cosines(
         model, _rows(layout, rows), credits, references, batches, params,
         temperature=cfg.sampling.temperature, micro_batch_size=cfg.sampling.batch_size, halves=halves,
+        grams=kept_bytes <= EXPECTED_MAX_BYTES,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     _, inv = torch.unique(groups.cpu(), return_inverse=True)
     headroom = [None if c is None else 1.0 - c for c in cos["references"]["grpo"]["oracle"]]
     ceiling = _ceiling(cos, cfg.oracle_k, why_not)
+    if "grams" in cos:
+        expected = {"status": "ok", **expected_gradients(cos["grams"]["references"], cos["grams"]["credits"])}
+    else:
+        expected = {
+            "status": "n/a",
+            "reason": f"keeping every batch's gradients would take {kept_bytes / 2**30:.1f} GiB, over "
+            f"{EXPECTED_MAX_BYTES / 2**30:.0f} GiB: use a LoRA adapter or fewer --grad-batches",
+        }
     return {
         **head,
         "status": "ok",
@@ -438,6 +485,7 @@ def gradient_fidelity(
         "reliability": ceiling["reliability"],
         **({"headroom_corrected": ceiling["headroom_corrected"]} if "headroom_corrected" in ceiling else {}),
         **_summaries(cos, ceiling.get("credits", {})),
+        "expected": expected,
     }
 
 

@@ -231,6 +231,37 @@ def gradient_line(gradients: dict[str, Any]) -> str:
     ) + (f"\n\n{ceiling}" if (ceiling := _ceiling_text(gradients)) else "")
 
 
+def _expected_row(name: str, row: dict[str, Any]) -> str:
+    cells = [_rho(row[k]["mean"], row[k]["se"]) for k in ("cos_oracle", "cos_grpo", "signal_share")]
+    return f"| {name} | " + " | ".join(cells) + " |"
+
+
+def expected_table(expected: dict[str, Any]) -> list[str]:
+    """The paragraph and table of the cross-batch analysis (`expected.expected_gradients`): per credit,
+    cos(E g, E g*), cos(E g, E g_GRPO) and the signal share |E g|^2 / E|g|^2, jackknife SEs; [] for
+    results from before it existed."""
+    if not expected:
+        return []
+    if expected["status"] != "ok":
+        return ["", f"Expected gradients: n/a ({expected['reason']})."]
+    h = expected["headroom"]
+    lines = [
+        "",
+        f"Expected gradients, from the dot products of *different* batches' gradients ({expected['batches']} "
+        "batches, delete-one-batch jackknife SEs): batches of different problems are independent, so these "
+        "carry no batch noise and no Monte-Carlo noise of A*. cos(E g, E g*): does the credit's update "
+        "point, on average, where exact credit's does (a bias repeated at every step when it does not); "
+        "signal share |E g|^2 / E|g|^2: how much of one batch's gradient is that average rather than noise. "
+        f"**Expected headroom 1 - cos(E g_GRPO, E g*) = {_rho(h['mean'], h['se'])}**.",
+        "",
+        "| credit | cos(E g, E g*) | cos(E g, E g_GRPO) | signal share |",
+        "|---|---|---|---|",
+    ]
+    lines += [_expected_row(n, r) for n, r in expected["credits"].items()]
+    lines.append(_expected_row(r"*A\* (oracle)*", expected["references"]["oracle"]))
+    return lines
+
+
 def _fidelity_section(oracle: dict[str, Any], ks: Sequence[int]) -> list[str]:
     """The heading, the summary of what A* was computed on and what it cost, and the table."""
     out = ["", "### Credit fidelity against Monte-Carlo A*", ""]
@@ -246,7 +277,7 @@ def _fidelity_section(oracle: dict[str, Any], ks: Sequence[int]) -> list[str]:
     )
     out += ["", fidelity_table(oracle, ks)]
     if "gradients" in oracle:
-        out += ["", gradient_line(oracle["gradients"])]
+        out += ["", gradient_line(oracle["gradients"]), *expected_table(oracle["gradients"].get("expected", {}))]
     return out
 
 

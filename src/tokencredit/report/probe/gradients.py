@@ -416,6 +416,18 @@ def _summaries(cos: Mapping[str, Any], corrected: Mapping[str, dict[str, Any]]) 
     return out
 
 
+def _expected(cos: Mapping[str, Any], kept_bytes: int) -> dict[str, Any]:
+    """The "expected" section: `expected_gradients` of the kept Gram matrices, or n/a with the memory it
+    would have taken."""
+    if "grams" in cos:
+        return {"status": "ok", **expected_gradients(cos["grams"]["references"], cos["grams"]["credits"])}
+    return {
+        "status": "n/a",
+        "reason": f"keeping every batch's gradients would take {kept_bytes / 2**30:.1f} GiB, over "
+        f"{EXPECTED_MAX_BYTES / 2**30:.0f} GiB: use a LoRA adapter or fewer --grad-batches",
+    }
+
+
 def gradient_fidelity(
     model: nn.Module,
     layout: PromptResponseLayout,
@@ -426,15 +438,11 @@ def gradient_fidelity(
     *,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """The "gradients" result of a point, on the oracle's rows of `layout` (the probe's N rows) split into
-    `cfg.grad_batches` batches of whole problems (`group_batches`): for each credit, its cos with g(A*)
-    and with g(Â_GRPO) on every batch, summarised as {"cos_oracle": {mean, se, per_batch}, "cos_grpo":
-    ...} under "credits" (each method of `got` with credit) and "references" (A* and GRPO's Â); the
-    headroom index 1 - cos(g_GRPO, g*) (same summary); the noise ceiling (`noise_ceiling`, when the
-    oracle kept A* of each half of its K continuations): "reliability", "headroom_corrected" and each
-    credit's "cos_oracle_corrected"; "expected": the cross-batch cosines of the expected gradients and
-    their signal shares (`expected.expected_gradients`, or n/a over `EXPECTED_MAX_BYTES`); θ, the batches
-    and the cost. `grpo`: GRPO's credit on the batch."""
+    """The "gradients" result of a point: the oracle's rows of `layout` in `cfg.grad_batches` batches of
+    whole problems (`group_batches`); under "credits" (each method of `got` with credit) and "references"
+    (A*, GRPO's Â `grpo`) the cosines with g(A*) and g(Â_GRPO) as {"cos_oracle": {mean, se, per_batch},
+    ...}; the headroom index 1 - cos(g_GRPO, g*); the noise ceiling when the oracle kept A* of each half of
+    its continuations (`noise_ceiling`); "expected" (`_expected`); θ, the batches and the cost."""
     say = log or (lambda _msg: None)
     params, described = trainable_parameters(model)
     head: dict[str, Any] = {"parameters": described, "parameter_count": sum(p.numel() for p in params)}
@@ -464,14 +472,6 @@ def gradient_fidelity(
     _, inv = torch.unique(groups.cpu(), return_inverse=True)
     headroom = [None if c is None else 1.0 - c for c in cos["references"]["grpo"]["oracle"]]
     ceiling = _ceiling(cos, cfg.oracle_k, why_not)
-    if "grams" in cos:
-        expected = {"status": "ok", **expected_gradients(cos["grams"]["references"], cos["grams"]["credits"])}
-    else:
-        expected = {
-            "status": "n/a",
-            "reason": f"keeping every batch's gradients would take {kept_bytes / 2**30:.1f} GiB, over "
-            f"{EXPECTED_MAX_BYTES / 2**30:.0f} GiB: use a LoRA adapter or fewer --grad-batches",
-        }
     return {
         **head,
         "status": "ok",
@@ -485,7 +485,7 @@ def gradient_fidelity(
         "reliability": ceiling["reliability"],
         **({"headroom_corrected": ceiling["headroom_corrected"]} if "headroom_corrected" in ceiling else {}),
         **_summaries(cos, ceiling.get("credits", {})),
-        "expected": expected,
+        "expected": _expected(cos, kept_bytes),
     }
 
 

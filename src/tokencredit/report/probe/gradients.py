@@ -205,23 +205,30 @@ def _dot(a: Tensor, b: Tensor) -> float:
 
 def cosine(a: Tensor, b: Tensor) -> float | None:
     """a·b / (|a| |b|) of two flat vectors, accumulated in float64; None when either is 0."""
-    aa, bb = _dot(a, a), _dot(b, b)
+    dot = aa = bb = 0.0
+    for x, y in zip(a.split(_DOT_CHUNK), b.split(_DOT_CHUNK)):  # one pass: each piece made float64 once
+        x, y = x.double(), y.double()
+        dot, aa, bb = dot + float(x @ y), aa + float(x @ x), bb + float(y @ y)
     if aa == 0.0 or bb == 0.0:
         return None
-    return max(-1.0, min(1.0, _dot(a, b) / math.sqrt(aa * bb)))
+    return max(-1.0, min(1.0, dot / math.sqrt(aa * bb)))
 
 
 def _grams(kept: Mapping[str, list[Tensor]], refs: Mapping[str, list[Tensor]]) -> dict[str, Any]:
-    """{name: {"self": [B][B] g_b·g_b', ref: [B][B] g_b·ref_b'}} of the kept per-batch gradients."""
-    out: dict[str, Any] = {}
-    for name, vs in kept.items():
-        n = len(vs)
-        own = [[0.0] * n for _ in range(n)]
-        for i in range(n):
-            for j in range(i, n):
-                own[i][j] = own[j][i] = _dot(vs[i], vs[j])
-        out[name] = {"self": own, **{r: [[_dot(v, w) for w in ws] for v in vs] for r, ws in refs.items()}}
-    return out
+    """{name: {"self": [B][B] g_b·g_b', ref: [B][B] g_b·ref_b'}} of the kept per-batch gradients; a
+    gradient kept under several names (a credit equal to a reference) is one tensor, its products taken once."""
+    done: dict[tuple[int, int], float] = {}
+
+    def dot(v: Tensor, w: Tensor) -> float:
+        key = (id(v), id(w)) if id(v) <= id(w) else (id(w), id(v))
+        if key not in done:
+            done[key] = _dot(v, w)
+        return done[key]
+
+    return {
+        name: {"self": [[dot(v, w) for w in vs] for v in vs], **{r: [[dot(v, w) for w in ws] for v in vs] for r, ws in refs.items()}}
+        for name, vs in kept.items()
+    }
 
 
 def group_batches(groups: Tensor, n_batches: int) -> list[Tensor]:
@@ -267,14 +274,14 @@ def gradient_cosines(
     one credit's at a time; a credit equal to a reference on a batch (GSPO's on-policy credit is GRPO's)
     reuses its gradient. None where a gradient is 0. halves: (A*_a, A*_b) [M,T] each, the oracle from
     each half of its continuations: adds "split_half": [B] cos(g_b(A*_a), g_b(A*_b)) (two more passes).
-    grams: keeps every batch's gradients (on the CPU; memory: (credits + references) x B x |θ| floats) and
-    adds "grams": {"references" / "credits": {name: {"self": [B][B], ref: [B][B]}}}, the dot products
-    across batches that `expected.expected_gradients` reads.
+    grams: keeps every batch's gradients on the CPU ((credits + references) x B x |θ| floats) and adds "grams":
+    {"references" / "credits": {name: {"self": [B][B], ref: [B][B]}}}, read by `expected.expected_gradients`.
     """
     by_credit: dict[str, dict[str, list[float | None]]] = {n: {r: [] for r in references} for n in credits}
     by_ref: dict[str, dict[str, list[float | None]]] = {n: {r: [] for r in references} for n in references}
     split: list[float | None] = []
-    kept: dict[str, dict[str, list[Tensor]]] = {"references": {r: [] for r in references}, "credits": {n: [] for n in credits}}
+    kept: dict[str, dict[str, list[Tensor]]] = {"references": {r: [] for r in references}}
+    kept["credits"] = {n: [] for n in credits}
     passes = 0
     with torch.enable_grad(), eval_mode(model), _requiring_grad(params):
         for b in batches:
@@ -282,19 +289,20 @@ def gradient_cosines(
             if halves is not None:
                 split.append(_split_half(grads, halves, b))
             ref_g = {r: grads.of(c[b]) for r, c in references.items()}
+            ref_kept = {r: g.cpu() for r, g in ref_g.items()} if grams else {}
             for r, g in ref_g.items():
                 for s, h in ref_g.items():
                     by_ref[r][s].append(cosine(g, h))
                 if grams:
-                    kept["references"][r].append(g.cpu())
+                    kept["references"][r].append(ref_kept[r])
             for name, credit in credits.items():
                 c = credit[b].float()
                 same = next((r for r, rc in references.items() if torch.equal(rc[b].float(), c)), None)
                 g = ref_g[same] if same is not None else grads.of(c)
                 for r, h in ref_g.items():
                     by_credit[name][r].append(cosine(g, h))
-                if grams:
-                    kept["credits"][name].append(g.cpu())
+                if grams:  # a reference's gradient is kept once, under both names
+                    kept["credits"][name].append(ref_kept[same] if same is not None else g.cpu())
                 del g
             passes += grads.backward_passes
             grads.release()

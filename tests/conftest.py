@@ -112,10 +112,12 @@ class FullDisk:
     """A stand-in for `os.write` that fills the disk under `root`: write number `after` + 1 to the
     file named `target` (a temporary `.NAME.tmp-PID` of an atomic write counts as NAME) stores only
     its first `partial` bytes (a short write, as the kernel does), and from then on every write under
-    `root` fails with ENOSPC. Other files are written normally. Linux: paths come from /proc/self/fd."""
+    `root` fails with `err` (ENOSPC; EROFS for a file system that turned read-only). Other files are
+    written normally. Linux: paths come from /proc/self/fd."""
 
-    def __init__(self, root: Path, target: str, after: int = 0, partial: int = 8) -> None:
+    def __init__(self, root: Path, target: str, after: int = 0, partial: int = 8, err: int = errno.ENOSPC) -> None:
         self.root, self.target, self.after, self.partial = os.path.realpath(root), target, after, partial
+        self.err = err
         self.full = False
         self.real = os.write
 
@@ -127,7 +129,7 @@ class FullDisk:
         if not path.startswith(self.root + os.sep):
             return self.real(fd, data)
         if self.full:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise OSError(self.err, os.strerror(self.err))
         if re.sub(r"^\.(.+)\.tmp-\d+$", r"\1", os.path.basename(path)) == self.target:
             if self.after == 0:
                 self.full = True
@@ -143,8 +145,8 @@ def full_disk(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FullDisk]:
     if not os.path.isdir("/proc/self/fd"):
         pytest.skip("needs /proc/self/fd to know which file a write goes to")
 
-    def make(root: Path, target: str, after: int = 0, partial: int = 8) -> FullDisk:
-        disk = FullDisk(Path(root), target, after, partial)
+    def make(root: Path, target: str, after: int = 0, partial: int = 8, err: int = errno.ENOSPC) -> FullDisk:
+        disk = FullDisk(Path(root), target, after, partial, err)
         monkeypatch.setattr(os, "write", disk)
         return disk
 

@@ -1,12 +1,18 @@
 """`tokencredit` command line: dispatch to `tokencredit.commands.<name>`, imported only when used,
 and turn a ConfigError / TrainingError into one line and an exit code (2 / 1), and a run stopped by
 a signal into its message and 128 + the signal number. The Hugging Face libraries' progress bars
-are off unless ``TOKENCREDIT_PROGRESS_BARS=1`` (`tokencredit.hf_progress`)."""
+are off unless ``TOKENCREDIT_PROGRESS_BARS=1`` (`tokencredit.hf_progress`).
+
+Two last nets keep the promise of one line, never a traceback: an OSError that names a file (a path
+that cannot be read or written) is one line naming it, exit 2; any other exception is one line that
+calls itself a bug, exit 1, with the traceback shown only under ``TOKENCREDIT_DEBUG=1``. Every bad
+input the tests know of has its own message before these nets (tests/commands/test_corpus_*.py)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from tokencredit import hf_progress
@@ -52,6 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:
         print(f"tokencredit {cmd}: {e}", file=sys.stderr)
         return e.exit_code
+    except Exception as e:
+        if os.environ.get("TOKENCREDIT_DEBUG"):
+            raise
+        if isinstance(e, OSError) and e.filename:
+            print(f"tokencredit {cmd}: {e.filename}: {e.strerror or e}", file=sys.stderr)
+            return 2
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(
+            f"tokencredit {cmd}: internal error ({type(e).__name__}: {first}); this is a bug in tokencredit, "
+            "please report it with the traceback that TOKENCREDIT_DEBUG=1 shows",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

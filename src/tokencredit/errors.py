@@ -15,13 +15,20 @@ class TrainingError(RuntimeError):
     the step, and the last good state (checkpoint and metrics of earlier steps) is kept."""
 
 
-class DiskFullError(TrainingError):
-    """A write failed because the disk (or the quota) is full; `path` is the file being written.
-    The write was undone (the previous version of the file, if any, is intact)."""
+class WriteFailedError(TrainingError):
+    """A write into the run directory failed for a reason outside the program (the file system turned
+    read-only, permission was taken away, an I/O error); `path` is the file being written. The write
+    was undone (the previous version of the file, if any, is intact), so the run resumes once the
+    cause is fixed."""
 
     def __init__(self, message: str, path: str) -> None:
         super().__init__(message)
         self.path = path
+
+
+class DiskFullError(WriteFailedError):
+    """A write failed because the disk (or the quota) is full; `path` is the file being written.
+    The write was undone (the previous version of the file, if any, is intact)."""
 
 
 class Interrupted(BaseException):

@@ -39,6 +39,7 @@ from tokencredit.report.compare.tune import (
     tune_scores,
     tune_seeds,
 )
+from tokencredit.train.rundir import RunLock
 
 
 def _add_fair_arguments(parser: argparse.ArgumentParser) -> None:
@@ -211,9 +212,18 @@ def _train(
 ) -> tuple[list[RunData], dict[str, str], dict[str, Any] | None]:
     """The --tune-lr sweep if asked (its result, else None), then the main runs with the chosen rates:
     (the finished main runs, {run_dir: error} of the others, the sweep's result)."""
-    tune = _tune(args, console) if args.tune_lr else None
-    plans = plan_runs(args, tune["chosen"] if tune else None)
-    runs, failed = _execute(plans, args, console)
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot create it ({e.strerror or e})") from None
+    lock = RunLock(out)  # one comparison per --out; each of its runs also locks its own directory
+    try:
+        tune = _tune(args, console) if args.tune_lr else None
+        plans = plan_runs(args, tune["chosen"] if tune else None)
+        runs, failed = _execute(plans, args, console)
+    finally:
+        lock.release()
     return runs, failed, tune
 
 

@@ -24,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. optim.lr=3e-4 or algo.kernel_params.lam=0.9 (repeatable)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last good checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --out (without it, a directory that holds a run is refused)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of the progress bar")
 
 
@@ -57,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         run = resume_dir(args.resume)
         if args.config or args.recipe:
             raise ConfigError("--resume uses the run's saved config; pass only --set overrides (e.g. run.steps=200)")
+        if args.overwrite or args.out:
+            raise ConfigError("--resume continues the run in its own directory; --out and --overwrite start a new run")
         cfg = run.read_config()
         run_dir = run.path
         for s in sets:
@@ -72,6 +76,6 @@ def run(args: argparse.Namespace) -> int:
         else:
             name = cfg.run.name or f"{cfg.algo.recipe}-s{cfg.run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
             run_dir = Path(cfg.run.out_dir) / name
-        trainer = Trainer(cfg, run_dir)
+        trainer = Trainer(cfg, run_dir, overwrite=args.overwrite)
     trainer.fit()
     return 0

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tokencredit import models, recipes
+from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError, closest
 from tokencredit.models import resolve_device
 from tokencredit.rewards.custom import resolve_reward_function
@@ -163,16 +164,21 @@ def _coerce(value: Any, current: Any, where: str) -> Any:
             return value.lower() in ("true", "1", "yes")
         raise ConfigError(f"{where}: expected true/false, got {value!r}")
     if isinstance(current, int) and not isinstance(current, bool):
-        try:
-            if isinstance(value, float) and not value.is_integer():
+        try:  # true / false are not numbers (TOML's `steps = true` is a mistake, not 1)
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
-            return int(value)
-        except (TypeError, ValueError):
+            number = int(value)
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+        if not -(2**63) <= number < 2**63:
+            raise ConfigError(f"{where}: {number} is out of range (a 64-bit integer is expected)")
+        return number
     if isinstance(current, float):
         try:
+            if isinstance(value, bool):
+                raise ValueError
             return float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"{where}: expected a number, got {value!r}") from None
     if isinstance(current, list):
         if isinstance(value, str):
@@ -188,13 +194,19 @@ def _coerce(value: Any, current: Any, where: str) -> Any:
 
 
 def _parse_scalar(text: str) -> Any:
-    """A --set value: TOML-ish literals (true, 3, 0.1, [..], {..}, "x"), else the raw string."""
+    """A --set value: a TOML value (true, 3, 0.1, [..], {a = 1}, "x"), else a Python literal ({'a': 1}),
+    else the raw string. Whether that string may stand for the key is `_coerce`'s to say: a table key
+    given "{eps_high=0.3" is an error there, a template "{problem} ..." is a string."""
     low = text.strip().lower()
     if low in ("true", "false"):
         return low == "true"
     try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except (tomllib.TOMLDecodeError, RecursionError):
+        pass
+    try:
         return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
         return text
 
 
@@ -220,6 +232,10 @@ def apply_dict(cfg: TrainConfig, data: dict[str, Any], source: str, unknown: lis
                     continue
                 raise ConfigError(f"{source}: unknown key {sec}.{key}{closest(key, keys)}; valid: {', '.join(sorted(keys))}")
             if sec == "algo" and key == "overrides":
+                if not isinstance(value, dict):
+                    raise ConfigError(
+                        f"{source}: algo.overrides: expected a table such as {{eps_high = 0.3}}, got {value!r}"
+                    )
                 obj.overrides = _merge(obj.overrides, value)
                 continue
             setattr(obj, key, _coerce(value, getattr(obj, key), f"{source}: {sec}.{key}"))
@@ -274,13 +290,20 @@ def load_config(
         p = Path(path)
         if not p.is_file() and str(path) in shipped_configs():
             p = SHIPPED_CONFIGS / f"{path}.toml"
+        if p.is_dir():
+            raise ConfigError(f"--config {p} is a directory, not a TOML file")
         if not p.is_file():
             known = ", ".join(shipped_configs())
             raise ConfigError(f"config file not found: {p} (shipped configs: {known})")
         try:
-            data = tomllib.loads(p.read_text())
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: invalid TOML: {e}") from None
+        except UnicodeDecodeError as e:
+            line = p.read_bytes()[: e.start].count(b"\n") + 1
+            raise ConfigError(f"{p}:{line}: not a UTF-8 text file (byte {e.start}); a config is a TOML text file") from None
+        except RecursionError:
+            raise ConfigError(f"{p}: invalid TOML: nested too deeply") from None
         apply_dict(cfg, data, str(p), unknown)
     if recipe:
         cfg.algo.recipe = recipe
@@ -310,6 +333,9 @@ def validate_config(cfg: TrainConfig) -> None:
 
     r, o, e = cfg.rollout, cfg.optim, cfg.eval
     need(cfg.run.steps >= 0, "run.steps", "must be >= 0")
+    name = Path(cfg.run.name)
+    need(not name.is_absolute() and ".." not in name.parts, "run.name",
+         "must be a directory name inside run.out_dir (no absolute path, no '..'; give --out for another place)")  # fmt: skip
     need(cfg.run.threads >= 0, "run.threads", "must be >= 0 (0 = auto)")
     _check_device(cfg.run.device)
     parse_report_to(cfg.run.report_to)  # an unknown tracker name is an error naming the closest
@@ -317,6 +343,12 @@ def validate_config(cfg: TrainConfig) -> None:
     need(cfg.model.lora_rank >= 0, "model.lora_rank", "must be >= 0 (0 = full fine-tuning)")
     need(0.0 <= cfg.model.lora_dropout < 1.0, "model.lora_dropout", "must be in [0, 1)")
     need(cfg.data.train_size >= 1, "data.train_size", "must be >= 1")
+    need(cfg.data.difficulty >= 1, "data.difficulty", "must be >= 1 (arithmetic steps of the toy task)")
+    need(cfg.data.digits >= 1, "data.digits", "must be >= 1 (digits of the toy task's numbers)")
+    try:  # before the first evaluation renders a prompt with it
+        check_template(cfg.data.template)
+    except ConfigError as e:
+        raise ConfigError(f"data.template: {e}") from None
     need(cfg.data.eval_size >= 0, "data.eval_size", "must be >= 0")
     _check_eval_split(cfg.data.eval_split)
     need(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")

@@ -15,12 +15,21 @@
     RUN_DIR/wandb/                 the wandb run's local files (unless WANDB_DIR is set)
     RUN_DIR/mlruns/                the MLflow file store (unless MLFLOW_TRACKING_URI is set)
     RUN_DIR/trackers.json          the wandb / MLflow run ids, so that a resumed run continues them
+    RUN_DIR/.lock                  held (flock) by the one process that writes the run (`RunLock`)
+
+One writer per run directory: `tokencredit train`, `--resume` and `compare`'s runs hold an exclusive
+lock on RUN_DIR/.lock for the life of the process (`RunLock`; the OS releases it on any exit, kill -9
+included); a second writer stops at once naming the holder's pid. Readers (explain, probe, eval)
+take no lock. A new run never lands in a directory that holds another (`RunDir.check_fresh`):
+`--overwrite` replaces a run directory whole (`replace_run`), never a folder of other files.
 
 Every file is written atomically (temporary file, fsync, rename): a crash leaves the old file or
 the new one, never a torn one. `metrics.jsonl` is append-only; on resume, lines after the
-checkpoint's step and a torn last line are dropped. A failed write (a full disk above all) leaves
-nothing behind: the temporary file is removed, a partly appended metrics line is cut off, and a
-full disk (ENOSPC, or EDQUOT for a quota) raises `DiskFullError` naming the file.
+checkpoint's step and a torn last line are dropped, and a damaged line before the last is an error
+naming file:line (nothing is dropped that the user has not seen). A failed write leaves nothing
+behind: the temporary file is removed and a partly appended metrics line is cut off; a full disk
+(ENOSPC, or EDQUOT for a quota) raises `DiskFullError` naming the file, and a file system that turned
+read-only, a permission taken away or an I/O error raises its parent `WriteFailedError` (`write_error`).
 
 Reading has two modes. Strict (the default, what `tokencredit train --resume` needs): a config key
 or recipe field this version does not know, or a saved-rollouts line that is not JSON, is an error
@@ -36,6 +45,8 @@ import errno
 import json
 import os
 import re
+import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,13 +54,18 @@ from typing import Any
 import torch
 
 from tokencredit.batch import MC_SIGNALS
-from tokencredit.errors import ConfigError, DiskFullError
+from tokencredit.errors import ConfigError, DiskFullError, WriteFailedError
 from tokencredit.recipes import Recipe, from_dict, resolve
 from tokencredit.rollout import records
 from tokencredit.train.config import TrainConfig, dump_toml, load_config
 
-__all__ = ["MetricsLog", "RunDir", "atomic_write_bytes", "atomic_write_text", "damaged_line", "disk_full",
-           "fsync_dir", "is_disk_full", "parse_json_line", "rollout_records"]  # fmt: skip
+try:  # POSIX; elsewhere a run directory is not locked (RunLock says so in its docstring)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["MetricsLog", "RunDir", "RunLock", "atomic_write_bytes", "atomic_write_text", "damaged_line", "disk_full",
+           "check_replaceable", "fsync_dir", "is_disk_full", "parse_json_line", "replace_run", "rollout_records", "write_error"]  # fmt: skip
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.(jsonl|json|pt)$")
 _REMEDY = "repair or delete that line, or copy the file again, to silence this"
@@ -79,6 +95,21 @@ def disk_full(path: Path, e: OSError) -> DiskFullError:
     return DiskFullError(f"disk full while writing {path} ({e.strerror or e}); that write was undone", str(path))
 
 
+# A write refused by the system rather than by the program: the run's state is kept, and it resumes once fixed.
+_WRITE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
+
+
+def write_error(path: Path, e: BaseException) -> WriteFailedError | None:
+    """The one-line error of a failed write to `path`: DiskFullError for a full disk or quota,
+    WriteFailedError for a read-only file system, a lost permission or an I/O error; None for any
+    other failure (a bug, not the machine: the caller re-raises it)."""
+    if is_disk_full(e):
+        return disk_full(path, e)  # type: ignore[arg-type]
+    if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
+        return WriteFailedError(f"cannot write {path} ({e.strerror or e}); that write was undone", str(path))
+    return None
+
+
 def _write_all(fd: int, data: bytes) -> None:
     """os.write until all of `data` is written (a write may be short, e.g. when the disk fills up)."""
     view = memoryview(data)
@@ -100,9 +131,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.close(fd)
         os.replace(tmp, path)
     except BaseException as e:  # also KeyboardInterrupt: never leave a temporary file behind
-        tmp.unlink(missing_ok=True)
-        if is_disk_full(e):
-            raise disk_full(path, e) from e  # type: ignore[arg-type]
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # a read-only file system refuses the clean-up too; nothing was renamed over `path`
+        if (err := write_error(path, e)) is not None:
+            raise err from e
         raise
     fsync_dir(path.parent)
 
@@ -118,26 +152,43 @@ class MetricsLog:
         self.path = Path(path)
 
     def truncate_after(self, step: int) -> None:
-        """Keep only complete lines with step <= `step` (drops a torn tail and lines a crash will redo)."""
+        """Keep only complete lines with step <= `step` (drops a torn last line and lines a crash will
+        redo). A damaged line before the last is a ConfigError naming file:line: it is not a crash's
+        cut-off write, and dropping it would lose a record without a word."""
         if not self.path.exists():
             return
-        kept = [line for _, line, rec, _ in self._lines() if rec is not None and rec["step"] <= step]
+        lines = list(self._lines())
+        for n, _, rec, why in lines[:-1]:
+            if rec is None:
+                raise ConfigError(
+                    f"{self.path}:{n}: damaged line in the middle of the run's metrics ({why}); repair or "
+                    "delete that line, then resume again"
+                )
+        kept = [line for _, line, rec, _ in lines if rec is not None and rec["step"] <= step]
         atomic_write_text(self.path, "".join(k + "\n" for k in kept))
 
     def append(self, record: dict[str, Any]) -> None:
         """Append one line, fsynced. If the write fails part-way (a full disk: DiskFullError) the
         file is cut back to its previous length, so it never ends in a torn line."""
         data = (json.dumps(record, sort_keys=True) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        except OSError as e:
+            if (err := write_error(self.path, e)) is not None:
+                raise err from e
+            raise
         try:
             size = os.fstat(fd).st_size
             try:
                 _write_all(fd, data)
                 os.fsync(fd)
             except BaseException as e:
-                os.ftruncate(fd, size)  # frees space, so it works on a full disk too
-                if is_disk_full(e):
-                    raise disk_full(self.path, e) from e  # type: ignore[arg-type]
+                try:
+                    os.ftruncate(fd, size)  # frees space, so it works on a full disk too
+                except OSError:
+                    pass  # read-only by now: the torn tail is dropped on resume (`truncate_after`)
+                if (err := write_error(self.path, e)) is not None:
+                    raise err from e
                 raise
         finally:
             os.close(fd)
@@ -173,6 +224,8 @@ def parse_json_line(line: str) -> tuple[Any, str | None]:
         return json.loads(line), None
     except json.JSONDecodeError as e:
         return None, f"not JSON: {e.msg}, column {e.colno}"
+    except RecursionError:
+        return None, "JSON nested too deeply to read"
 
 
 def damaged_line(path: Path, n: int, why: str, kept: int, *, last: bool = False, what: str = "line") -> str:
@@ -225,6 +278,64 @@ class RunDir:
     def is_run(self) -> bool:
         """True for a directory a trainer wrote (a config, or at least checkpoints)."""
         return self.path.is_dir() and (self.config_path.is_file() or self.checkpoints_dir.is_dir())
+
+    # ------------------------------------------------------------------ claiming the directory
+    def check_fresh(self, option: str = "--out") -> None:
+        """ConfigError unless a new run may start here: the path is absent, an empty directory, or one
+        that holds only what comes before a run's first record (`_PREPARED`: the config that
+        `tokencredit compare` writes before it starts the run, a lock, a start-up log). Only reads."""
+        where = f"{option} {self.path}"
+        if self.path.exists() and not self.path.is_dir():
+            raise ConfigError(f"{where} is a file, not a directory: give a directory for the run")
+        if not self.path.exists():
+            _check_creatable(self.path, where)
+            return
+        try:
+            entries = sorted(p.name for p in self.path.iterdir())
+        except OSError as e:
+            raise ConfigError(f"{where}: cannot list it ({e.strerror or e})") from None
+        if not set(entries) - _PREPARED:
+            if not os.access(self.path, os.W_OK | os.X_OK):
+                raise ConfigError(f"{where}: the directory is not writable")
+            return
+        if not self.is_run():
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise ConfigError(
+                f"{where} is not empty ({len(entries)} entries: {shown}) and is not a tokencredit run "
+                "directory: give a new or empty directory"
+            )
+        raise ConfigError(
+            f"{where} already holds a run ({self._what_is_here()}): continue it with `tokencredit train "
+            f"--resume {self.path}`, or give a new {option} (--overwrite replaces that run)"
+        )
+
+    def claim(self, *, fresh: bool, option: str = "--out") -> RunLock:
+        """Make the directory and take its lock (`RunLock`) for this process's life; for a fresh run,
+        check again under the lock that no other run was written here since `check_fresh`."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"{option} {self.path}: cannot create it ({e.strerror or e})") from None
+        lock = RunLock(self.path, option)
+        if fresh:
+            try:
+                self.check_fresh(option)
+            except ConfigError:
+                lock.release()
+                raise
+        return lock
+
+    def _what_is_here(self) -> str:
+        """'N steps logged, checkpoints up to step K' or what else shows a run was written here."""
+        steps = sum(1 for r in self.metrics.read() if r.get("type") != "eval")
+        ckpts = self.checkpoint_steps()
+        parts = [f"{steps} step{'' if steps == 1 else 's'} logged"]
+        if ckpts:
+            parts.append(f"checkpoints up to step {ckpts[-1]}")
+        if self.has_final_model():
+            parts.append("a final model")
+        return ", ".join(parts)
+
 
     # ------------------------------------------------------------------ config and recipe
     def write_config(self, cfg: TrainConfig) -> None:
@@ -379,6 +490,105 @@ class RunDir:
             return []
         found = (_STEP_FILE.match(p.name) for p in folder.iterdir())
         return sorted(int(m.group(1)) for m in found if m is not None and m.group(2) == suffix)
+
+
+# What a run directory may hold before its first record: `check_fresh` lets a new run start there.
+_PREPARED = frozenset({"config.toml", "recipe.json", "train.log", ".lock"})
+# Every name a run directory's layout has (the module docstring); `replace_run` removes nothing else.
+_LAYOUT = re.compile(
+    r"^(config\.toml|recipe\.json|metrics\.jsonl|rollouts|checkpoints|summary\.json|curves\.png|final|train\.log"
+    r"|explain_step_\d+\.(html|png)|probe\.(json|md)|tensorboard|wandb|mlruns|trackers\.json|\.lock|\.final\.tmp"
+    r"|\..+\.tmp-\d+)$"
+)
+
+
+def _check_creatable(path: Path, where: str) -> None:
+    """ConfigError when `path` (absent) cannot be created: its nearest existing ancestor is a file or
+    not writable. Only reads."""
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{where}: cannot create it, {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where}: cannot create it, {parent} is not writable")
+
+
+class RunLock:
+    """The one writer of a run directory: an exclusive, non-blocking `fcntl.flock` on RUN_DIR/.lock,
+    held until `release()` or the process's end (the OS drops it on any exit, kill -9 included, so a
+    stale lock file never blocks anyone). The holder's pid is written into the file, and a second
+    writer's ConfigError names it. Without fcntl (Windows) nothing is locked."""
+
+    def __init__(self, run_dir: str | Path, option: str = "--out") -> None:
+        self.path = Path(run_dir) / ".lock"
+        self._file: Any = None
+        if fcntl is None:  # pragma: no cover - Windows
+            return
+        try:
+            f = open(self.path, "a+")  # noqa: SIM115 - held for the life of the lock
+        except OSError as e:
+            raise ConfigError(f"{option} {run_dir}: cannot create its lock file ({e.strerror or e})") from None
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise ConfigError(
+                f"{option} {run_dir} is in use by another tokencredit process (pid {holder}); wait for it to "
+                "end, or give another directory"
+            ) from None
+        f.truncate(0)
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._file = f
+
+    def release(self) -> None:
+        """Let another process write the run (idempotent)."""
+        if self._file is not None:
+            self._file.close()  # closing the file drops the flock
+            self._file = None
+
+
+def check_replaceable(path: str | Path, option: str = "--out") -> None:
+    """ConfigError unless `--overwrite` may remove `path`: absent, or a directory that is a tokencredit run
+    and holds only names of a run's layout (a folder of other files is never removed). Only reads."""
+    path = Path(path)
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise ConfigError(f"{option} {path} is a file, not a run directory; --overwrite replaces only a run directory")
+    foreign = sorted(p.name for p in path.iterdir() if not _LAYOUT.match(p.name))
+    if foreign or not (RunDir(path).is_run() or not any(path.iterdir())):
+        what = f"holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}" if foreign else "is not one"
+        raise ConfigError(
+            f"{option} {path}: --overwrite replaces only a tokencredit run directory, and this one {what}; "
+            "remove it yourself or give another directory"
+        )
+
+
+def replace_run(path: str | Path, option: str = "--out") -> None:
+    """`--overwrite`: remove the run directory at `path` whole (`check_replaceable` first), so that a new
+    run starts empty. No other process may be writing it: its lock is taken first. It is renamed aside in
+    one step and then deleted, so `path` never holds half of the old run; a copy that cannot be deleted
+    is left beside it, named in a ConfigError."""
+    path = Path(path)
+    check_replaceable(path, option)
+    if not path.exists():
+        return
+    lock = RunLock(path, option)
+    aside = path.with_name(f".{path.name}.replaced-{os.getpid()}-{time.time_ns()}")
+    try:
+        os.replace(path, aside)
+    except OSError as e:
+        raise ConfigError(f"{option} {path}: cannot move the old run aside ({e.strerror or e}); nothing was removed") from None
+    finally:
+        lock.release()
+    fsync_dir(path.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+    if aside.exists():
+        raise ConfigError(f"{option} {path}: the old run was moved to {aside} but could not be deleted; delete it yourself")
 
 
 def rollout_records(

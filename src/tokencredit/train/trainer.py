@@ -29,7 +29,7 @@ from tokencredit import models, recipes
 from tokencredit.batch import BatchValidationError, RolloutBatch
 from tokencredit.builder import Passes, build_batch, needs_of, rendered_negative_prompts
 from tokencredit.data.templates import chat_template_warning, render
-from tokencredit.errors import DiskFullError, Interrupted, TrainingError
+from tokencredit.errors import ConfigError, DiskFullError, Interrupted, TrainingError, WriteFailedError
 from tokencredit.evaluation import evaluate
 from tokencredit.oracle import MCSettings, mc_signals
 from tokencredit.recipes import Recipe, TokenCredit
@@ -39,7 +39,7 @@ from tokencredit.tasks import load_problems_for
 from tokencredit.train import checkpoint as ckpt
 from tokencredit.train.config import TrainConfig, check_recipe, validate_config
 from tokencredit.train.progress import StepProgress
-from tokencredit.train.rundir import RunDir, disk_full, is_disk_full, rollout_records
+from tokencredit.train.rundir import RunDir, check_replaceable, replace_run, rollout_records, write_error
 from tokencredit.train.sampling import (
     PromptSampler,
     StepRollouts,
@@ -79,11 +79,17 @@ class StepResult:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Any = None) -> None:
+    def __init__(
+        self, cfg: TrainConfig, run_dir: Path, *, resume: bool = False, overwrite: bool = False, console: Any = None
+    ) -> None:
+        """`overwrite`: a run already in `run_dir` is replaced whole (`rundir.replace_run`); without it a
+        new run stops on a directory that holds one. The directory is locked for this object's life."""
         self.cfg, self.run = cfg, RunDir(run_dir)
         self.run_dir = self.run.path
         self.console = console or Console()
         validate_config(cfg)  # value ranges first: every bad value is named before any model loads
+        if not resume:  # and never a new run over another one (only reads: nothing is written yet)
+            check_replaceable(self.run_dir) if overwrite else self.run.check_fresh()
         self.report_to = require(cfg.run.report_to)  # a tracker's missing library too
         self.trackers = Trackers()  # opened by fit()
         self.recipe = resolve_recipe(cfg)
@@ -121,7 +127,9 @@ class Trainer:
         self.stopped_by: int | None = None  # the stop signal fit() received, if any
         self.metrics = self.run.metrics
         self.history: list[dict[str, Any]] = []
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if overwrite and not resume:
+            replace_run(self.run_dir)
+        self.lock = self.run.claim(fresh=not resume)  # one writer: a second trainer on this directory stops here
         if resume:
             self._restore()
         else:
@@ -134,7 +142,14 @@ class Trainer:
     def _restore(self) -> None:
         state = ckpt.load_latest_checkpoint(self.run, log=lambda m: self.console.print(f"[yellow]{m}"))
         if state is None:
-            self.console.print("[yellow]no usable checkpoint; starting from step 0")
+            saved = sorted({*self.run.checkpoint_steps(), *self.run.digest_steps()})
+            if saved:  # every checkpoint failed: restarting at step 0 would throw the run away unasked
+                names = ", ".join(self.run.checkpoint_path(s).name for s in saved[-3:])
+                raise ConfigError(
+                    f"--resume {self.run_dir}: no checkpoint is usable ({len(saved)} failed their digest or "
+                    f"could not be read: {names}); copy them again, or start anew with --overwrite"
+                )
+            self.console.print("[yellow]no checkpoint yet; starting from step 0")
             self.metrics.truncate_after(-1)
         else:
             self.step_done = ckpt.restore(self.model, self.optimizer, self.scheduler, state)
@@ -270,8 +285,8 @@ class Trainer:
             self.tokenizer.save_pretrained(tmp)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)  # a half-written export is never left behind
-            if is_disk_full(e):
-                raise disk_full(out, e) from e
+            if (err := write_error(out, e)) is not None:
+                raise err from e
             raise
         if out.exists():
             shutil.rmtree(out)
@@ -289,7 +304,8 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Evaluation at start, the steps, the summary. The first SIGINT / SIGTERM ends the run after
         the step in progress with a checkpoint of it and `Interrupted`; a second one abandons that
-        step. A full disk raises DiskFullError naming the file and the last good checkpoint."""
+        step. A full disk raises DiskFullError (a read-only file system WriteFailedError) naming the file
+        and the last good checkpoint."""
         self._t_session = time.perf_counter()
         self._time_offset = float(self.history[-1].get("wall_time", 0.0)) if self.history else 0.0
         self.trackers = Trackers.start(
@@ -312,12 +328,14 @@ class Trainer:
             msg = stopped_message(e.signum, self.run_dir, self.step_done, abandoned=True,
                                   checkpoint=checkpoints[-1] if checkpoints else None)  # fmt: skip
             raise Interrupted(msg, e.signum) from None
-        except DiskFullError as e:
-            raise DiskFullError(f"{e}{self._last_good_note(full_disk=True)}", e.path) from e
+        except WriteFailedError as e:  # a full disk, a file system turned read-only: the finished steps are kept
+            fix = "free some space" if isinstance(e, DiskFullError) else "make the directory writable again"
+            raise type(e)(f"{e}{self._last_good_note(fix)}", e.path) from e
         finally:
             # also on an error or a signal: no verifier worker processes outlive a stopped run
             self.reward_fn.close()
             self.trackers.close(exit_code)
+            self.lock.release()
 
     def _run(self, stop: StopSignals) -> dict[str, Any]:
         cfg = self.cfg
@@ -365,12 +383,13 @@ class Trainer:
                     self.save_checkpoint(done)
                 self.step_done = done
 
-    def _last_good_note(self, full_disk: bool = False) -> str:
-        """'; last good checkpoint: step N in DIR (continue with --resume)' for a TrainingError."""
+    def _last_good_note(self, fix: str = "") -> str:
+        """'; last good checkpoint: step N in DIR (continue with --resume)' for a TrainingError; `fix` is
+        what to do first when the machine, not the run, failed ("free some space")."""
         steps = self.run.checkpoint_steps()
-        then = "free some space, then continue" if full_disk else "continue"
+        then = f"{fix}, then continue" if fix else "continue"
         if not steps:
-            restart = f" ({then} with --resume, which starts again at step 0)" if full_disk else ""
+            restart = f" ({then} with --resume, which starts again at step 0)" if fix else ""
             return f"; no checkpoint yet in {self.run_dir} (metrics of finished steps are in metrics.jsonl){restart}"
         return f"; last good checkpoint: step {steps[-1]} in {self.run_dir} ({then} with --resume)"
 

@@ -1,9 +1,11 @@
 """examples/custom_reward.py, the worked example of docs/inputs.md: its rewards, and a training step
-that scores its rollouts with it through `reward.function = "custom_reward:boxed_match"`."""
+that scores its rollouts with it through `reward.function = "custom_reward:boxed_match"` (in the
+reward's worker process)."""
 
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from pathlib import Path
 
@@ -30,25 +32,45 @@ def test_the_example_rewards(example_on_path):
         assert reward(completions, golds) == [1.0, 1.0, 0.1, 0.0, 1.0]
 
 
-def test_a_training_step_scores_its_rollouts_with_the_example(example_on_path, tiny_model_dir, tmp_path, monkeypatch):
-    import custom_reward
+# `custom_reward` as the trainer's worker process imports it: the example itself, each call recorded
+RECORDING_EXAMPLE = """
+import importlib.util, json, os
 
-    calls, example = [], custom_reward.boxed_match
+_spec = importlib.util.spec_from_file_location("_the_example", os.environ["EXAMPLE_FILE"])
+_example = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_example)
 
-    def recorded(completions, golds, **kwargs):
-        rewards = example(completions, golds, **kwargs)
-        calls.append((list(completions), list(golds), kwargs, rewards))
-        return rewards
 
-    monkeypatch.setattr(custom_reward, "boxed_match", recorded)  # the trainer looks it up by name
+def boxed_match(completions, golds, **kwargs):
+    rewards = _example.boxed_match(completions, golds, **kwargs)
+    with open(os.environ["CALLS_LOG"], "a") as f:
+        f.write(json.dumps([completions, golds, kwargs, rewards, os.getpid()]) + "\\n")
+    return rewards
+"""
+
+
+def test_a_training_step_scores_its_rollouts_with_the_example(
+    example_on_path, tiny_model_dir, tmp_path, monkeypatch
+):
+    # The function runs in a worker process (with this process's sys.path), so it is recorded there: a
+    # module of the same name ahead of examples/ on the path wraps the example and logs each call.
+    (tmp_path / "shadow").mkdir()
+    (tmp_path / "shadow" / "custom_reward.py").write_text(RECORDING_EXAMPLE)
+    monkeypatch.syspath_prepend(str(tmp_path / "shadow"))
+    monkeypatch.setenv("EXAMPLE_FILE", str(EXAMPLES / "custom_reward.py"))
+    monkeypatch.setenv("CALLS_LOG", str(tmp_path / "calls.jsonl"))
     cfg = load_config(sets=_micro_sets(tiny_model_dir, steps=1) + [f"reward.function={SPEC}"], recipe="grpo")
     Trainer(cfg, tmp_path / "run").fit()
-    rollouts = [c for c in calls if len(c[0]) == 2 * 4]  # prompts_per_step x group_size (not a start-up check)
-    assert len(rollouts) == 1, f"the trainer called the custom reward on {[len(c[0]) for c in calls]} completions"
-    completions, golds, kwargs, rewards = rollouts[0]
+    calls = [json.loads(x) for x in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    # prompts_per_step x group_size completions (not the start-up check's 2)
+    rollouts = [c for c in calls if len(c[0]) == 2 * 4]
+    assert len(rollouts) == 1, f"the trainer called the reward on {[len(c[0]) for c in calls]} completions"
+    completions, golds, kwargs, rewards, pid = rollouts[0]
     assert len(golds) == len(completions) and kwargs == {}
     assert all(isinstance(c, str) for c in completions) and all(isinstance(g, str) for g in golds)
+    assert pid != os.getpid() and len({c[4] for c in calls}) == 1  # one worker, the function loaded once
     saved = tomllib.loads((tmp_path / "run" / "config.toml").read_text())
     assert saved["reward"]["function"] == SPEC
     step = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert step["step"] == 1 and step["reward"] == pytest.approx(sum(rewards) / len(rewards))
+    assert step["verify_timeouts"] == 0

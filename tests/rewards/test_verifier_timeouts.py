@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 from test_verifier import EQUIVALENT, WRONG
 
+from tokencredit.data import Problem
 from tokencredit.rewards import MathVerifier, Reward
 from tokencredit.rewards import pool as pool_mod
 
-SLEEPY_WORKER = '''
+SLEEPY_WORKER = """
 import json, sys, time
 out = sys.stdout
 out.write(json.dumps({"ready": True, "self_check": True, "warmup_s": 0.0}) + "\\n"); out.flush()
@@ -30,7 +31,7 @@ for line in sys.stdin:
     if word == "sleep":
         time.sleep(float(secs))
     out.write(json.dumps({"id": req["id"], "ok": True}) + "\\n"); out.flush()
-'''
+"""
 
 
 def boxed(x: str) -> str:
@@ -95,6 +96,65 @@ def test_a_failed_self_check_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match=r"failed its start-up self-check \(a vs b judged not equal\)"):
         v.start()
     v.close()
+
+
+# ---- a user's reward function under the same rules (issue 39) -------------------------------------
+
+SLOW_REWARDS = """
+import os, time
+
+def sleeps(completions, golds, **kw):
+    time.sleep(30)
+    return [1.0] * len(completions)
+
+def slow_once(completions, golds, **kw):
+    # slow on the first call ever (a marker file: a killed worker's replacement does not remember)
+    marker = os.environ["SLOW_ONCE_MARKER"]
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        time.sleep(30 * len(completions) * float(os.environ["SLOW_ONCE_FACTOR"]))
+    return [0.25] * len(completions)
+"""
+
+
+@pytest.fixture
+def slow_rewards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "slow_rewards_mod.py").write_text(SLOW_REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SLOW_ONCE_MARKER", str(tmp_path / "was_slow"))
+    return tmp_path
+
+
+def test_a_custom_reward_past_its_limit_scores_0_and_counts_as_timed_out(slow_rewards):
+    """timeout x len(completions) per call (0.2 s x 3 here): then it is stopped, its worker replaced."""
+    with Reward("slow_rewards_mod:sleeps", timeout=0.2) as r:
+        r.start()
+        t0 = time.monotonic()
+        res = r.verify(["a", "b", "c"], ["1", "1", "1"])
+        elapsed = time.monotonic() - t0
+        assert res.scores == [0.0, 0.0, 0.0] and res.timed_out == [True, True, True] and res.timeouts == 3
+        assert 0.6 <= elapsed < 0.6 + 2.0
+        assert r.user is not None and r.user.stats["timeouts"] == 3 and r.user.pool.timeouts == 1
+        assert r.user.stats["retried"] == 0
+        # its start-up check times out too, which is not an error (the run counts the timeouts)
+        r.check(Problem("p-1", "q", "1"))
+
+
+@pytest.mark.parametrize("retry", [True, False])
+def test_a_slow_custom_call_is_retried_with_the_longer_limit(slow_rewards, monkeypatch, retry):
+    # the first call sleeps about 2 x its limit (0.3 s x 2 completions): past it, within 4 x it
+    monkeypatch.setenv("SLOW_ONCE_FACTOR", str(2 * 0.3 / 30))
+    with Reward("slow_rewards_mod:slow_once", timeout=0.3, retry_timeouts=retry) as r:
+        r.start()
+        res = r.verify(["a", "b"], ["1", "1"])
+        assert r.user is not None and r.user.pool.timeouts == 1
+        if retry:
+            assert res.scores == [0.25, 0.25] and res.timed_out == [False, False]
+            assert r.user.stats["retried"] == 1 and r.user.stats["timeouts"] == 0
+        else:
+            assert res.scores == [0.0, 0.0] and res.timed_out == [True, True]
+            assert r.user.stats["retried"] == 0 and r.user.stats["timeouts"] == 2
+        assert r.verify(["a"], ["1"]).scores == [0.25]  # later calls: the replaced worker, on time
 
 
 def test_workers_are_warm_when_ready():

@@ -177,7 +177,7 @@ def test_stop_signal_then_resume_equals_uninterrupted(signum, tiny_model_dir, to
 
 
 SIGNALLING_REWARD = """
-import os, signal
+import os, signal, time
 calls = 0
 
 
@@ -188,8 +188,11 @@ def has_digit_seven(completions, golds, **_):
         return [0.0] * len(completions)
     calls += 1
     if calls == int(os.environ.get("CTRL_C_TWICE_AT_STEP", "0")):
-        os.kill(os.getpid(), signal.SIGINT)
-        os.kill(os.getpid(), signal.SIGINT)
+        # a user reward runs in a worker process of the trainer's: signal the trainer, twice, apart
+        # (two signals sent back to back from another process can arrive as one)
+        os.kill(os.getppid(), signal.SIGINT)
+        time.sleep(0.5)
+        os.kill(os.getppid(), signal.SIGINT)
     return [1.0 if "7" in c else 0.0 for c in completions]
 """
 

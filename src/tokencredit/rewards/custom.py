@@ -13,24 +13,47 @@ Names (`Reward(spec)`, the trainer's ``reward.function``):
   "module:function" a user function.
 
 A user reward function has the signature ``fn(completions: list[str], golds: list, **kwargs) ->
-list[float]`` (one finite number per completion). Its output is checked: a wrong length, a
-non-number or a NaN/inf is an error naming the function and the completion, never a silent 0.
-`Reward.check` calls it once at set-up, on one training problem, so that such an error stops a run
-before its first evaluation instead of after it. `Reward.verify` also says which completions the math
-verifier could not judge in time (always none for a user function).
+list[float]`` (one real number per completion) and follows the built-in verifier's rules
+(`UserRewardFunction`): it runs in a worker process of the verifiers' `WorkerPool`
+(`_custom_worker.py`, imported once per worker with this process's ``sys.path``), called once per
+`Reward.verify` with every completion of the call, under the verifier's time limit: ``timeout``
+seconds per completion, so ``timeout`` x the number of completions for the call. A call that runs
+past it is stopped (its worker killed and replaced), retried once with `RETRY_FACTOR` x the limit when
+``retry_timeouts`` is on, and otherwise scores 0 for each of its completions, which count as timed
+out (`Verification.timed_out`, the trainer's ``verify_timeouts``), as an answer the math verifier
+could not judge in time does.
+
+Its output is checked (`check_rewards`): a sequence (list, tuple, 1-d array or tensor) of exactly one
+real number per completion, each finite and within float32's range (the trainer keeps rewards in
+float32). Refused, with one line naming the function, the completion and the value, never a silent
+0: a wrong length, a dict (whose keys would be read as the values), a generator, None, a string
+(even "1.0"), a bool (True is not a reward of 1.0; return ``float(x)``), NaN / inf, and a finite
+value beyond 3.4e38. An exception of the function (``SystemExit`` and ``KeyboardInterrupt``
+included: they are the worker's, they cannot end the trainer) and a worker that exits during a call
+(``os._exit``, a crash) are errors naming the function too. `Reward.verify` raises these as
+`RewardError` (the trainer stops with "training stopped: step N: ..."); `Reward.check` calls the
+function once at set-up, on one training problem, and raises them as ConfigError, so that a wrong
+contract stops a run before its first evaluation instead of after it (a check that times out is not
+an error: the run counts its timeouts).
 """
 
 from __future__ import annotations
 
-import importlib
+import json
 import math
+import os
+import signal
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from tokencredit.errors import ConfigError, closest
+from tokencredit.rewards._custom_worker import ENV_FUNCTION, ENV_SYS_PATH, find_function, pack, reward_values
+from tokencredit.rewards.pool import WorkerPool, WorkerStartError
 from tokencredit.rewards.reasoning_gym import ReasoningGymVerifier, check_installed, is_gym_gold
 from tokencredit.rewards.shaping import FORMAT_STYLES, format_reward
-from tokencredit.rewards.verifier import Gold, MathVerifier, Verification
+from tokencredit.rewards.verifier import Gold, MathVerifier, PooledVerifier, Verification
 
 GYM_PREFIX = "reasoning-gym"  # the reward name, and the data prefix "reasoning-gym:"
 GYM_OPTIONS = ("partial_credit", "last_number")
@@ -39,61 +62,154 @@ RewardCallable = Callable[..., Sequence[float]]
 
 
 class RewardError(ValueError):
-    """A reward function returned something other than one finite number per completion; the
-    message names the function and the rollout (completion index)."""
+    """A reward function returned something other than one real number per completion, raised, or ended
+    its worker process; the message names the function and the rollout (completion index) or the call.
+    `kind` says which: "returned", "raised" or "exited"; `detail` is what the function did, worded to
+    follow "it" ("raised ValueError: ... (at FILE:LINE in FUNC)")."""
+
+    def __init__(self, message: str, *, kind: str = "returned", detail: str = "") -> None:
+        super().__init__(message)
+        self.kind, self.detail = kind, detail
 
 
 def load_reward_function(path: str) -> RewardCallable:
-    """Import ``package.module:function`` (dots after the colon walk attributes)."""
-    if not isinstance(path, str) or ":" not in path:
-        raise ConfigError(f"reward function must be given as 'module:function', got {path!r}")
-    mod_name, _, attr = path.partition(":")
-    if not mod_name or not attr:
-        raise ConfigError(f"reward function must be given as 'module:function', got {path!r}")
+    """Import ``package.module:function`` in this process (dots after the colon walk attributes); a
+    ConfigError when it cannot be (a module that fails to import, even by exiting, included). `Reward`
+    does not call this: its worker processes import the function (`UserRewardFunction`)."""
     try:
-        obj: Any = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise ConfigError(f"reward function {path!r}: cannot import module {mod_name!r} ({e})") from e
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"reward function {path!r}: {mod_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ConfigError(f"reward function {path!r} is not callable")
-    return obj
+        return find_function(path)
+    except LookupError as e:
+        raise ConfigError(str(e)) from None
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    """repr(value) with its type, cut to about `limit` characters (for an error message)."""
-    text = repr(value)
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
-    return f"{text} ({type(value).__name__})"
+def _check_spec(path: str) -> None:
+    """ConfigError unless `path` has the form ``module:function`` (nothing is imported)."""
+    mod_name, colon, attr = path.partition(":") if isinstance(path, str) else ("", "", "")
+    if not colon or not mod_name or not attr:
+        raise ConfigError(f"reward function must be given as 'module:function', got {path!r}")
 
 
 def check_rewards(values: Any, n: int, who: str) -> list[float]:
-    """Validate a reward function's output: n finite real numbers (else RewardError naming the rollout)."""
+    """Validate a reward function's output: a sequence of n real numbers, each finite and within float32's
+    range (else RewardError naming `who`, the rollout and the value). What is refused and why:
+    `tokencredit.rewards._custom_worker.reward_values`, the same check a user function's worker applies."""
     try:
-        vals = list(values)
-    except TypeError:
-        raise RewardError(f"reward function {who} returned {_short(values)}, expected a list of {n} floats") from None
-    if len(vals) != n:
-        raise RewardError(
-            f"reward function {who} returned {len(vals)} values for {n} completions: {_short(values)}"
-        )
-    out = []
-    for i, v in enumerate(vals):
+        return reward_values(values, n, who)
+    except ValueError as e:
+        raise RewardError(str(e)) from None
+
+
+class _Exited:
+    """The pool's result for a call whose worker process exited during it (`code`: its exit code)."""
+
+    __slots__ = ("code",)
+
+    def __init__(self, code: int | None) -> None:
+        self.code = code
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "it did not report how"
+    if code < 0:
         try:
-            f = float(v)
-        except (TypeError, ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _sys_path() -> list[str]:
+    """This process's ``sys.path`` for a worker: absolute, so that the worker finds the same modules
+    ('' is the current directory)."""
+    return [os.path.abspath(os.fspath(p)) for p in sys.path if isinstance(p, str | os.PathLike)]
+
+
+_CUSTOM_WORKER = str(Path(__file__).with_name("_custom_worker.py"))
+
+
+class UserRewardFunction(PooledVerifier):
+    """A user's ``module:function`` reward under the built-in verifier's rules: called in a worker
+    process of a `WorkerPool` (`_custom_worker.py`: the function imported once per worker, with this
+    process's ``sys.path`` as it was when this object was made), ``timeout`` seconds per completion of
+    a call (``timeout`` x len(completions) for the call), a timed-out call retried once with
+    `RETRY_FACTOR` x the limit when `retry_timeouts` is on, else scored 0 per completion and marked
+    timed out. `verify` gives the `Verification`; a bad return value, an exception or an exit of the
+    worker is a `RewardError` naming the function (module docstring); a function that cannot be
+    loaded in the worker is a ConfigError. One worker by default (`num_workers`): a call holds one.
+    The arguments reach the worker pickled (the same objects as in this process); the values come
+    back as floats. `stats`: "verified" and "retried" count calls, "timeouts" completions.
+    """
+
+    def __init__(
+        self, spec: str, timeout: float = 5.0, *, retry_timeouts: bool = False, num_workers: int | None = None
+    ) -> None:
+        _check_spec(spec)
+        env = {ENV_FUNCTION: spec, ENV_SYS_PATH: json.dumps(_sys_path())}
+        pool = WorkerPool(
+            num_workers or 1, max_memory_mb=None, script=_CUSTOM_WORKER, label=f"reward function {spec}",
+            package=None, env=env, crash_result=_Exited, quiet=False,
+        )  # fmt: skip
+        super().__init__(timeout, retry_timeouts, pool)
+        self.spec = spec
+
+    def verify(
+        self, completions: Sequence[str], golds: Sequence[Any], *, _retry: bool = True, **kwargs: Any
+    ) -> Verification:
+        """The function's values on `completions`, or 0 for each and all timed out when the call did not
+        finish in time (after the retry when `retry_timeouts` is on; `_retry=False`: no retry, the
+        start-up check's rule). `kwargs` are passed to the function."""
+        n = len(completions)
+        if len(golds) != n:
+            raise ValueError(f"got {n} completions but {len(golds)} gold answers")
+        if n == 0:
+            return Verification([], [])
+        try:
+            job = {"args": pack(list(completions), list(golds), dict(kwargs))}
+        except Exception as e:  # noqa: BLE001 - an argument pickle cannot carry
             raise RewardError(
-                f"reward function {who} returned {v!r} for completion {i} (rollout {i}), expected a number"
+                f"reward function {self.spec}: its arguments cannot be sent to its worker process ({type(e).__name__}: {e})"
             ) from None
-        if not math.isfinite(f):
+        limit = self.timeout * n
+        with self._lock:
+            try:
+                result = (self._run([job], limit) if _retry else self._pool.run([job], limit))[0]
+            except WorkerStartError as e:
+                raise ConfigError(e.detail or str(e)) from None
+            if not _retry:
+                self.stats["verified"] += 1  # `_run` counts the others
+            if result is None:
+                self.stats["timeouts"] += n
+                return Verification([0.0] * n, [True] * n)
+        call = f"when called on {n} completion{'s' if n > 1 else ''} (rollout{'s 0-' + str(n - 1) if n > 1 else ' 0'})"
+        if isinstance(result, _Exited):
+            detail = f"ended its worker process ({_exit_text(result.code)})"
             raise RewardError(
-                f"reward function {who} returned {f} for completion {i} (rollout {i}); rewards must be finite"
-            )
-        out.append(f)
-    return out
+                f"reward function {self.spec} {detail} {call}; a reward must return its values, not exit",
+                kind="exited", detail=detail,
+            )  # fmt: skip
+        error = result.get("error") if isinstance(result, dict) else None
+        if error is not None:
+            if error.get("kind") == "raised":
+                detail = str(error.get("message"))
+                raise RewardError(
+                    f"reward function {self.spec} {detail} {call}", kind="raised", detail=detail
+                )
+            raise RewardError(str(error.get("message")))
+        values = result.get("values") if isinstance(result, dict) else None
+        if not isinstance(values, list) or len(values) != n:  # the worker checked them: never expected
+            raise RewardError(f"reward function {self.spec}: its worker answered {result!r:.200}")
+        return Verification([float(v) for v in values], [False] * n)
+
+    def score(self, completions: Sequence[str], golds: Sequence[Any], **kwargs: Any) -> list[float]:
+        return self.verify(completions, golds, **kwargs).scores
+
+    def start(self, wait: bool = True) -> UserRewardFunction:
+        try:
+            super().start(wait=wait)
+        except WorkerStartError as e:
+            raise ConfigError(e.detail or str(e)) from None
+        return self
 
 
 def parse_query(query: str, where: str) -> dict[str, str]:
@@ -125,7 +241,10 @@ def _gym_options(spec: str) -> dict[str, bool]:
     opts = parse_query(query, f"reward {spec!r}")
     for key in opts:
         if key not in GYM_OPTIONS:
-            raise ConfigError(f"reward {spec!r}: unknown option {key!r}; valid: {', '.join(GYM_OPTIONS)}" + closest(key, GYM_OPTIONS))
+            raise ConfigError(
+                f"reward {spec!r}: unknown option {key!r}; valid: {', '.join(GYM_OPTIONS)}"
+                + closest(key, GYM_OPTIONS)
+            )
     return {key: parse_bool(value, f"reward {spec!r}: {key}") for key, value in opts.items()}
 
 
@@ -223,7 +342,7 @@ class Reward:
         self.format_weight = float(format_weight)
         self.format_style = format_style
         self.verifier: MathVerifier | ReasoningGymVerifier | AutoVerifier | None = None
-        self._fn: RewardCallable | None = None
+        self.user: UserRewardFunction | None = None  # a module:function reward (`verifier` stays None)
         self._owned: list[Any] = []
         if is_gym_reward(spec):
             opts = _gym_options(spec)
@@ -237,29 +356,38 @@ class Reward:
         elif spec in ("math", "auto"):
             if verifier is None:
                 verifier = MathVerifier(
-                    timeout, num_workers=num_workers, allow_last_number=allow_last_number, retry_timeouts=retry_timeouts
+                    timeout,
+                    num_workers=num_workers,
+                    allow_last_number=allow_last_number,
+                    retry_timeouts=retry_timeouts,
                 )
                 self._owned.append(verifier)
             self.verifier = verifier
             if spec == "auto":
                 gym = ReasoningGymVerifier(
-                    timeout, num_workers=num_workers, allow_last_number=allow_last_number, retry_timeouts=retry_timeouts
+                    timeout,
+                    num_workers=num_workers,
+                    allow_last_number=allow_last_number,
+                    retry_timeouts=retry_timeouts,
                 )
                 self._owned.append(gym)
                 self.verifier = AutoVerifier(verifier, gym)
         else:
-            self._fn = load_reward_function(spec)
+            self.user = UserRewardFunction(
+                spec, timeout, retry_timeouts=retry_timeouts, num_workers=num_workers
+            )
+            self._owned.append(self.user)
+            self.user.start(wait=False)  # the worker imports the function while the caller sets up
 
     def verify(self, completions: Sequence[str], golds: Sequence[Gold], **kwargs: Any) -> Verification:
-        """The rewards and which completions timed out in the math verifier (scored 0 for that reason)."""
-        n = len(completions)
+        """The rewards and which completions timed out (scored 0 for that reason): in the verifier, or
+        in a call of a user function that ran past its limit. `kwargs` go to a user function."""
         if self.verifier is not None:
             result = self.verifier.verify(completions, golds)
-            scores, timed_out = result.scores, result.timed_out
         else:
-            assert self._fn is not None
-            scores = check_rewards(self._fn(list(completions), list(golds), **kwargs), n, self.spec)
-            timed_out = [False] * n
+            assert self.user is not None
+            result = self.user.verify(completions, golds, **kwargs)
+        scores, timed_out = result.scores, result.timed_out
         if self.format_weight:
             fmt = format_reward(completions, self.format_style)
             scores = [s + self.format_weight * f for s, f in zip(scores, fmt)]
@@ -269,31 +397,39 @@ class Reward:
         return self.verify(completions, golds, **kwargs).scores
 
     def check(self, problem: Any) -> None:
-        """Call a user function once, as training will, on two completions of `problem` (an empty one
-        and one that boxes the reference answer): a ConfigError naming the function and what it
-        returned or raised when that is not two finite numbers. Built-in rewards are not called (their
-        output is this package's own). Meant for set-up, before any model loads or evaluation runs."""
-        if self._fn is None:
+        """Call a user function once, as training will (in its worker, under its time limit, without the
+        retry), on two completions of `problem` (an empty one and one that boxes the reference answer):
+        a ConfigError naming the function and what it returned, raised or did (an exit) when that is not
+        two real numbers, or when it cannot be loaded. A call that times out passes (training counts its
+        timeouts). Built-in rewards are not called (their output is this package's own). Meant for
+        set-up, before any model loads or evaluation runs."""
+        if self.user is None:
             return
         gold = problem.answer
-        completions = ["", f"The answer is \\boxed{{{gold[0] if isinstance(gold, list) and gold else gold}}}."]
+        completions = [
+            "",
+            f"The answer is \\boxed{{{gold[0] if isinstance(gold, list) and gold else gold}}}.",
+        ]
         where = (
             f"reward.function = {self.spec!r} failed its start-up check (called on {len(completions)} completions "
             f"of training problem {getattr(problem, 'id', '?')!r})"
         )
         try:
-            values = self._fn(list(completions), [gold] * len(completions))
-        except Exception as e:  # noqa: BLE001 - any error of user code, reported with its type
-            raise ConfigError(f"{where}: it raised {type(e).__name__}: {e}") from e
-        try:
-            check_rewards(values, len(completions), self.spec)
+            self.user.verify(completions, [gold] * len(completions), _retry=False)
         except RewardError as e:
-            raise ConfigError(f"{where}: {e}; it must return one finite number per completion") from None
+            if e.kind == "returned":
+                raise ConfigError(
+                    f"{where}: {e}; it must return one finite real number per completion"
+                ) from None
+            hint = "; a reward must return its values, not exit" if e.kind == "exited" else ""
+            raise ConfigError(f"{where}: it {e.detail}{hint}") from None
 
     def start(self) -> None:
         """Start the verifier's workers in the background (they warm up while other work runs)."""
         if self.verifier is not None:
             self.verifier.start(wait=False)
+        elif self.user is not None:
+            self.user.start(wait=False)
 
     def close(self) -> None:
         for v in self._owned:

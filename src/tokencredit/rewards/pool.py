@@ -1,6 +1,7 @@
 """The verifier's worker processes: `_worker.py` subprocesses judging (golds, answer) pairs under a
 wall-clock limit per answer (or another worker script speaking the same protocol, such as
-`_rg_worker.py`, reasoning-gym's checkers, whose jobs are JSON objects and whose verdicts are scores).
+`_rg_worker.py`, reasoning-gym's checkers, whose jobs are JSON objects and whose verdicts are scores,
+or `_custom_worker.py`, a user's reward function, whose verdicts are JSON objects passed through).
 
 Each answer is sent to an idle worker; a worker that has not answered when its deadline passes is
 killed and replaced, and that answer is reported as timed out (None), never as a verdict. A worker
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,25 @@ _WORKER_SCRIPT = str(Path(__file__).with_name("_worker.py"))
 # A job: (acceptable golds, answer) for the math worker, or a JSON object for another worker script.
 Job = tuple[Sequence[str], str] | dict[str, Any]
 
-__all__ = ["WorkerPool"]
+__all__ = ["WorkerPool", "WorkerStartError"]
+
+
+class WorkerStartError(RuntimeError):
+    """A worker could not start: it failed its start-up self-check, exited or did not become ready in
+    time. `detail` is the worker's own reason when it gave one (else "")."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+def _crash_is_wrong(code: int | None) -> bool:
+    # the math verifier's rule: an answer that kills its worker (a C stack overflow in the parser) is wrong
+    return False
 
 
 class _Worker:
-    __slots__ = ("proc", "fd", "buf", "ready", "job", "deadline", "started")
+    __slots__ = ("proc", "fd", "buf", "ready", "job", "deadline", "started", "code")
 
     def __init__(self, proc: subprocess.Popen):
         self.proc = proc
@@ -44,6 +59,7 @@ class _Worker:
         self.job: int | None = None
         self.deadline = 0.0
         self.started = time.monotonic()
+        self.code: int | None = None  # exit code, once it exited
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -95,12 +111,16 @@ class WorkerPool:
     `errors` the messages of jobs a worker reported as unusable (not the answer's fault: a bad
     dataset configuration, an entry that does not match its problem); the caller raises them.
     `label` names the workers in errors ("math verifier", "reasoning-gym checker"), `package` what
-    they import.
+    they import (None: nothing to install). `env` is added to each worker's environment;
+    `crash_result(exit_code)` is the result of a job whose worker exited while judging it (default:
+    False, a wrong answer); `quiet` sends the workers' stderr to /dev/null (else to the parent's).
     """
 
     def __init__(
         self, num_workers: int, *, max_memory_mb: int | None = 2048, startup_timeout: float = 120.0,
-        script: str | None = None, label: str = "math verifier", package: str = "math-verify",
+        script: str | None = None, label: str = "math verifier", package: str | None = "math-verify",
+        env: Mapping[str, str] | None = None, crash_result: Callable[[int | None], Any] = _crash_is_wrong,
+        quiet: bool = True,
     ):  # fmt: skip
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -109,6 +129,9 @@ class WorkerPool:
         self.startup_timeout = startup_timeout
         self.script = script
         self.label, self.package = label, package
+        self.env = dict(env or {})
+        self.crash_result = crash_result
+        self.quiet = quiet
         self.errors: list[str] = []
         self._workers: list[_Worker] = []
         self._pid = os.getpid()
@@ -122,11 +145,12 @@ class WorkerPool:
         env = dict(os.environ)
         env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         env["TOKENCREDIT_VERIFIER_MAX_MB"] = str(self.max_memory_mb or 0)
+        env.update(self.env)
         proc = subprocess.Popen(
             [sys.executable, self._script],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL if self.quiet else None,
             env=env,
             close_fds=True,
         )
@@ -184,9 +208,12 @@ class WorkerPool:
         return events
 
     def _on_ready(self, w: _Worker, msg: dict) -> None:
+        if not msg.get("self_check", False) and msg.get("error"):
+            self.close()
+            raise WorkerStartError(f"{self.label} worker could not start: {msg['error']}", str(msg["error"]))
         if not msg.get("self_check", False):
             self.close()
-            raise RuntimeError(
+            raise WorkerStartError(
                 f"{self.label} worker failed its start-up self-check ({msg.get('failed', '?')} judged "
                 "not equal): is the installed version supported?"
             )
@@ -197,7 +224,7 @@ class WorkerPool:
         now = time.monotonic()
         if any(not w.ready and now >= w.started + self.startup_timeout for w in self._workers):
             self.close()
-            raise RuntimeError(
+            raise WorkerStartError(
                 f"{self.label} worker did not start within {self.startup_timeout:.0f} s "
                 f"(run `{sys.executable} {self._script}` to see why)"
             )
@@ -231,13 +258,14 @@ class WorkerPool:
     def run(self, jobs: Sequence[Job], timeout: float) -> list[Any]:
         """Judge each (acceptable golds, answer) pair: True / False, or None when it was not judged
         within `timeout` seconds of reaching a worker (the worker is replaced). An answer that
-        crashes its worker is False (a wrong answer, e.g. a C stack overflow in the parser). A worker
-        that answers with a number (a score) gives that float; one that reports an "error" adds it
-        to `errors`."""
+        crashes its worker is `crash_result(exit code)`: False (a wrong answer, e.g. a C stack overflow
+        in the parser) unless the pool was given another. A worker that answers with a number (a
+        score) gives that float, one that answers with a list or an object gives it as it is; one
+        that reports an "error" adds it to `errors`."""
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self._ensure()
-        results: list[bool | None] = [False] * len(jobs)
+        results: list[Any] = [False] * len(jobs)
         queue = list(range(len(jobs)))[::-1]
         pending = len(jobs)
         while pending:
@@ -253,10 +281,18 @@ class WorkerPool:
                 if w.job is None:
                     continue
                 if msg is None:
+                    results[w.job] = self.crash_result(w.code)
                     pending -= 1
                 elif msg.get("id") == w.job:
                     ok = msg.get("ok")
-                    results[w.job] = float(ok) if isinstance(ok, int | float) and not isinstance(ok, bool) else bool(ok)
+                    if isinstance(ok, list | dict):
+                        results[w.job] = ok
+                    else:
+                        results[w.job] = (
+                            float(ok)
+                            if isinstance(ok, int | float) and not isinstance(ok, bool)
+                            else bool(ok)
+                        )
                     if msg.get("error"):
                         self.errors.append(str(msg["error"]))
                     w.job = None
@@ -277,9 +313,12 @@ class WorkerPool:
             code = w.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             code = None
+        w.code = code
         if not w.ready:
             self.close()
-            raise RuntimeError(
+            if self.package is None:
+                raise WorkerStartError(f"{self.label} worker exited during start-up (exit code {code})")
+            raise WorkerStartError(
                 f"{self.label} worker exited during start-up (exit code {code}); is {self.package} "
                 f"installed? run `{sys.executable} {self._script}` to see the error"
             )

@@ -34,6 +34,7 @@ from tokencredit.evaluation import evaluate
 from tokencredit.oracle import MCSettings, mc_signals
 from tokencredit.recipes import Recipe, TokenCredit
 from tokencredit.rewards import Reward
+from tokencredit.rewards.custom import RewardError
 from tokencredit.rollout import SamplingSettings
 from tokencredit.tasks import load_problems_for
 from tokencredit.train import checkpoint as ckpt
@@ -209,7 +210,10 @@ class Trainer:
         if "baseline_scores" in self.needs.fields and len(ro):
             ro = with_greedy_baselines(ro, lambda problems: scored(problems, 1, replace(sampling, temperature=0.0), 0, 0))
         if self.needs.sampled and len(ro):
-            ro = with_mc_signals(ro, lambda r: self._mc_signals(r, seed_for(self.cfg.run.seed, step, 17)))
+            try:
+                ro = with_mc_signals(ro, lambda r: self._mc_signals(r, seed_for(self.cfg.run.seed, step, 17)))
+            except RewardError as e:  # the reward of a continuation names the function and what came back
+                raise TrainingError(f"step {step + 1}: {e}") from e
         return ro
 
     def _mc_signals(self, ro: StepRollouts, seed: int) -> tuple[dict[str, Tensor], Any]:

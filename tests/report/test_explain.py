@@ -251,7 +251,10 @@ def test_resolve_methods():
     ("line", "match"),
     [
         ("{not json", r":3:2: malformed JSON line"),
-        ('{"prompt": "p", "completions": ["a"], "rewards": [1.0],}', r":3:56: malformed JSON line .*trailing comma at column 55"),
+        (
+            '{"prompt": "p", "completions": ["a"], "rewards": [1.0],}',
+            r":3:56: malformed JSON line .*trailing comma at column 55",
+        ),
         ('{"prompt": "p", "completions": ["a", "b"], "rewards": [1.0]}', "rewards"),
         ('{"completions": ["a"], "rewards": [1.0]}', "'prompt'"),
         ('{"prompt": "p", "completions": ["a"], "rewards": [NaN]}', "finite"),
@@ -350,7 +353,9 @@ def test_cli_jsonl_recomputes_signals_with_the_model(tmp_path, tiny_model_dir):
     assert _explain("--jsonl", f) == 2  # --model is required
 
 
-def _write_run(run: Path, model_dir: Path | None, *, lora_rank: int = 0, steps=(1, 2), mc: bool = False) -> None:
+def _write_run(
+    run: Path, model_dir: Path | None, *, lora_rank: int = 0, steps=(1, 2), mc: bool = False
+) -> None:
     """A run directory as the trainer leaves it: config.toml, recipe.json, rollouts/, final/ (with `mc`,
     completions carry the Monte-Carlo values an oracle / vineppo run saves)."""
     from tokencredit.train.config import TrainConfig, dump_toml
@@ -511,7 +516,9 @@ def test_cli_jsonl_samples_the_oracles_values_with_the_model(tmp_path, tiny_mode
     assert 0.5 < sum(right) <= 1.0 + 1e-6
     assert -0.5 < sum(wrong) <= 1e-6
     # without a gold answer the column is skipped with the reason, the page still written
-    f.write_text(json.dumps({"problem": "What is 1+1?", "completions": ["2", "3"], "rewards": [1.0, 0.0]}) + "\n")
+    f.write_text(
+        json.dumps({"problem": "What is 1+1?", "completions": ["2", "3"], "rewards": [1.0, 0.0]}) + "\n"
+    )
     assert _explain("--jsonl", f, "--model", tiny_model_dir, "--methods", "oracle,uniform", "--out", out) == 0
     assert "'answer'" in Page(out.read_text()).skipped["oracle"]
 
@@ -559,7 +566,12 @@ def test_cli_png_draws_each_methods_credit_of_the_first_group(tmp_path, tiny_mod
     from PIL import Image
 
     f = tmp_path / "in.jsonl"
-    f.write_text(json.dumps({"problem": "What is 12+30?", "completions": ["12+30=42", "12+30=41"], "rewards": [1.0, 0.0]}) + "\n")
+    f.write_text(
+        json.dumps(
+            {"problem": "What is 12+30?", "completions": ["12+30=42", "12+30=41"], "rewards": [1.0, 0.0]}
+        )
+        + "\n"
+    )
     png = tmp_path / "credit.png"
     assert _explain("--jsonl", f, "--model", tiny_model_dir, "--methods", "ktae,uniform", "--out", tmp_path / "r.html",
                     "--png", png) == 0  # fmt: skip
@@ -568,3 +580,119 @@ def test_cli_png_draws_each_methods_credit_of_the_first_group(tmp_path, tiny_mod
     pixels = list(img.getdata())
     assert any(r > 150 and g < 120 and b < 120 for r, g, b in pixels)  # red: negative credit
     assert any(b > 150 and r < 120 for r, g, b in pixels)  # blue: positive credit
+
+
+# ------------------------------------------------------------------------------------------ adversarial text and sizes
+def test_bidi_controls_are_shown_visibly_and_never_written_raw(offline):
+    import copy
+
+    from tokencredit.report.explain.render import BIDI_CONTROLS
+
+    batch, seq, specs, groups, _, _, _ = offline
+    groups = copy.deepcopy(groups)  # the module's fixture stays as it is
+    groups[0].responses[0].tokens[3] = "a\u202eb"
+    groups[0].problem = "left \u202e right \u2067"
+    data = explain_batch(batch, specs[:2], groups, notes=["note \u200f"], subtitle="sub \u202d")
+    html = build_report(data)
+    assert not set(html) & BIDI_CONTROLS
+    assert (
+        '>a<i class="ws">⟨U+202E⟩</i>b</span>' in html and "<bdi>left ⟨U+202E⟩ right ⟨U+2067⟩</bdi>" in html
+    )
+    assert "note ⟨U+200F⟩" in html and "sub ⟨U+202D⟩" in html
+    assert Page(html).data["rows"]["0"]["tokens"][3] == "a\u202eb"  # the data itself is unchanged
+
+
+def test_cut_completion_cuts_every_per_token_list():
+    from tokencredit.report.explain.inputs import CompletionInput, cut_completion
+
+    c = CompletionInput(text="abcd", score=1.0, token_ids=[1, 2, 3, 4], entropy=[0.1, 0.2, 0.3, 0.4],
+                        old_log_probs=[-1.0] * 4, tokens=list("abcd"), token_advantages=[1.0, 2.0, 3.0, 4.0])  # fmt: skip
+    assert cut_completion(c, 9) == 4 and not c.truncated and c.full_length is None
+    assert cut_completion(c, 2) == 4
+    assert c.token_ids == [1, 2] and c.entropy == [0.1, 0.2] and c.old_log_probs == [-1.0, -1.0]
+    assert c.tokens == ["a", "b"] and c.token_advantages == [1.0, 2.0] and c.truncated and c.full_length == 4
+    assert cut_completion(c, 1) == 2 and c.full_length == 4  # the first length is kept
+
+
+def test_rows_per_forward_bound_the_attention():
+    from tokencredit.report.explain.signals import _ATTENTION_BUDGET, _rows_per_forward
+
+    notes: list[str] = []
+    assert _rows_per_forward(16, 512, notes) == 16 and notes == []
+    assert _rows_per_forward(16, 8192 + 100, notes) == 1
+    assert "lowered from 16 to 1" in notes[0]
+    rows = _rows_per_forward(64, 3000, [])
+    assert rows * 3000**2 <= _ATTENTION_BUDGET < (rows + 1) * 3000**2
+
+
+def test_completion_text_is_tokenised_without_special_tokens(tiny_model_dir):
+    from tokencredit.models import load_tokenizer
+    from tokencredit.report.explain.assemble import plain_text_ids
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    ids = plain_text_ids(tok, "a<|im_end|>b<|im_start|>")
+    assert tok.eos_token_id not in ids and not set(ids) & set(tok.all_special_ids)
+    assert tok.decode(ids) == "a<|im_end|>b<|im_start|>"
+    assert tok("<|im_end|>", add_special_tokens=False)["input_ids"] == [
+        tok.eos_token_id
+    ]  # the state is restored
+
+
+def test_page_size_estimate_is_close_to_the_page(tmp_path, tiny_model_dir):
+    from tokencredit.report.explain import ExplainOptions, write_report
+    from tokencredit.report.explain.pipeline import estimate_page_bytes
+
+    f = tmp_path / "in.jsonl"
+    lines = [{"problem": f"What is {k}+1?", "completions": ["1234 + 5678 = 6912\n" * 3] * 4, "rewards": [1, 0, 1, 0]}
+             for k in range(6)]  # fmt: skip
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    said: list[str] = []
+    result = write_report(ExplainOptions(jsonl=f, model=tiny_model_dir, methods="ktae,delta,uniform", groups=6,
+                                         out=tmp_path / "p.html"), warn=said.append)  # fmt: skip
+    assert said == [] and result.warnings == []
+    groups = load_jsonl(f)
+    for g in groups:
+        for c in g.completions:
+            c.token_ids = list(range(len(c.text)))  # the toy tokenizer: one token per character
+    est = estimate_page_bytes(groups, 3)
+    assert 0.7 < est / (tmp_path / "p.html").stat().st_size < 1.4
+
+
+def test_a_runs_damaged_group_is_left_out_not_fatal(tmp_path, capsys):
+    run = tmp_path / "run"
+    _write_run(run, None, steps=(1,))
+    saved = run / "rollouts" / "step_000001.jsonl"
+    lines = saved.read_text().splitlines()
+    bad = json.loads(lines[1])
+    bad["completions"][0]["score"] = 1e308  # finite in float64, inf in float32
+    lines[1] = json.dumps(bad)
+    bad = json.loads(lines[2])
+    bad["group"] = 10**30
+    lines[2] = json.dumps(bad)
+    saved.write_text("\n".join(lines) + "\n")
+    assert _explain(run, "--methods", "uniform", "--out", tmp_path / "r.html") == 0
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("tokencredit explain: ")]
+    assert len(err) == 2
+    assert f"{saved}:2: damaged group skipped" in err[0] and "completions[0].score = 1e+308" in err[0]
+    assert f"{saved}:3: damaged group skipped" in err[1] and "64 bits" in err[1]
+    assert len(Page((tmp_path / "r.html").read_text()).data["rows"]) == 4  # the one good group
+
+
+def test_png_of_a_huge_group_is_capped_and_says_so(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from tokencredit.report.explain import picture
+    from tokencredit.report.explain.views import GroupView, MethodView, ReportData, ResponseView
+
+    monkeypatch.setattr(picture, "MAX_BOXES", 300)
+    n = 200_000
+    tokens = ["x"] * (n - 1) + ["y" * 5000]
+    r = ResponseView(row=0, tokens=tokens, reward=1.0, advantage=0.5)
+    m = MethodView("uniform", "u", credit={0: [0.5] * n}, scale=1.0)
+    data = ReportData("t", [GroupView(0, "p $\\begin{pmatrix}", [r])], [m])
+    rows = picture._rows([line for g in data.groups for line in picture._lines(g, [m])])
+    assert sum(len(toks) for _, toks in rows) == 300
+    assert rows[-1][0] == f"... {n - 300} more token boxes not drawn (the HTML page shows them all)"
+    assert picture._rows([("l", [("z" * 5000, 0.1, False)])])[0][1][0][0] == "z" * 39 + "…"
+    png = picture.draw_png(data, tmp_path / "p.png")
+    assert Image.open(png).size[1] < 2000

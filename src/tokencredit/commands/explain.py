@@ -1,9 +1,13 @@
 """`tokencredit explain`: per-token credit of several methods as one HTML file (`tokencredit.report.explain`).
 
-    tokencredit explain RUN_DIR [--step N] [--methods ktae,delta,strace,arca,uniform] [--groups K] [--out F.html]
-    tokencredit explain --jsonl FILE --model PATH [--methods ...] [--groups K] [--out F.html]
-    tokencredit explain ... [--select mixed|all-wrong|all-right|any] [--groups K]  |  [--group-index 3,7,12]
-    tokencredit explain RUN_DIR --methods saved,ktae,...   (saved: the Â the rollouts were trained with)
+tokencredit explain RUN_DIR [--step N] [--methods ktae,delta,strace,arca,uniform] [--groups K] [--out F.html]
+tokencredit explain --jsonl FILE --model PATH [--methods ...] [--groups K] [--out F.html]
+tokencredit explain ... [--select mixed|all-wrong|all-right|any] [--groups K]  |  [--group-index 3,7,12]
+tokencredit explain RUN_DIR --methods saved,ktae,...   (saved: the Â the rollouts were trained with)
+tokencredit explain ... [--png F.png] [--max-tokens 8192]
+
+A bad input is one line naming it (exit 2); a completion cut to fit or a large page is one warning line
+on stderr, said before the model scores, and a note on the page.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import argparse
 import sys
 
 from tokencredit.report.explain import DEFAULT_METHODS, GROUP_KINDS, ExplainOptions, write_report
+from tokencredit.report.explain.options import DEFAULT_MAX_TOKENS
 
 __all__ = ["add_arguments", "run"]
 
@@ -24,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--jsonl", help="JSONL of prompts, completions and rewards instead of a run directory"
     )
     parser.add_argument(
-        "--model", help="a model ('toy', 'smollm2', a directory, a .gguf file, a cached hub id); required with --jsonl; default RUN_DIR/final"
+        "--model",
+        help="a model ('toy', 'smollm2', a directory, a .gguf file, a cached hub id); required with --jsonl; default RUN_DIR/final",
     )
     parser.add_argument("--step", type=int, help="which saved step of the run (default: the latest saved)")
     parser.add_argument(
@@ -34,7 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(every shown completion must carry token_advantages) (default: {DEFAULT_METHODS})",
     )
     parser.add_argument(
-        "--groups", type=int, metavar="K", help="how many groups to show (default 4): the first K of the --select kind"
+        "--groups",
+        type=int,
+        metavar="K",
+        help="how many groups to show (default 4): the first K of the --select kind",
     )
     parser.add_argument(
         "--select",
@@ -66,6 +75,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size", type=int, default=16, help="rows per forward when recomputing signals"
     )
     parser.add_argument("--png", help="also write a static picture (PNG) of the first group's credit")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        metavar="N",
+        help="tokens of a completion scored and shown; a longer one is cut (and one past the model's positions "
+        f"after its prompt), marked truncated and noted on the page (default {DEFAULT_MAX_TOKENS})",
+    )
+
+
+def _say(line: str) -> None:
+    print(f"tokencredit explain: {line}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,10 +96,12 @@ def run(args: argparse.Namespace) -> int:
             groups=args.groups, select=args.select, group_index=args.group_index, out=args.out,
             advantage=args.advantage, template=args.template,
             temperature=args.temperature, device=args.device, batch_size=args.batch_size, png=args.png,
-        )
+            max_tokens=args.max_tokens,
+        ),
+        warn=_say,  # a large page or a completion cut: said before the model loads or scores
     )  # fmt: skip
     for line in result.damaged:  # what of a damaged run directory was left out (also on the page)
-        print(f"tokencredit explain: {line}", file=sys.stderr)
+        _say(line)
     skipped = f" (skipped: {', '.join(result.skipped)}; reasons on the page)" if result.skipped else ""
     print(f"wrote {result.path}{skipped}" + (f" and {args.png}" if args.png else ""))
     return 0

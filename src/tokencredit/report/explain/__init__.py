@@ -27,12 +27,23 @@ all-right), or those at given indices. On the embedded synthetic task (toy, toy-
 checker marks each response's first wrong token and flags a right answer reached through a wrong
 step (`marks`); elsewhere nothing is marked and the page says why.
 
+Hostile input (`inputs`, `signals`, `output`, `render`, `picture`). Everything that can be refused is
+refused before any model loads, as one line naming file:line and the field, the option or the path: a file
+that is not UTF-8 JSON lines, JSON nested too deeply, a lone surrogate in text, a number not finite in
+float32, an id outside int64 or outside the model's vocabulary, an explicit --model that cannot load, an
+output path that cannot be written. Completion text is tokenised as plain text (a literal "<|im_end|>"
+stays its characters). A completion longer than --max-tokens (default 8192) or than the model's positions
+after its prompt is cut, marked truncated and noted; a page estimated past 20 MB is warned of. The page
+shows bidirectional controls visibly and isolates problems in <bdi>; the picture draws every string
+literally (no mathtext); both are written whole or not at all.
+
 Modules: `inputs` (the groups), `options` (settings and their defaults), `selection` (which groups
 are shown), `marks` (the task checker's marks), `assemble` (groups ->
 the scored rollouts and saved signals the batch builder reads), `signals` (saved vs recomputed, which
-model; the batch from `tokencredit.builder.build_batch`), `compute` (`explain_batch`: batch ->
-`ReportData` without a model), `views` (`ReportData`), `render` (`build_report`, a pure function
-of `ReportData`), `pipeline` (`write_report`: all of it, one file). The command line is
+model; token ids checked and cut; the batch from `tokencredit.builder.build_batch`), `compute`
+(`explain_batch`: batch -> `ReportData` without a model), `views` (`ReportData`), `render`
+(`build_report`, a pure function of `ReportData`), `output` (output paths checked up front, files
+written whole), `pipeline` (`write_report`: all of it, one file). The command line is
 `tokencredit.commands.explain`.
 """
 

@@ -14,7 +14,16 @@ from tokencredit.builder import Needs, ScoredRollouts, build_batch
 from tokencredit.errors import ConfigError
 from tokencredit.report.explain.inputs import SAVED_SIGNALS, GroupInput
 
-__all__ = ["SavedCredit", "assemble_batch", "padded", "saved_credit", "saved_signals", "scored_rollouts"]
+__all__ = [
+    "SavedCredit",
+    "assemble_batch",
+    "padded",
+    "plain_text_ids",
+    "saved_credit",
+    "saved_signals",
+    "scored_rollouts",
+    "tokenize_completions",
+]
 
 
 def padded(
@@ -32,13 +41,17 @@ def padded(
     return out, mask
 
 
-def scored_rollouts(groups: Sequence[GroupInput], tokenizer: Any = None) -> ScoredRollouts:
-    """Every completion of `groups` as right-padded scored rollouts (rows in order, group ids from the groups).
+def plain_text_ids(tokenizer: Any, text: str) -> list[int]:
+    """The token ids of `text` as plain text: no special tokens added, and none parsed from the text (a literal
+    "<|im_end|>" in a completion stays its characters, never the end-of-sequence token); no warning for a
+    text longer than the model's context (explain cuts it to fit, `signals.prepare_tokens`)."""
+    return list(
+        tokenizer(text, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
+    )
 
-    Completions without token_ids are tokenised with `tokenizer` (no special tokens added; the ids
-    are stored on the completion). Responses are padded with the tokenizer's pad id (0 without one).
-    """
-    rows: list[list[int]] = []
+
+def tokenize_completions(groups: Sequence[GroupInput], tokenizer: Any) -> None:
+    """Give every completion without token_ids the ids of its text (`plain_text_ids`), stored on the completion."""
     for g in groups:
         for i, c in enumerate(g.completions):
             if c.token_ids is None:
@@ -46,8 +59,17 @@ def scored_rollouts(groups: Sequence[GroupInput], tokenizer: Any = None) -> Scor
                     raise ConfigError(
                         f"{g.where}: completions[{i}] has no token_ids and no tokenizer was given"
                     )
-                c.token_ids = list(tokenizer(c.text, add_special_tokens=False)["input_ids"])
-            rows.append(c.token_ids)
+                c.token_ids = plain_text_ids(tokenizer, c.text)
+
+
+def scored_rollouts(groups: Sequence[GroupInput], tokenizer: Any = None) -> ScoredRollouts:
+    """Every completion of `groups` as right-padded scored rollouts (rows in order, group ids from the groups).
+
+    Completions without token_ids are tokenised with `tokenizer` (`tokenize_completions`: as plain text; the
+    ids are stored on the completion). Responses are padded with the tokenizer's pad id (0 without one).
+    """
+    tokenize_completions(groups, tokenizer)
+    rows: list[list[int]] = [c.token_ids for g in groups for c in g.completions]  # type: ignore[misc]
     comps = [c for g in groups for c in g.completions]
     pad = 0 if tokenizer is None or tokenizer.pad_token_id is None else int(tokenizer.pad_token_id)
     ids, mask = padded(rows, pad, torch.int64)

@@ -7,6 +7,14 @@ A JSONL file holds one group per line: ``{"prompt" | "problem": str, "completion
 "mc_step_advantages", and raw "tokens"; see `tokencredit.train.rundir.rollout_records`).
 Every error names the file and line. A run's saved rollouts can be read leniently (`skipped` a list):
 a damaged line or group is left out, with one line there naming file:line, and the other groups are used.
+
+What is refused, naming file:line and the field: a file that is not UTF-8 text (its encoding is not
+guessed: a replaced character would change the tokens scored) or holds a NUL byte (a binary file);
+JSON nested too deeply to read or with an integer too long to convert; text holding a lone surrogate
+("\\ud800": not Unicode); a number that is finite in float64 but not in float32 (|x| > 3.4e38, e.g. a
+reward of 1e308: credit is computed in float32); a token id or group id outside int64; a token id that is
+a boolean. `check_token_ids` refuses, before any model loads, a token id outside the tokenizer's and the
+model's vocabulary. `cut_completion` shortens a completion (its ids and every per-token list) to a cap.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ __all__ = [
     "SAVED_SIGNALS",
     "CompletionInput",
     "GroupInput",
+    "check_token_ids",
+    "cut_completion",
     "load_jsonl",
     "load_run_rollouts",
     "read_groups",
@@ -40,6 +50,10 @@ DISPLAY_SIGNALS = ("entropy", "old_log_probs")
 # every per-token signal a saved completion may carry: those shown, and the Monte-Carlo values an
 # oracle / vineppo run sampled (used for those columns instead of sampling them again)
 SAVED_SIGNALS = DISPLAY_SIGNALS + MC_SIGNALS
+# every per-token list of a completion (cut together by `cut_completion`)
+_PER_TOKEN = (*SAVED_SIGNALS, "tokens", "token_advantages")
+_INT64 = 2**63  # token ids and group ids become int64 tensors
+_FLOAT32_MAX = 3.4028234663852886e38  # rewards and per-token values become float32 tensors
 
 
 @dataclass
@@ -57,6 +71,7 @@ class CompletionInput:
     # what the engine that saved the rollouts trained with (`tokencredit.rollout.records`): A and Â per token id
     advantage: float | None = None
     token_advantages: list[float] | None = None
+    full_length: int | None = None  # tokens before `cut_completion` shortened it (None: never cut)
 
 
 @dataclass
@@ -77,9 +92,54 @@ def _data_error(where: str, msg: str) -> Exception:
 
 
 def _finite(value: Any, where: str, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+    """`value` as a float: a number, finite in float32 (the precision credit is computed in)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _data_error(where, f"{what} must be a finite number, got {value!r}")
-    return float(value)
+    try:
+        x = float(value)
+    except OverflowError:  # an integer beyond float64
+        x = math.inf
+    if not math.isfinite(x):
+        raise _data_error(where, f"{what} must be a finite number, got {_short(value)}")
+    if abs(x) > _FLOAT32_MAX:
+        raise _data_error(
+            where, f"{what} = {x!r} is finite in float64 but not in float32 (|x| > 3.4e38), which credit is "
+            "computed in; rescale it",
+        )  # fmt: skip
+    return x
+
+
+def _short(value: Any) -> str:
+    """repr of `value`, cut to 40 characters (a 4000-digit integer named in a one-line error)."""
+    r = repr(value)
+    return r if len(r) <= 40 else f"{r[:20]}...{r[-8:]} ({len(r)} characters)"
+
+
+def _text(value: str, where: str, what: str) -> str:
+    """`value`, refused when it is not Unicode text (a lone surrogate such as "\\ud800", which JSON escapes
+    allow but no encoding, tokenizer or page can hold)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _data_error(
+            where, f"{what} holds a lone surrogate ({value[e.start]!r} at character {e.start}), not Unicode "
+            "text: fix that \\u escape in the file",
+        ) from None  # fmt: skip
+    return value
+
+
+def _token_ids(ids: Any, where: str, what: str) -> list[int] | None:
+    """A completion's token ids: None, or a list of non-negative integers that fit in int64."""
+    if ids is None:
+        return None
+    if not isinstance(ids, list):
+        raise _data_error(where, f"{what} must be a list of non-negative integers, got {type(ids).__name__}")
+    for j, x in enumerate(ids):
+        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < _INT64:
+            raise _data_error(
+                where, f"{what}[{j}] = {_short(x)} is not a token id (a non-negative integer below 2**63)"
+            )
+    return ids
 
 
 def _float_list(value: Any, n: int, where: str, what: str) -> list[float] | None:
@@ -110,9 +170,8 @@ def _completion_object(c: Any, where: str, i: int) -> CompletionInput:
     text = c.get("text", "")
     if not isinstance(text, str):
         raise _data_error(where, f"completions[{i}].text must be a string")
-    ids = c.get("token_ids")
-    if ids is not None and (not isinstance(ids, list) or not all(isinstance(x, int) and x >= 0 for x in ids)):
-        raise _data_error(where, f"completions[{i}].token_ids must be a list of non-negative integers")
+    _text(text, where, f"completions[{i}].text")
+    ids = _token_ids(c.get("token_ids"), where, f"completions[{i}].token_ids")
     if ids is None and "text" not in c:
         raise _data_error(where, f"completions[{i}] has neither token_ids nor text")
     score = c.get("score", c.get("reward"))
@@ -130,6 +189,8 @@ def _completion_object(c: Any, where: str, i: int) -> CompletionInput:
         isinstance(tokens, list) and len(tokens) == n and all(isinstance(t, str) for t in tokens)
     ):
         raise _data_error(where, f"completions[{i}].tokens must be a list of {n} strings")
+    for j, t in enumerate(tokens or []):
+        _text(t, where, f"completions[{i}].tokens[{j}]")
     if c.get("token_advantages") is not None and ids is None:
         raise _data_error(where, f"completions[{i}].token_advantages needs token_ids (values are per token)")
     token_advantages = _float_list(c.get("token_advantages"), n, where, f"completions[{i}].token_advantages")
@@ -161,7 +222,9 @@ def _completions(obj: dict[str, Any], comps: list[Any], where: str) -> list[Comp
                 where, f"'rewards' must be a list of {len(comps)} numbers (one per completion), got {got}"
             )
         return [
-            CompletionInput(text=c, score=_finite(r, where, f"rewards[{i}]"))
+            CompletionInput(
+                text=_text(c, where, f"completions[{i}]"), score=_finite(r, where, f"rewards[{i}]")
+            )
             for i, (c, r) in enumerate(zip(comps, rewards))
         ]
     if all(isinstance(c, dict) for c in comps):
@@ -180,23 +243,35 @@ def _parse_group(obj: Any, where: str, default_id: int) -> GroupInput:
         raise _data_error(where, "'prompt' must be a string")
     if problem is not None and not isinstance(problem, str):
         raise _data_error(where, "'problem' must be a string")
+    for name, value in (("prompt", prompt), ("problem", problem)):
+        if value is not None:
+            _text(value, where, f"'{name}'")
     completions = _completions(obj, comps, where)
     gid = obj.get("group", default_id)
     if isinstance(gid, bool) or not isinstance(gid, int):
-        raise _data_error(where, f"'group' must be an integer, got {gid!r}")
+        raise _data_error(where, f"'group' must be an integer, got {_short(gid)}")
+    if not -_INT64 <= gid < _INT64:
+        raise _data_error(where, f"'group' = {_short(gid)} does not fit in 64 bits (a group id is an int64)")
+    answer = _answer_text(obj.get("answer"), obj.get("answer_ref"))
+    if answer is not None:
+        _text(answer, where, "'answer'")
     return GroupInput(
         group_id=gid,
         completions=completions,
         where=where,
         problem=problem,
         prompt=prompt,
-        answer=_answer_text(obj.get("answer"), obj.get("answer_ref")),
+        answer=answer,
         extra={k: obj[k] for k in ("step", "recipe", "credit", "id") if k in obj},
     )
 
 
 def _groups(
-    lines: Iterable[tuple[int, Any]], path: Path, skipped: list[str] | None = None, *, run_schema: bool = False,
+    lines: Iterable[tuple[int, Any]],
+    path: Path,
+    skipped: list[str] | None = None,
+    *,
+    run_schema: bool = False,
     damaged: int = 0,
 ) -> list[GroupInput]:
     """GroupInputs of parsed JSONL lines ((line number, value)) of `path`, in order, with unique group ids
@@ -235,26 +310,60 @@ def _groups(
     return groups
 
 
+def _decoded(raw: bytes, path: Path, lineno: int) -> str:
+    """One line of the file as text: UTF-8 (a byte-order mark on the first line dropped), never guessed."""
+    if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    if b"\x00" in raw:
+        at = raw.index(b"\x00") + 1
+        raise DataError(
+            f"{path}:{lineno}: a NUL byte at byte {at} of the line: a binary file, not JSON lines"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line); explain "
+            "reads UTF-8 and does not guess an encoding (a replaced character would change the tokens scored): "
+            "convert the file, e.g. iconv -f latin1 -t utf-8"
+        ) from None
+
+
 def read_groups(path: Path) -> list[GroupInput]:
     """Every group of a JSONL file, in order; group ids must be unique (errors name file:line)."""
     lines = []
-    with open(path, encoding="utf-8-sig") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = _decoded(raw, path, lineno)
             if not line.strip():
                 continue
             try:
                 lines.append((lineno, parse_json_line(line)))
             except json.JSONDecodeError as e:
                 raise DataError(json_line_error(path, lineno, line.rstrip("\r\n"), e)) from None
+            except RecursionError:
+                raise DataError(
+                    f"{path}:{lineno}: JSON nested too deeply to read; a group is one flat object"
+                ) from None
+            except ValueError as e:  # e.g. an integer of more than 4300 digits
+                why = (str(e).splitlines() or [""])[0].split(";")[0][:160]
+                raise DataError(f"{path}:{lineno}: unreadable JSON line ({why})") from None
     return _groups(lines, path)
 
 
 def load_jsonl(path: str | Path) -> list[GroupInput]:
     """Groups from a JSONL of prompts, completions and rewards (see the module docstring); errors name file:line."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(
+            f"--jsonl {p}: a directory, not a JSONL file (a run directory is given without --jsonl)"
+        )
     if not p.is_file():
         raise ConfigError(f"--jsonl: file not found: {p}")
-    groups = read_groups(p)
+    try:
+        groups = read_groups(p)
+    except OSError as e:
+        raise ConfigError(f"--jsonl {p}: cannot read it ({e.strerror or e})") from None
     for g in groups:
         if g.prompt is None and g.problem is None:
             raise _data_error(
@@ -295,3 +404,32 @@ def load_run_rollouts(
         raise DataError(str(e)) from None
     damaged = len(skipped) - before if skipped is not None else 0
     return step, _groups(lines, run.rollout_path(step), skipped, run_schema=True, damaged=damaged)
+
+
+def check_token_ids(groups: Iterable[GroupInput], vocab_size: int, model: str) -> None:
+    """DataError naming file:line, the completion and the id of the first token id outside [0, vocab_size):
+    the rollouts were sampled with another model's tokenizer, or the file is damaged."""
+    for g in groups:
+        for i, c in enumerate(g.completions):
+            for j, x in enumerate(c.token_ids or ()):
+                if x >= vocab_size:
+                    raise _data_error(
+                        g.where, f"completions[{i}].token_ids[{j}] = {_short(x)} is outside the vocabulary of {model} "
+                        f"(ids 0 to {vocab_size - 1}): were these rollouts sampled with another model? (--model)",
+                    )  # fmt: skip
+
+
+def cut_completion(c: CompletionInput, n: int) -> int:
+    """Keep the first `n` tokens of `c` (its token ids and every per-token list), marked truncated, as a
+    response that reached a length limit; returns how many tokens it had."""
+    assert c.token_ids is not None
+    had = len(c.token_ids)
+    if had > n:
+        c.full_length = c.full_length or had
+        c.token_ids = c.token_ids[:n]
+        for name in _PER_TOKEN:
+            values = getattr(c, name)
+            if values is not None:
+                setattr(c, name, values[:n])
+        c.truncated = True
+    return had

@@ -4,12 +4,14 @@ them: the run's own settings for a run directory, the defaults for a JSONL file)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tokencredit import advantages
+from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError, closest
 from tokencredit.recipes import Recipe
 from tokencredit.report.explain.inputs import GroupInput, load_jsonl, load_run_rollouts
@@ -17,9 +19,11 @@ from tokencredit.report.explain.selection import check_kind, parse_indices
 from tokencredit.train.config import TrainConfig
 from tokencredit.train.rundir import RunDir
 
-__all__ = ["DEFAULT_METHODS", "ExplainOptions", "Source", "read_source"]
+__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_METHODS", "ExplainOptions", "Source", "read_source"]
 
 DEFAULT_METHODS = "ktae,delta,strace,arca,uniform"
+# tokens of a completion scored and shown (`--max-tokens`): bounds the forward's memory and the page's size
+DEFAULT_MAX_TOKENS = 8192
 
 
 @dataclass
@@ -30,7 +34,8 @@ class ExplainOptions:
     jsonl: str | Path | None = None
     model: str | Path | None = None  # required with jsonl; default RUN_DIR/final
     step: int | None = None
-    methods: str = DEFAULT_METHODS  # comma-separated credit methods and/or recipes, and "saved" (the input's Â)
+    # comma-separated credit methods and/or recipes, and "saved" (the input's Â)
+    methods: str = DEFAULT_METHODS
     groups: int | None = None  # how many groups to show (default `selection.DEFAULT_COUNT`)
     select: str = "any"  # which kind of group: any | mixed | all-wrong | all-right (`selection.GROUP_KINDS`)
     group_index: str | Sequence[int] | None = None  # the groups to show by 0-based index ("3,7,12")
@@ -41,6 +46,7 @@ class ExplainOptions:
     device: str = "auto"
     batch_size: int = 16  # rows per forward when recomputing signals
     png: str | Path | None = None  # also a static picture of the first group (`picture.draw_png`)
+    max_tokens: int = DEFAULT_MAX_TOKENS  # a longer completion is cut to its first max_tokens tokens (noted)
 
     def check(self) -> None:
         """Raise ConfigError (naming the flag) for settings that contradict each other or are out of range."""
@@ -63,6 +69,13 @@ class ExplainOptions:
                 raise ConfigError("--group-index names the groups to show; drop --groups / --select")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.max_tokens < 1:
+            raise ConfigError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        t = self.temperature
+        if t is not None and (isinstance(t, bool) or not math.isfinite(t) or t <= 0):
+            raise ConfigError(
+                f"--temperature must be a finite number > 0 (the signals divide logits by it), got {t}"
+            )
 
 
 @dataclass
@@ -134,6 +147,14 @@ def _run_source(opts: ExplainOptions) -> Source:
 def read_source(opts: ExplainOptions) -> Source:
     """The groups of the JSONL file or the run directory `opts` names, with their settings resolved."""
     src = _jsonl_source(opts) if opts.jsonl is not None else _run_source(opts)
+    try:
+        check_template(src.template)
+    except ConfigError as e:
+        raise ConfigError(f"--template: {e}" if opts.template else f"the run's data.template: {e}") from None
+    if not (math.isfinite(src.temperature) and src.temperature > 0):  # --temperature is checked by `check`
+        raise ConfigError(
+            f"the run's rollout.temperature is {src.temperature}: the signals need one > 0; give --temperature"
+        )
     if src.advantage not in advantages.ESTIMATORS:
         raise ConfigError(
             f"--advantage: unknown estimator {src.advantage!r}{closest(src.advantage, advantages.ESTIMATORS)}; "

@@ -14,6 +14,11 @@ machine-readable, so tests can compare it with the core without a browser:
 - a first wrong token's span also has the class ``fw``; a response's meta cell carries
   ``data-first-wrong`` (its token index) and ``data-wrong-step="1"`` when its answer is right but a
   step is wrong (badge ``rw``); the header's ``<div class="checker">`` counts those responses.
+
+User text (problems, answers, tokens, method names, notes) is escaped, and its bidirectional control
+characters (U+202A-U+202E, U+2066-U+2069, U+200E, U+200F, U+061C: `BIDI_CONTROLS`) are shown visibly
+as ``⟨U+202E⟩`` and never written raw into the page (in the JSON blob as ``\\u202e`` escapes, the same
+data once parsed), so no text can reorder the page; problems and answers are also isolated in ``<bdi>``.
 """
 
 from __future__ import annotations
@@ -27,7 +32,12 @@ from typing import Any
 
 from tokencredit.report.explain.views import GroupView, MethodView, ReportData, ResponseView, StepCheck
 
-__all__ = ["DIAGNOSTIC_COLUMNS", "build_report", "check_text", "colour"]
+__all__ = ["BIDI_CONTROLS", "DIAGNOSTIC_COLUMNS", "build_report", "check_text", "colour", "visible_bidi"]
+
+# characters that reorder the text after them (embeddings, overrides, isolates, marks)
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_BIDI_VISIBLE = str.maketrans({c: f"⟨U+{ord(c):04X}⟩" for c in BIDI_CONTROLS})
+_BIDI_ESCAPED = str.maketrans({c: f"\\u{ord(c):04x}" for c in BIDI_CONTROLS})
 
 # (key in MethodView.diagnostics, column header, tooltip)
 DIAGNOSTIC_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -69,12 +79,19 @@ def _fmt(x: float | None, digits: int = 3, signed: bool = False) -> str:
     return s.replace("-", "−")
 
 
+def visible_bidi(s: str) -> str:
+    """`s` with each bidirectional control character written out as ⟨U+XXXX⟩ (`BIDI_CONTROLS`)."""
+    return s.translate(_BIDI_VISIBLE)
+
+
 def _esc(s: Any) -> str:
-    return html.escape(str(s), quote=True)
+    """Text for the page, in an element or an attribute: escaped, bidirectional controls made visible."""
+    return html.escape(visible_bidi(str(s)), quote=True)
 
 
 def _token_html(tok: str) -> str:
-    """Visible whitespace: newline as ↵ plus a line break, tab as →, empty token as ∅."""
+    """Visible whitespace: newline as ↵ plus a line break, tab as →, empty token as ∅; a bidirectional
+    control character as ⟨U+XXXX⟩."""
     if tok == "":
         return '<i class="ws">∅</i>'
     parts = []
@@ -85,6 +102,8 @@ def _token_html(tok: str) -> str:
             parts.append('<i class="ws">→</i>')
         elif ch == "\r":
             parts.append('<i class="ws">␍</i>')
+        elif ch in BIDI_CONTROLS:
+            parts.append(f'<i class="ws">⟨U+{ord(ch):04X}⟩</i>')
         else:
             parts.append(html.escape(ch))
     return "".join(parts)
@@ -108,7 +127,9 @@ def check_text(c: StepCheck) -> str:
     where = "the answer line" if c.kind == "wrong-final" else f"line {(c.line or 0) + 1}"
     if c.expected is None:
         return "text after the answer line"
-    what = {"wrong-step": "a wrong step", "wrong-final": "a wrong answer"}.get(c.kind, "not of the task's form")
+    what = {"wrong-step": "a wrong step", "wrong-final": "a wrong answer"}.get(
+        c.kind, "not of the task's form"
+    )
     past = " (past the last token: truncated)" if c.first_wrong is None else ""
     return f"{where}: {what}; the reference reads {c.expected!r}{past}"
 
@@ -185,7 +206,7 @@ def _group_head(g: GroupView, shown: list[MethodView]) -> list[str]:
     stats = (f"{n_ok}/{len(g.responses)} correct · " if known else f"{len(g.responses)} responses · ") + (
         f"mean reward {mean_r:.2f}"
     )
-    answer = f'<div class="answer">reference answer: {_esc(g.answer)}</div>' if g.answer else ""
+    answer = f'<div class="answer">reference answer: <bdi>{_esc(g.answer)}</bdi></div>' if g.answer else ""
     index = (
         f' <span class="sub" title="--group-index {g.index} shows this group">· index {g.index}</span>'
         if g.index is not None
@@ -194,7 +215,7 @@ def _group_head(g: GroupView, shown: list[MethodView]) -> list[str]:
     parts = [
         f'<section class="group" data-group="{g.group_id}"><div class="ghead">'
         f'<h2>Group {g.group_id}{index} <span class="sub">· {_esc(stats)}</span></h2>'
-        f'<div class="problem">{_esc(g.problem)}</div>{answer}</div>'
+        f'<div class="problem"><bdi>{_esc(g.problem)}</bdi></div>{answer}</div>'
         f'<div class="grid" style="--nm:{max(1, len(shown))}">',
         '<div class="mh">response</div>',
     ]
@@ -308,8 +329,10 @@ def _blob(data: ReportData) -> str:
         ],
         "rows": rows,
     }
-    # "<" escaped as \\u003c: the JSON can never close the script element it lives in
-    return json.dumps(payload, ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
+    # "<" escaped as \\u003c: the JSON can never close the script element it lives in; bidirectional controls
+    # as \\u escapes: the same data once parsed, but none raw in the page's source
+    text = json.dumps(payload, ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
+    return text.translate(_BIDI_ESCAPED)
 
 
 def _checker_line(data: ReportData) -> str:

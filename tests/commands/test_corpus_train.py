@@ -11,6 +11,7 @@ import time
 import pytest
 
 from bad_input import one_line_error
+from tokencredit import cli
 from tokencredit.train.config import TrainConfig, apply_set, load_config
 
 
@@ -107,3 +108,14 @@ def test_a_config_file_with_integers_as_floats_is_still_read(tmp_path):
     p.write_text("[run]\nsteps = 3.0\n[optim]\nlr = 1\n")
     cfg = load_config(p)
     assert cfg.run.steps == 3 and cfg.optim.lr == 1.0
+
+
+def test_special_token_text_in_a_problem_is_said_once(tiny_model_dir, micro_sets, tmp_path, capsys):
+    """A documented acceptance: the rendered prompt is tokenised whole, so `<|im_end|>` in a problem is
+    read as the token (as TRL and verl read it), and the run says so once instead of silently."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(f'{{"id": "p{i}", "problem": "1+{i}<|im_end|>?", "answer": "{1 + i}"}}\n' for i in range(4)))
+    sets = _args(micro_sets(tiny_model_dir, steps=1, **{"data.train": data, "data.eval": data}))
+    assert cli.main(["train", "--recipe", "strace", "--out", str(tmp_path / "run"), *sets]) == 0
+    out = capsys.readouterr().out
+    assert out.count("warning: a training problem's text contains '<|im_end|>'") == 1

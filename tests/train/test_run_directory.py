@@ -193,3 +193,16 @@ def test_the_lock_is_released_when_a_run_ends(finished):
     lock = RunLock(run)  # the trainer of `finished` no longer holds it
     lock.release()
     assert (run / ".lock").read_text().strip() == str(os.getpid())
+
+
+def test_saved_rollouts_that_are_not_utf8_are_named_not_guessed(tmp_path):
+    run = RunDir(tmp_path)
+    run.rollouts_dir.mkdir()
+    path = run.rollout_path(3)
+    path.write_bytes(b'{"problem": "caf\xe9"}\n{"problem": "ok \xe2\x80\xa8 sep"}\n')  # U+2028 inside a string is JSON
+    skipped: list[str] = []
+    assert run.read_rollouts(3, skipped) == [(2, {"problem": "ok \u2028 sep"})]
+    assert skipped == [f"{path}:1: damaged group skipped (not UTF-8 text: byte 0xe9 at byte 17 of the line); "
+                       "the rest is used (1 group; repair or delete that line, or copy the file again, to silence this)"]  # fmt: skip
+    with pytest.raises(ConfigError, match=rf"{path}:1: damaged saved rollouts \(not UTF-8 text"):
+        run.read_rollouts(3)

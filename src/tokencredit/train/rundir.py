@@ -228,6 +228,15 @@ def parse_json_line(line: str) -> tuple[Any, str | None]:
         return None, "JSON nested too deeply to read"
 
 
+def _parse_json_bytes(line: bytes) -> tuple[Any, str | None]:
+    """`parse_json_line` of one line of bytes, which must be UTF-8."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8 text: byte 0x{line[e.start]:02x} at byte {e.start + 1} of the line"
+    return parse_json_line(text)
+
+
 def damaged_line(path: Path, n: int, why: str, kept: int, *, last: bool = False, what: str = "line") -> str:
     """The one line a lenient read adds to `skipped` for a damaged line of a JSONL file."""
     cut = "cut-off last line" if last else f"damaged {what}"
@@ -420,11 +429,12 @@ class RunDir:
         return self._steps(self.rollouts_dir, "jsonl")
 
     def read_rollouts(self, step: int, skipped: list[str] | None = None) -> list[tuple[int, Any]]:
-        """(line number, JSON value) of each saved group of `step`. A line that is not JSON is an error
+        """(line number, JSON value) of each saved group of `step`. A line that is not JSON, or not UTF-8
+        (no character is replaced: a guessed one would change the tokens a report scores), is an error
         naming file:line; with `skipped` a list it is left out and said there."""
         path = self.rollout_path(step)
-        lines = [(n, x) for n, x in enumerate(path.read_text(errors="replace").splitlines(), 1) if x.strip()]
-        parsed = [(n, *parse_json_line(x)) for n, x in lines]
+        lines = [(n, x) for n, x in enumerate(path.read_bytes().split(b"\n"), 1) if x.strip()]
+        parsed = [(n, *_parse_json_bytes(x)) for n, x in lines]
         bad = [(n, why) for n, _, why in parsed if why is not None]
         if bad and skipped is None:
             raise ConfigError(f"{path}:{bad[0][0]}: damaged saved rollouts ({bad[0][1]})")

@@ -113,6 +113,7 @@ class Trainer:
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.special_ids = models.special_token_ids(self.tokenizer)
+        self._special_texts = tuple(t for t in getattr(self.tokenizer, "all_special_tokens", []) if len(t) > 1)
         self.fused_old = can_fuse_old_pass(self.model, cfg.optim, self.recipe, needs_of(self.recipe).forward)
         # entropy is logged every step (same pass); ReMax's greedy baseline and the oracle's values are sampled
         self.needs = needs_of(self.recipe, objective=True, extra={"entropy"}, fused_old=self.fused_old)
@@ -160,6 +161,16 @@ class Trainer:
         self.history = self.metrics.read()
 
     def _prompt_text(self, problem: str) -> str:
+        if self._special_texts and (hit := next((t for t in self._special_texts if t in problem), None)):
+            # The rendered prompt is tokenised whole (its chat template's own special tokens must be read
+            # as such), so special-token text inside a problem is read as that token too, as TRL and verl
+            # read it: said once, not silently.
+            self._special_texts = ()
+            self.console.print(
+                f"warning: a training problem's text contains {hit!r}, which the tokenizer reads as its "
+                "special token (as TRL and verl do), so the prompt may end or change turns there; remove "
+                "it from the data if it is not meant so", style="yellow", highlight=False, markup=False,
+            )  # fmt: skip
         return render(self.cfg.data.template, problem, self.tokenizer)
 
     # ------------------------------------------------------------------ one step

@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -139,18 +139,22 @@ class FullDisk:
 
 
 @pytest.fixture
-def full_disk(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FullDisk]:
-    """`full_disk(root, target, after=0, partial=8)` patches `os.write` with a `FullDisk` (undone at
-    the end of the test, or earlier by `monkeypatch.undo()`: space is back)."""
+def full_disk() -> Iterator[Callable[..., FullDisk]]:
+    """`full_disk(root, target, after=0, partial=8, err=ENOSPC)` patches `os.write` with a `FullDisk`,
+    undone at the end of the test or earlier by the returned disk's `undo()` (space is back). Its own
+    patch: undoing it leaves the test's other patches (a reward module's sys.path entry) in place."""
     if not os.path.isdir("/proc/self/fd"):
         pytest.skip("needs /proc/self/fd to know which file a write goes to")
+    patch = pytest.MonkeyPatch()
 
     def make(root: Path, target: str, after: int = 0, partial: int = 8, err: int = errno.ENOSPC) -> FullDisk:
         disk = FullDisk(Path(root), target, after, partial, err)
-        monkeypatch.setattr(os, "write", disk)
+        patch.setattr(os, "write", disk)
+        disk.undo = patch.undo  # type: ignore[attr-defined]
         return disk
 
-    return make
+    yield make
+    patch.undo()
 
 
 # ------------------------------------------------------------------------------ optional extras

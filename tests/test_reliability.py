@@ -335,14 +335,14 @@ def test_full_disk_keeps_the_last_good_state_and_resume_works(
     sets = as_args(micro_sets(tiny_model_dir, steps=3))
     ref, run = tmp_path / "uninterrupted", tmp_path / "run"
     assert cli.main(["train", "--recipe", "strace", "--out", str(ref), *sets]) == 0
-    full_disk(run, target, after=after, partial=10)
+    disk = full_disk(run, target, after=after, partial=10)
     rc, err = train(["--out", str(run), *sets], capsys)
     assert rc == 1 and f"disk full while writing {run}/" in err and f"/{target} (No space left on device)" in err, err
     assert f"last good checkpoint: step {checkpoint} in {run} (free some space, then continue with --resume)" in err
     assert _steps(run) == lines  # every finished line intact, none torn
     assert ckpt.load_latest_checkpoint(run, log=pytest.fail)["step"] == checkpoint
     assert not list(run.rglob("*tmp*")) and not (run / "summary.json").exists()
-    monkeypatch.undo()  # space is back
+    disk.undo()  # space is back
     assert cli.main(["train", "--resume", str(run)]) == 0
     assert _steps(run) == [1, 2, 3] and _same_run(run, ref)
 

@@ -24,9 +24,9 @@ SET_CASES = [
     ("algo.overrides={eps_high=0.3", "algo.overrides: expected a table such as {eps_high = 0.3}, got '{eps_high=0.3'"),
     ("algo.overrides=[1, 2]", "algo.overrides: expected a table"),
     ("algo.overrides=" + "[" * 5000, "algo.overrides: expected a table"),  # nested too deeply to parse: a string
-    ("data.digits=0", "data.digits must be >= 1"),
-    ("data.digits=-3", "data.digits must be >= 1"),
-    ("data.difficulty=0", "data.difficulty must be >= 1"),
+    ("data.digits=0", "data.digits must be in 1..4"),
+    ("data.digits=-3", "data.digits must be in 1..4"),
+    ("data.difficulty=0", "data.difficulty must be in 1..32"),
     ("data.template=Solve this:", "data.template: unknown prompt template 'Solve this:'"),
     ("run.steps=true", "run.steps: expected an integer, got True"),
     ("run.steps=10**12", "run.steps: expected an integer, got '10**12'"),

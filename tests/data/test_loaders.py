@@ -170,3 +170,41 @@ def test_reasoning_gym_spec_is_not_a_file():
     # reasoning-gym data has its own loader (tokencredit.data.reasoning_gym.load, with a split)
     with pytest.raises(DataError, match="is reasoning-gym data, not a file"):
         load_problems("reasoning-gym:chain_sum?max_terms=3")
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            b'{"problem": "a", "answer": "1"}\n{"problem": "caf\xe9", "answer": "2"}\n',
+            r"x\.jsonl:2:17: not UTF-8 text \(byte 0xe9; .*iconv",
+        ),
+        (bytes(range(128, 256)), r"x\.jsonl:1:1: not UTF-8 text \(byte 0x80"),
+        (
+            '{"problem": "a", "answer": "1"}\n'.encode("utf-16"),
+            r"x\.jsonl:1:1: not UTF-8 text \(byte 0xff; UTF-16",
+        ),
+        (b'{"problem": "a", "answer": "1"}\n\x00\x00\n', r"x\.jsonl:2:1: a NUL character"),
+        (b"[" * 50_000 + b"]" * 50_000 + b"\n", r"x\.jsonl:1: JSON nested too deeply"),
+        (
+            b'[{"problem": "a", "answer": "1"}]\n',
+            r"x\.jsonl:1: expected a JSON object .*got an array; a JSON array",
+        ),
+        (b'{"problem": "a", "answer": "1"}\nnull\n', r"x\.jsonl:2: expected a JSON object .*got null$"),
+        (b'{"problem": "a", "answer": "1"}\ntrue\n', r"x\.jsonl:2: expected a JSON object .*got true/false$"),
+    ],
+    ids=["latin-1", "binary", "utf-16", "nul", "deep", "array", "null", "bool"],
+)
+def test_files_that_are_not_json_lines_name_file_and_line(tmp_path, content, message):
+    (tmp_path / "x.jsonl").write_bytes(content)
+    with pytest.raises(DataError, match=message):
+        load_problems(tmp_path / "x.jsonl")
+
+
+def test_a_directory_that_is_not_a_datasets_directory(tmp_path):
+    (tmp_path / "d").mkdir()
+    with pytest.raises(DataError, match=r"d: a directory, but not a `datasets` directory .*\(it is empty\)"):
+        load_problems(tmp_path / "d")
+    write_jsonl(tmp_path / "d" / "train.jsonl", [{"problem": "a", "answer": "1"}])
+    with pytest.raises(DataError, match=r"it holds train\.jsonl; give a \.jsonl or \.parquet file"):
+        load_problems(tmp_path / "d")

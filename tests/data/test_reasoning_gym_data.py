@@ -127,3 +127,35 @@ def test_chat_template():
 
     assert render("chat", "2 + 3 =", Tok()) == "<|user|>2 + 3 =<|assistant|>"
     assert render("chat", "2 + 3 =") == "User: 2 + 3 =\n\nAssistant:"
+
+
+@pytest.mark.parametrize(
+    "query, msg",
+    [
+        ("size=1000000000000", r"size=1000000000000 is out of range \(the number of problems: 1\.\.100000\)"),
+        ("size=10**12", r"size='10\*\*12' is not an integer"),
+        ("size=-3", "size=-3 is out of range"),
+        ("size=0", "size=0 is out of range"),
+        ("size=2.5", r"size='2\.5' is not an integer"),
+        ("seed=x", "seed='x' is not an integer"),
+        ("seed=-1", "seed=-1 is out of range"),
+        ("size=" + "9" * 5000, r"size=999999999999\.\.\.\(5000 digits\) is out of range"),
+    ],
+)
+def test_size_and_seed_are_bounded_integers(query, msg):
+    with pytest.raises(ConfigError, match=msg):
+        rgd.load(f"reasoning-gym:chain_sum?{query}")
+    with pytest.raises(ConfigError, match=msg):
+        rgd.check_spec(f"reasoning-gym:chain_sum?{query}")
+
+
+def test_a_size_from_the_caller_is_bounded_and_named():
+    message = r"data.train_size = 1000000000000 for 'reasoning-gym:chain_sum' is above 100000"
+    with pytest.raises(ConfigError, match=message):
+        rgd.load("reasoning-gym:chain_sum", size=10**12, size_key="data.train_size")
+    # the spec's size wins over the caller's
+    assert len(rgd.load(SMALL + "&size=3", size=10**12, size_key="data.train_size")) == 3
+    assert len(rgd.load(SMALL + "&size=1_0")) == 10
+    rgd.check_spec(SMALL)  # a good spec: nothing generated, nothing raised
+    with pytest.raises(ConfigError, match="rejects the configuration"):
+        rgd.check_spec("reasoning-gym:chain_sum?min_terms=4&max_terms=3")

@@ -363,3 +363,50 @@ def test_free_words_are_labelled_free():
     assert got[: len(first)] == "FFFFFcc.c.cc...ccF"
     assert got[len(first) + 1 : len(first) + 1 + len(second)] == "cc.c.cc...ccFFF"
     assert "F" not in got[len(first) + len(second) + 2 :]  # "So" before the answer line is not a step's word
+
+
+def _all_expressions(task: ArithmeticTask) -> list[str]:
+    """Every chain the task can draw, by brute force (small tasks only)."""
+    exprs = [(a, str(a)) for a in range(1, task.max_value + 1)]
+    for _ in range(task.difficulty):
+        exprs = [
+            (c, f"{e} {op} {b}")
+            for acc, e in exprs
+            for b in range(1, task.max_operand + 1)
+            for op, c in (("+", acc + b), ("-", acc - b))
+            if 0 <= c <= task.max_value
+        ]
+    return [e for _, e in exprs]
+
+
+@pytest.mark.parametrize("difficulty,digits,operand_digits", [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 2, 2), (3, 1, 1)])  # fmt: skip
+def test_the_problem_space_is_counted_exactly(difficulty, digits, operand_digits):
+    task = ArithmeticTask(difficulty=difficulty, digits=digits, operand_digits=operand_digits)
+    exprs = _all_expressions(task)
+    assert task.count_problems() == len(exprs) == len(set(exprs))
+    assert task.count_problems(limit=10) == min(10, len(exprs))
+    held = sum(task.split_of(e) == "heldout" for e in exprs)
+    assert (task.split_size("heldout"), task.split_size("train")) == (held, len(exprs) - held)
+    # the whole split can be sampled, one more problem is refused at once
+    assert len(task.sample(held, "heldout")) == held
+    with pytest.raises(ValueError, match=f"only {held} distinct heldout problems exist, {held + 1} asked"):
+        task.sample(held + 1, "heldout")
+
+
+def test_sizes_beyond_the_bounds_are_refused_at_once():
+    import time
+
+    from tokencredit.data.synthetic import MAX_DIFFICULTY, MAX_SAMPLE
+
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=f"above {MAX_SAMPLE}"):
+        ArithmeticTask().sample(10**12)
+    with pytest.raises(ValueError, match="only 465913 distinct train problems exist"):
+        ArithmeticTask().sample(500_000)  # the default task: 517821 problems, 465913 of them training ones
+    with pytest.raises(ValueError, match=f"difficulty must be an int in 1..{MAX_DIFFICULTY}"):
+        ArithmeticTask(difficulty=100_000)
+    assert time.perf_counter() - t0 < 20
+    big = ArithmeticTask(difficulty=6, digits=4, operand_digits=2)  # far too many to count a split exactly
+    assert big.count_problems(limit=10**9) == 10**9 and big.max_sample("heldout") == MAX_SAMPLE
+    # the default run's sizes take the fast path: no enumeration of the problem space
+    assert ArithmeticTask().max_sample("train", 4000) == 517821 * 9 // 10 // 2

@@ -329,3 +329,98 @@ def test_a_lora_run_on_a_gguf_base_reloads_it_by_name(tiny_gguf, micro_sets, tmp
     assert "LoRA adapter" in desc
     final, _ = load_model(str(run.final_dir))  # the merged export is a plain Hugging Face directory
     assert type(final).__name__ == "LlamaForCausalLM"
+
+
+# ---- what is checked before anything loads ------------------------------------------------------------
+
+
+def test_a_gguf_file_is_checked_before_it_loads(tiny_gguf, tmp_path):
+    path, _ = tiny_gguf
+    sources.check_gguf_file(path)  # the whole file: fine
+    data = path.read_bytes()
+    cases = {
+        0: "the GGUF file is empty",
+        3: r"not a GGUF file \(it starts with b'GGU'",
+        6: r"truncated GGUF file \(it ends inside the version",
+        200: r"truncated GGUF file \(it ends inside (the )?metadata",
+        len(data) - 1: r"truncated GGUF file \(\d+ bytes; tensor '.*' ends at byte \d+\): an interrupted",
+    }
+    for cut, message in cases.items():
+        bad = tmp_path / f"cut{cut}.gguf"
+        bad.write_bytes(data[:cut])
+        with pytest.raises(ConfigError, match=f"{bad}: {message}"):
+            resolve_model(str(bad))
+    (tmp_path / "v9.gguf").write_bytes(b"GGUF" + (9).to_bytes(4, "little") + bytes(16))
+    with pytest.raises(ConfigError, match="GGUF version 9 is not supported"):
+        resolve_model(str(tmp_path / "v9.gguf"))
+
+
+def _copy_model(dst: Path, only: tuple[str, ...] | None = None) -> Path:
+    dst.mkdir()
+    for f in TOY_ASSET_DIR.iterdir():
+        if only is None or f.name in only:
+            shutil.copy(f, dst / f.name)
+    return dst
+
+
+def test_a_model_directory_is_checked_before_it_loads(tmp_path):
+    import json
+
+    sources.check_model_directory(TOY_ASSET_DIR)
+    with pytest.raises(ConfigError, match=r"'.*empty' is not a Hugging Face model: no config.json"):
+        resolve_model(str((tmp_path / "empty").mkdir() or tmp_path / "empty"))
+    gguf_only = tmp_path / "gguf-only"
+    gguf_only.mkdir()
+    (gguf_only / "m.Q4_0.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ConfigError, match=r"no config.json .*GGUF file\(s\) m\.Q4_0\.gguf: give one's path"):
+        resolve_model(str(gguf_only))
+    d = _copy_model(tmp_path / "cfg", ("config.json",))
+    with pytest.raises(ConfigError, match=r"has no weights \(model\.safetensors or pytorch_model\.bin in "):
+        resolve_model(str(d))
+    d = _copy_model(tmp_path / "notok", ("config.json", "model.safetensors"))
+    with pytest.raises(ConfigError, match="has no tokenizer"):
+        resolve_model(str(d))
+    d = _copy_model(tmp_path / "cut")
+    data = (d / "model.safetensors").read_bytes()
+    cuts = {
+        4: "empty or truncated",
+        len(data) - 1: r"truncated \(\d+ bytes of \d+",
+        100: "not a safetensors file",
+    }
+    for cut, message in cuts.items():
+        (d / "model.safetensors").write_bytes(data[:cut])
+        with pytest.raises(ConfigError, match=f"model.safetensors: {message}"):
+            resolve_model(str(d))
+    d = _copy_model(tmp_path / "json")
+    (d / "config.json").write_text('{"model_type": "qwen3",,}')
+    with pytest.raises(ConfigError, match=r"config\.json:1:24: the model's config is not valid JSON"):
+        resolve_model(str(d))
+    types = {"frobnicator": "is not an architecture transformers", "clip": "is not a causal language model"}
+    for model_type, message in types.items():
+        (d / "config.json").write_text(json.dumps({"model_type": model_type}))
+        with pytest.raises(ConfigError, match=f"model_type '{model_type}' {message}"):
+            resolve_model(str(d))
+    (d / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="no model_type"):
+        resolve_model(str(d))
+
+
+def test_the_shards_of_an_index_must_be_there(tmp_path):
+    import json
+
+    d = _copy_model(tmp_path / "sharded", ("config.json", "tokenizer.json", "tokenizer_config.json"))
+    shutil.copy(TOY_ASSET_DIR / "model.safetensors", d / "model-00001-of-00002.safetensors")
+    weight_map = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(ConfigError, match=r"1 of its 2 weight shard\(s\) are missing .*model-00002-of-00002"):
+        resolve_model(str(d))
+    shutil.copy(TOY_ASSET_DIR / "model.safetensors", d / "model-00002-of-00002.safetensors")
+    assert resolve_model(str(d)).kind == "directory"
+
+
+def test_a_tokenizer_transformers_cannot_read_is_one_error_naming_the_directory(tmp_path):
+    d = _copy_model(tmp_path / "badtok")
+    (d / "tokenizer.json").write_text("{garbage")
+    message = f"cannot load the tokenizer of model directory {d}: JSONDecodeError"
+    with pytest.raises(ConfigError, match=message):
+        load_model(str(d))

@@ -722,3 +722,26 @@ def test_cli_oracle_and_vineppo_recipe_columns(tmp_path):
     assert pt["oracle"]["methods"]["vineppo"]["status"] != "n/a"
     m, chance = pt["methods"], pt["baselines"]["random"]
     assert m["oracle"]["blame@1"] > chance["blame@1"] and m["oracle"]["blame@3"] > chance["blame@3"]
+
+
+def test_user_strings_are_escaped_in_the_markdown():
+    model = "/tmp/my_*model*/[v2]|#1 <b>`x`"
+    point = {
+        "label": f"model {model}",
+        "source": f"model directory {model}",
+        "step": None,
+        "rollouts": {"rollouts": 4, "groups": 2, "accuracy": 0.5, "mixed_groups": 1, "mixed_rollouts": 2,
+                     "mean_length": 3.0},
+    }  # fmt: skip
+    result = {
+        "command": f"tokencredit probe --model {model} --data d_*x*.jsonl",
+        "ks": [1],
+        "config": {"data": "d_*x*.jsonl", "advantage": "grpo", "temperature": 1.0, "seed": 0},
+        "points": [point],
+    }
+    md = probe.markdown_report(result)
+    escaped = r"/tmp/my\_\*model\*/\[v2\]\|\#1 \<b\>\`x\`"
+    assert f"\n## model {escaped}\n" in md and f"\nmodel directory {escaped}. 4 rollouts" in md
+    assert r"on d\_\*x\*.jsonl" in md and r"d\_\*x\*.jsonl has no checker truth" in md
+    assert f"\n``{result['command']}``\n" in md  # a code span fenced past the backticks inside
+    assert probe.render.md_text("a\nb") == "a b" and probe.render.code_span("`") == "`` ` ``"

@@ -179,12 +179,12 @@ def test_a_file_system_turned_read_only_keeps_the_finished_steps(tiny_model_dir,
     finished step kept, and --resume finishes the run once the directory is writable again."""
     sets = _args(micro_sets(tiny_model_dir, steps=3))
     run = tmp_path / "run"
-    full_disk(run, "metrics.jsonl", after=2, partial=0, err=errno.EROFS)
+    disk = full_disk(run, "metrics.jsonl", after=2, partial=0, err=errno.EROFS)
     line = one_line_error(["train", "--recipe", "strace", "--out", str(run), *sets], capsys, code=1)
     assert f"cannot write {run}/metrics.jsonl (Read-only file system); that write was undone" in line
     assert f"last good checkpoint: step 2 in {run} (make the directory writable again, then continue with --resume)" in line
     assert _steps(run) == [1, 2]
-    monkeypatch.undo()
+    disk.undo()  # writable again
     assert cli.main(["train", "--resume", str(run)]) == 0 and _steps(run) == [1, 2, 3]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from tokencredit.errors import ConfigError
 from tokencredit.oracle import DEFAULT_DELTA
 from tokencredit.report.methods import resolve_methods
 from tokencredit.report.probe import (
@@ -166,7 +167,12 @@ def _command(args: argparse.Namespace, cfg: ProbeConfig) -> str:
     return " ".join(parts)
 
 
+MAX_THREADS = 1024
+
+
 def run(args: argparse.Namespace) -> int:
+    if not 0 <= args.threads <= MAX_THREADS:
+        raise ConfigError(f"--threads must be in 0..{MAX_THREADS} (0: torch's default), got {args.threads}")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     points, run_cfg, recipe, run_dir = resolve_points(

@@ -7,7 +7,9 @@ Field mapping (first present wins unless a field is named explicitly):
 A dotted name reads a nested field. A MATH-style solution (a field named "solution", or any
 answer text containing ``\\boxed``) gives its last boxed answer; a GSM8K solution ("... #### 72")
 gives the text after ``####``. Errors name the file and line (JSONL; file:line:column for malformed
-JSON) or row, or the problem id.
+JSON) or row, or the problem id: also a file that is not UTF-8 text (Latin-1, UTF-16, binary; the first
+bad byte's line and column), a line that is not a JSON object or is nested too deeply to read, and a
+directory that is not a `datasets` directory (before `datasets` is imported).
 """
 
 from __future__ import annotations
@@ -155,19 +157,68 @@ def json_line_error(path: str | os.PathLike, lineno: int, line: str, e: json.JSO
     return f"{path}:{lineno}:{e.colno}: malformed JSON line ({why})"
 
 
+def _not_utf8(path: Path) -> str:
+    """``path:line:column: not UTF-8 text (...)`` for the first line of `path` that is not UTF-8 (read again
+    in binary: the text reader's error gives no line)."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                col = len(raw[: e.start].decode("utf-8")) + 1
+                if lineno == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+                    hint = "UTF-16 text: save it as UTF-8"
+                elif b"\0" in raw:
+                    hint = "a binary file? JSON lines are UTF-8 text, one object per line"
+                else:
+                    hint = "JSON lines must be UTF-8; a Latin-1 file converts with `iconv -f latin1 -t utf-8`"
+                return f"{path}:{lineno}:{col}: not UTF-8 text (byte 0x{raw[e.start]:02x}; {hint})"
+    return f"{path}: not UTF-8 text"
+
+
 def _jsonl_rows(path: Path) -> Iterator[tuple[dict, str, int]]:
     # utf-8-sig: a byte-order mark that some editors write is not part of the first line's JSON
     with open(path, encoding="utf-8-sig") as f:
         row_i = 0
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = parse_json_line(line)
-            except json.JSONDecodeError as e:
-                raise DataError(json_line_error(path, lineno, line, e)) from None
-            yield row, f"{path}:{lineno}", row_i
-            row_i += 1
+        lineno = 0
+        try:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                if "\0" in line:
+                    col = line.index("\0") + 1
+                    raise DataError(
+                        f"{path}:{lineno}:{col}: a NUL character: a binary file, not JSON lines (UTF-8 text)"
+                    )
+                try:
+                    row = parse_json_line(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(json_line_error(path, lineno, line, e)) from None
+                except RecursionError:
+                    raise DataError(
+                        f"{path}:{lineno}: JSON nested too deeply to read (arrays / objects inside each other)"
+                    ) from None
+                if not isinstance(row, dict):
+                    hint = (
+                        "; a JSON array of problems? this reader wants JSON lines: one object per line"
+                        if isinstance(row, list) and row_i == 0
+                        else ""
+                    )
+                    raise DataError(
+                        f"{path}:{lineno}: expected a JSON object (one problem per line), got {_json_kind(row)}{hint}"
+                    )
+                yield row, f"{path}:{lineno}", row_i
+                row_i += 1
+        except UnicodeDecodeError:
+            raise DataError(_not_utf8(path)) from None
+
+
+def _json_kind(value: Any) -> str:
+    """A JSON value's kind in JSON's words (an array, a string...)."""
+    kinds = ((bool, "true/false"), (int | float, "a number"), (str, "a string"), (list, "an array"))
+    if value is None:
+        return "null"
+    return next((name for t, name in kinds if isinstance(value, t)), type(value).__name__)
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[dict, str, int]]:
@@ -184,6 +235,15 @@ def _parquet_rows(path: Path) -> Iterator[tuple[dict, str, int]]:
 
 
 def _datasets_rows(path: Path, split: str | None) -> Iterator[tuple[dict, str, int]]:
+    markers = ("dataset_dict.json", "state.json", "dataset_info.json")
+    if not any((path / m).is_file() for m in markers):
+        files = sorted(p.name for p in path.iterdir())[:5] if os.access(path, os.R_OK | os.X_OK) else []
+        more = ", ..." if len(files) == 5 else ""
+        holds = f"; it holds {', '.join(files)}{more}" if files else " (it is empty)"
+        raise DataError(
+            f"{path}: a directory, but not a `datasets` directory saved with save_to_disk (no {' / '.join(markers)})"
+            f"{holds}; give a .jsonl or .parquet file"
+        )
     try:
         import datasets
     except ImportError as e:
@@ -233,6 +293,10 @@ def load_problems(
         raise DataError(f"{path!r} is reasoning-gym data, not a file: load it with tokencredit.data.reasoning_gym.load")
     if not p.exists():
         raise DataError(f"{p}: no such file or directory")
+    if not p.is_dir() and not p.is_file():
+        raise DataError(f"{p}: not a regular file or directory (a device or a pipe?)")
+    if not os.access(p, os.R_OK):
+        raise DataError(f"{p}: permission denied (cannot read it)")
     if limit is not None and limit < 0:
         raise DataError(f"limit must be >= 0, got {limit}")
     out: list[Problem] = []

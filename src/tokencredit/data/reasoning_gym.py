@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import re
 from typing import Any
 
 from tokencredit.data.loaders import DataError, Problem
@@ -42,12 +43,20 @@ from tokencredit.errors import ConfigError, closest
 from tokencredit.rewards.custom import parse_bool, parse_query
 from tokencredit.rewards.reasoning_gym import EXTRA, GymAnswer, question_sha256
 
-__all__ = ["EVAL_SEED_OFFSET", "PREFIX", "PRESETS", "VALIDATION_SEED_OFFSET", "is_spec", "load", "parse_spec"]
+__all__ = [
+    "EVAL_SEED_OFFSET", "MAX_SIZE", "PREFIX", "PRESETS", "VALIDATION_SEED_OFFSET", "check_spec", "is_spec", "load",
+    "parse_spec",
+]  # fmt: skip
 
 PREFIX = "reasoning-gym:"
 EVAL_SEED_OFFSET = 1_000_000_000
 VALIDATION_SEED_OFFSET = 2 * EVAL_SEED_OFFSET  # a third seed range, disjoint from train and held-out
 HELDOUT_SPLITS = ("heldout", "eval", "test")
+MAX_SIZE = 100_000
+"""Most problems of one reasoning-gym source: every one is generated before training starts (chain_sum:
+about 7,000 a second, some datasets far fewer), and a run draws from them with replacement, epoch after
+epoch. A larger ``size`` (in the spec, or ``data.train_size`` / ``data.eval_size``) is a ConfigError."""
+MAX_SEED = 2**62  # seed + VALIDATION_SEED_OFFSET + size stays a 64-bit integer
 # Named settings: name -> (dataset, parameters), chosen so that a small instruct model starts well
 # inside (0, 1). SmolLM2-135M-Instruct, greedy, "chat" template, 128 held-out problems (2026-11-25):
 #   chain_sum_small (2-3 one-digit terms)                      0.305 +- 0.041
@@ -121,6 +130,27 @@ def _convert(text: str, default: Any, where: str) -> Any:
     return {"true": True, "false": False, "none": None}.get(low, text)
 
 
+def _integer(spec: str, key: str, text: str) -> int:
+    """The spec's ``size`` (1..`MAX_SIZE`) or ``seed`` (0..`MAX_SEED`) as an integer; a ConfigError naming
+    the option and its range otherwise (``size=10**12``, ``size=-3``, ``size=2.5``)."""
+    low, high = (1, MAX_SIZE) if key == "size" else (0, MAX_SEED)
+    what = "the number of problems" if key == "size" else "the generator's seed"
+    digits = text.strip()
+    if not re.fullmatch(r"[+-]?\d+(?:_\d+)*", digits):
+        raise ConfigError(f"{spec!r}: {key}={text!r} is not an integer ({what}: {low}..{high})")
+    # a number of over 40 digits is out of range either way (and int() refuses more than 4300 digits)
+    value = int(digits) if len(digits) <= 40 else (high + 1 if digits[0] != "-" else low - 1)
+    if not low <= value <= high:
+        more = (
+            f"; every problem is generated up front, so tokencredit builds at most {MAX_SIZE} per source"
+            if key == "size" and value > high
+            else ""
+        )
+        shown = digits if len(digits) <= 40 else f"{digits[:12]}...({len(digits)} digits)"
+        raise ConfigError(f"{spec!r}: {key}={shown} is out of range ({what}: {low}..{high}){more}")
+    return value
+
+
 def _resolve(spec: str) -> tuple[str, dict[str, str]]:
     """Dataset name and raw parameters, a preset expanded (the query overrides the preset)."""
     name, raw = parse_spec(spec)
@@ -139,6 +169,9 @@ def _config(gym: Any, spec: str, name: str, raw: dict[str, str]) -> dict[str, An
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     out: dict[str, Any] = {}
     for key, text in raw.items():
+        if key in ("size", "seed"):
+            out[key] = _integer(spec, key, text)
+            continue
         if key not in fields:
             raise ConfigError(
                 f"{spec!r}: {name} has no parameter {key!r}{closest(key, fields)}; valid: {', '.join(sorted(fields))}"
@@ -147,21 +180,31 @@ def _config(gym: Any, spec: str, name: str, raw: dict[str, str]) -> dict[str, An
     return out
 
 
-def load(spec: str, *, split: str = "train", size: int | None = None) -> list[Problem]:
-    """The problems of a reasoning-gym data source (module docstring): `split` "train", a held-out
-    split ("heldout" / "eval" / "test": the seed plus `EVAL_SEED_OFFSET`) or "validation" (the seed
-    plus `VALIDATION_SEED_OFFSET`); `size` problems unless the spec sets ``size`` (else the dataset's
-    default)."""
+def _check_size(spec: str, size: int | None, size_key: str) -> None:
+    """The caller's `size` (`size_key`: the config key it came from), within 1..`MAX_SIZE`."""
+    if size is None:
+        return
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ConfigError(f"{size_key} = {size!r} for {spec!r}: expected an integer >= 1")
+    if size > MAX_SIZE:
+        raise ConfigError(
+            f"{size_key} = {size} for {spec!r} is above {MAX_SIZE}, the most reasoning-gym problems tokencredit "
+            f"builds per source (every one is generated up front); lower {size_key}, or set size= in the spec"
+        )
+
+
+def _prepared(spec: str, split: str, size: int | None, size_key: str) -> tuple[Any, str, dict[str, Any]]:
+    """(the reasoning_gym module, the dataset's name, its checked parameters with size and seed) of a spec."""
     name, raw = _resolve(spec)
     if split not in ("train", "validation", *HELDOUT_SPLITS):
         raise ConfigError(f"{spec!r}: unknown split {split!r}; use train, heldout or validation")
     gym = _import_gym()
     params = _config(gym, spec, name, raw)
-    if "size" not in params and size is not None:
-        params["size"] = size
+    if "size" not in params:
+        _check_size(spec, size, size_key)
+        if size is not None:
+            params["size"] = size
     params.setdefault("seed", 0)
-    if not isinstance(params["seed"], int) or (params.get("size") is not None and not isinstance(params["size"], int)):
-        raise ConfigError(f"{spec!r}: seed and size must be integers")
     if split in HELDOUT_SPLITS:
         params["seed"] += EVAL_SEED_OFFSET
     elif split == "validation":
@@ -170,11 +213,39 @@ def load(spec: str, *, split: str = "train", size: int | None = None) -> list[Pr
         json.dumps(params)
     except TypeError as e:
         raise ConfigError(f"{spec!r}: parameters must be plain values ({e})") from None
+    return gym, name, params
+
+
+def _create(gym: Any, spec: str, name: str, params: dict[str, Any]) -> Any:
     try:
-        ds = gym.create_dataset(name, **params)
+        return gym.create_dataset(name, **params)
     except (AssertionError, ValueError, TypeError) as e:
         raise ConfigError(f"{spec!r}: reasoning-gym rejects the configuration ({type(e).__name__}: {e})") from None
+
+
+def check_spec(spec: str, *, size: int | None = None, size_key: str = "size") -> None:
+    """What `load` would refuse (the name, the parameters and their types, the size and seed, the
+    configuration reasoning-gym checks), found without generating the problems: a ConfigError."""
+    gym, name, params = _prepared(spec, "train", size, size_key)
+    _create(gym, spec, name, {**params, "size": 1})
+
+
+def load(
+    spec: str, *, split: str = "train", size: int | None = None, size_key: str = "size"
+) -> list[Problem]:
+    """The problems of a reasoning-gym data source (module docstring): `split` "train", a held-out
+    split ("heldout" / "eval" / "test": the seed plus `EVAL_SEED_OFFSET`) or "validation" (the seed
+    plus `VALIDATION_SEED_OFFSET`); `size` problems unless the spec sets ``size`` (else the dataset's
+    default). At most `MAX_SIZE` problems: a larger ``size`` in the spec, or a larger `size` (an error
+    naming `size_key`, the config key it came from), is a ConfigError before anything is generated."""
+    gym, name, params = _prepared(spec, split, size, size_key)
+    ds = _create(gym, spec, name, params)
     params["size"] = len(ds)
+    if params["size"] > MAX_SIZE:  # the dataset's own default size
+        raise ConfigError(
+            f"{spec!r}: the dataset's default size {params['size']} is above {MAX_SIZE}, the most problems "
+            "tokencredit builds per source; set size= in the spec"
+        )
     tag = question_sha256(json.dumps([name, params], sort_keys=True))[:8]
     out: list[Problem] = []
     for i in range(len(ds)):

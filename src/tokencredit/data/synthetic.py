@@ -20,6 +20,11 @@ and every running total lie in ``[0, 10**digits - 1]`` and the later operands in
 ``[1, 10**operand_digits - 1]`` (default: two-digit totals, one-digit operands, so about half the
 additions carry).
 
+Bounds: ``difficulty`` 1..`MAX_DIFFICULTY`, ``digits`` 1..`MAX_DIGITS`; one ``sample`` builds at most
+`MAX_SAMPLE` problems, and never more than the split holds (`ArithmeticTask.count_problems` counts the
+problem space exactly, `ArithmeticTask.max_sample` the split): a larger request is a ValueError at once,
+not a search that cannot end.
+
 Train / held-out split: a problem belongs to the held-out split iff a SHA-256 hash of its
 expression falls in a fixed ``heldout_fraction`` of the hash range. Membership depends only on
 the expression (never on the seed), so the two splits are disjoint for every seed, and
@@ -43,6 +48,7 @@ leaves room for RL (see that module).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import re
@@ -53,8 +59,8 @@ from typing import Literal
 from tokencredit.data.loaders import Problem
 
 __all__ = [
-    "CONNECTIVES", "ENDINGS", "LABELS", "MAX_PHRASINGS", "ArithmeticProblem", "ArithmeticTask", "ErrorLocation", "check", "extract_answer", "label_chars",
-    "locate_first_error", "parse_problem", "reference_solution",
+    "CONNECTIVES", "ENDINGS", "LABELS", "MAX_DIFFICULTY", "MAX_DIGITS", "MAX_PHRASINGS", "MAX_SAMPLE", "ArithmeticProblem", "ArithmeticTask",
+    "ErrorLocation", "check", "extract_answer", "label_chars", "locate_first_error", "parse_problem", "reference_solution",
 ]  # fmt: skip
 
 
@@ -73,6 +79,20 @@ LABELS: tuple[str, str, str, str] = ("format", "computed", "answer", "free")
 CONNECTIVES: tuple[str, ...] = ("Then", "Next", "So", "Also", "Here", "We get", "Calc", "Finally")
 ENDINGS: tuple[str, ...] = ("", ".", ";", ",", " ok", " done", " !", " (sure)")
 MAX_PHRASINGS = len(CONNECTIVES)
+
+# Bounds of the task's settings and of one `ArithmeticTask.sample` call, checked before anything is drawn.
+MAX_DIFFICULTY = 32
+"""Most steps of a problem: its solution is one line of about 12 characters (tokens of the toy
+tokenizer) per step, so 32 steps already need some 400 tokens of a model's context and rollout budget."""
+MAX_DIGITS = 4
+"""Most digits of the running totals (and of the operands)."""
+MAX_SAMPLE = 1_000_000
+"""Most problems one `sample` call builds: they are all built up front (about 30 s and 1 GB for a
+million), and a training run draws from them with replacement across epochs, so more add nothing."""
+EXACT_COUNT_LIMIT = 1_000_000
+"""Problem spaces up to this size (over both splits) are enumerated to count a split exactly when a
+sample asks for a large share of it (about 3 s at the limit); larger ones are estimated from the
+hash fraction and a sample may take at most half of the estimate."""
 
 
 @dataclass(frozen=True)
@@ -323,12 +343,35 @@ def label_chars(problem: Problem | str, completion_text: str) -> list[str]:
     return labels
 
 
+@functools.lru_cache(maxsize=16)
+def _split_sizes(difficulty: int, top: int, step: int, heldout_fraction: float) -> dict[str, int]:
+    """{"train": n, "heldout": m}: every chain of `difficulty` steps (the first operand 1..top, operands
+    1..step, running totals in 0..top), hashed as `ArithmeticTask.split_of` does."""
+    cut = heldout_fraction * 2**64
+    sizes = {"train": 0, "heldout": 0}
+
+    def walk(acc: int, expr: str, left: int) -> None:
+        if not left:
+            h = int.from_bytes(hashlib.sha256(expr.encode()).digest()[:8], "big")
+            sizes["heldout" if h < cut else "train"] += 1
+            return
+        for b in range(1, step + 1):
+            if acc + b <= top:
+                walk(acc + b, f"{expr} + {b}", left - 1)
+            if acc - b >= 0:
+                walk(acc - b, f"{expr} - {b}", left - 1)
+
+    for a in range(1, top + 1):
+        walk(a, str(a), difficulty)
+    return sizes
+
+
 class ArithmeticTask:
     """Generator + checker for the arithmetic chain task.
 
     Args:
-        difficulty: number of steps (operands = difficulty + 1), >= 1.
-        digits: the first operand and the running totals lie in ``[0, 10**digits - 1]``, 1..4.
+        difficulty: number of steps (operands = difficulty + 1), 1..`MAX_DIFFICULTY`.
+        digits: the first operand and the running totals lie in ``[0, 10**digits - 1]``, 1..`MAX_DIGITS`.
         operand_digits: the later operands lie in ``[1, 10**operand_digits - 1]``, 1..digits.
         seed: sampling seed (split membership does not depend on it).
         heldout_fraction: share of the problem space reserved for the held-out split, in (0, 1).
@@ -346,13 +389,15 @@ class ArithmeticTask:
         heldout_fraction: float = 0.1,
         phrasings: int = 0,
     ):
-        if not isinstance(difficulty, int) or difficulty < 1:
-            raise ValueError(f"difficulty must be an int >= 1 (number of steps), got {difficulty!r}")
-        if not isinstance(digits, int) or not 1 <= digits <= 4:
-            raise ValueError(f"digits must be an int in 1..4, got {digits!r}")
+        if not isinstance(difficulty, int) or not 1 <= difficulty <= MAX_DIFFICULTY:
+            raise ValueError(
+                f"difficulty must be an int in 1..{MAX_DIFFICULTY} (number of steps), got {difficulty!r}"
+            )
+        if not isinstance(digits, int) or not 1 <= digits <= MAX_DIGITS:
+            raise ValueError(f"digits must be an int in 1..{MAX_DIGITS}, got {digits!r}")
         if not isinstance(operand_digits, int) or not 1 <= operand_digits <= digits:
             raise ValueError(f"operand_digits must be an int in 1..digits ({digits}), got {operand_digits!r}")
-        if not 0.0 < heldout_fraction < 1.0:
+        if not isinstance(heldout_fraction, int | float) or not 0.0 < heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction!r}")
         if not isinstance(phrasings, int) or not 0 <= phrasings <= MAX_PHRASINGS:
             raise ValueError(f"phrasings must be an int in 0..{MAX_PHRASINGS}, got {phrasings!r}")
@@ -371,6 +416,76 @@ class ArithmeticTask:
             f"operand_digits={self.operand_digits}, seed={self.seed}"
             + (f", phrasings={self.phrasings})" if self.phrasings else ")")
         )
+
+    def describe(self) -> str:
+        """The settings that fix the problem space, in words ("difficulty 3, digits 2, operand_digits 1")."""
+        return f"difficulty {self.difficulty}, digits {self.digits}, operand_digits {self.operand_digits}"
+
+    def count_problems(self, limit: int | None = None) -> int:
+        """The number of distinct problems over both splits (every chain `_draw` can produce), or `limit`
+        when there are at least that many (counting stops there). Exact: the running totals' counts,
+        step by step, with prefix sums (difficulty x 10**digits operations)."""
+        top, step = self.max_value, self.max_operand
+        counts = [0] + [1] * top  # the first operand: 1..max_value
+        for _ in range(self.difficulty):
+            if limit is not None and sum(counts) >= limit:
+                return limit  # each step keeps at least one continuation per total: counts never shrink
+            prefix = [0]  # prefix[i] = counts[0] + ... + counts[i - 1]
+            for c in counts:
+                prefix.append(prefix[-1] + c)
+            # a total c is reached from c - step..c - 1 by an addition and from c + 1..c + step by a subtraction
+            counts = [
+                prefix[c] - prefix[max(c - step, 0)] + prefix[min(c + step, top) + 1] - prefix[c + 1]
+                for c in range(top + 1)
+            ]
+        total = sum(counts)
+        return total if limit is None else min(total, limit)
+
+    def split_size(self, split: str) -> int:
+        """The exact number of distinct problems of `split` ("train" / "heldout"), by enumerating the whole
+        problem space and hashing each expression (`split_of`); for spaces of up to `EXACT_COUNT_LIMIT`
+        problems (a ValueError above it)."""
+        total = self.count_problems(limit=EXACT_COUNT_LIMIT + 1)
+        if total > EXACT_COUNT_LIMIT:
+            raise ValueError(
+                f"{self!r}: more than {EXACT_COUNT_LIMIT} problems: too many to count a split exactly"
+            )
+        return _split_sizes(self.difficulty, self.max_value, self.max_operand, self.heldout_fraction)[split]
+
+    def max_sample(self, split: str, n: int | None = None) -> int:
+        """The most problems `sample(.., split)` gives: `MAX_SAMPLE`, and no more than the split holds
+        (exactly, for a space of up to `EXACT_COUNT_LIMIT` problems; else half the hash fraction's
+        expectation, which is what rejection sampling reaches in reasonable time). With `n`, the work
+        stops as soon as `n` is known to be allowed (an exact count only when `n` is a large share)."""
+        share = self.heldout_fraction if split == "heldout" else 1.0 - self.heldout_fraction
+        # enough to tell: a space of `enough` problems has a split of over twice MAX_SAMPLE on average
+        enough = max(EXACT_COUNT_LIMIT + 1, int(4 * MAX_SAMPLE / share) + 1)
+        total = self.count_problems(limit=enough)
+        expected = int(total * share)
+        if n is not None and n <= min(MAX_SAMPLE, expected // 2):
+            return min(MAX_SAMPLE, expected // 2)  # far below the split's size: no exact count needed
+        if total <= EXACT_COUNT_LIMIT:
+            return min(MAX_SAMPLE, self.split_size(split))
+        return min(MAX_SAMPLE, expected // 2)
+
+    def check_sample_size(self, n: int, split: str) -> None:
+        """ValueError, at once, when `sample(n, split)` cannot succeed or would be unbounded: more than
+        `MAX_SAMPLE` problems, or more distinct problems than the split holds (see `max_sample`)."""
+        if isinstance(n, bool) or not hasattr(n, "__index__") or n < 0:
+            raise ValueError(f"n must be an int >= 0, got {n!r}")
+        if n > MAX_SAMPLE:
+            raise ValueError(
+                f"{n} problems asked, above {MAX_SAMPLE}, the most one sample builds (all are built up front)"
+            )
+        bound = self.max_sample(split, n)
+        if n > bound:
+            total = self.count_problems(limit=EXACT_COUNT_LIMIT + 1)
+            how = (
+                f"only {bound} distinct {split} problems exist"
+                if total <= EXACT_COUNT_LIMIT
+                else f"at most {bound} distinct {split} problems can be drawn (half the split's expected size)"
+            )
+            raise ValueError(f"{self!r} ({self.describe()}): {how}, {n} asked; raise difficulty or digits")
 
     def split_of(self, expression: str) -> str:
         """'heldout' or 'train' for an expression such as ``"47 + 38 - 19"`` (seed-independent)."""
@@ -392,11 +507,11 @@ class ArithmeticTask:
         return terms, ops
 
     def sample(self, n: int, split: str = "train") -> list[ArithmeticProblem]:
-        """n distinct problems of one split, deterministic in the task's arguments and `split`."""
+        """n distinct problems of one split, deterministic in the task's arguments and `split`. At most
+        `max_sample(split)`: more is a ValueError before anything is drawn (`check_sample_size`)."""
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
+        self.check_sample_size(n, split)
         rng = random.Random(
             f"arith|{self.difficulty}|{self.digits}|{self.operand_digits}|{self.seed}|{split}"
         )

@@ -97,10 +97,24 @@ def load_tokenizer(name_or_path: str | Path) -> Any:
     return _prepared_tokenizer(_tokenizer_from(src), src)
 
 
+@contextlib.contextmanager
+def _unloadable(src: ModelSource, what: str) -> Iterator[None]:
+    """A file transformers cannot read (a damaged tokenizer file, weights of another shape, a config value it
+    rejects: what `resolve_model`'s checks cannot see) as one ConfigError naming the path, not a traceback."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, EOFError) as e:
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        where = src.description or src.path
+        raise ConfigError(f"cannot load {what} of {where}: {type(e).__name__}: {first}") from e
+
+
 def _tokenizer_from(src: ModelSource) -> Any:
-    if src.gguf_file:
-        return AutoTokenizer.from_pretrained(src.directory, gguf_file=src.gguf_file, local_files_only=True)
-    return AutoTokenizer.from_pretrained(src.directory, local_files_only=True)
+    with _unloadable(src, "the tokenizer"):
+        kwargs = {"gguf_file": src.gguf_file} if src.gguf_file else {}
+        return AutoTokenizer.from_pretrained(src.directory, local_files_only=True, **kwargs)
 
 
 def _prepared_tokenizer(tokenizer: Any, src: ModelSource) -> Any:
@@ -184,7 +198,8 @@ def load_model(
         kwargs |= {"gguf_file": src.gguf_file, **_gguf_dense()}
     with _quiet_loading(progress):
         tokenizer = _prepared_tokenizer(_tokenizer_from(src), src)
-        model = AutoModelForCausalLM.from_pretrained(src.directory, **kwargs)
+        with _unloadable(src, "the model"):
+            model = AutoModelForCausalLM.from_pretrained(src.directory, **kwargs)
     model.to(device)
     model.eval()
     return model, tokenizer

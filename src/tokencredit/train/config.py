@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tokencredit import models, recipes
+from tokencredit.data.synthetic import MAX_DIFFICULTY, MAX_DIGITS
 from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError, closest
 from tokencredit.models import resolve_device
@@ -343,8 +344,9 @@ def validate_config(cfg: TrainConfig) -> None:
     need(cfg.model.lora_rank >= 0, "model.lora_rank", "must be >= 0 (0 = full fine-tuning)")
     need(0.0 <= cfg.model.lora_dropout < 1.0, "model.lora_dropout", "must be in [0, 1)")
     need(cfg.data.train_size >= 1, "data.train_size", "must be >= 1")
-    need(cfg.data.difficulty >= 1, "data.difficulty", "must be >= 1 (arithmetic steps of the toy task)")
-    need(cfg.data.digits >= 1, "data.digits", "must be >= 1 (digits of the toy task's numbers)")
+    need(1 <= cfg.data.difficulty <= MAX_DIFFICULTY, "data.difficulty",
+         f"must be in 1..{MAX_DIFFICULTY} (arithmetic steps of the toy task)")  # fmt: skip
+    need(1 <= cfg.data.digits <= MAX_DIGITS, "data.digits", f"must be in 1..{MAX_DIGITS} (digits of the toy task's numbers)")
     try:  # before the first evaluation renders a prompt with it
         check_template(cfg.data.template)
     except ConfigError as e:

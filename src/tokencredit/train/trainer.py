@@ -95,6 +95,7 @@ class Trainer:
         self.trackers = Trackers()  # opened by fit()
         self.recipe = resolve_recipe(cfg)
         check_recipe(self.recipe, cfg)
+        models.resolve_model(cfg.model.name)  # the model's files checked before any data is built
         # Data and reward function before the model: a malformed file or a bad reward name is
         # reported in a second, not after loading a large checkpoint.
         self.train_problems = load_problems_for(cfg.data.train, cfg.data, split="train")

@@ -5,17 +5,24 @@ Data: "toy" (the synthetic task of `difficulty` / `digits` / `operand_digits`), 
 of the hard toy warm start, `tokencredit.models.toy_task`), or a shipped benchmark name / data file
 as `tokencredit.evaluation.load_benchmark` reads it. Only the synthetic tasks have checker truth
 (the first wrong token); on other data only the oracle's metrics can be scored.
+
+Every size is checked before a model loads: the products that set memory and time against
+`MAX_ROLLOUT_TOKENS`, `MAX_ORACLE_CONTINUATIONS` and `MAX_BATCH_TOKENS`, --groups against the synthetic
+task's held-out problems, --bootstrap / --random-draws / --ks against their bounds; a reasoning-gym spec
+or a data file is read (checked) here too.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tokencredit import advantages
-from tokencredit.data import math_benchmarks, reasoning_gym
+from tokencredit.data import load_problems, math_benchmarks, reasoning_gym
+from tokencredit.data.synthetic import MAX_DIFFICULTY, MAX_DIGITS, ArithmeticTask
 from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError, closest
 from tokencredit.models import TOY_VARIANTS, toy_task
@@ -29,6 +36,12 @@ __all__ = [
     "DEFAULT_KS",
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_METHODS",
+    "MAX_BATCH_TOKENS",
+    "MAX_BOOTSTRAP",
+    "MAX_K",
+    "MAX_ORACLE_CONTINUATIONS",
+    "MAX_RANDOM_DRAWS",
+    "MAX_ROLLOUT_TOKENS",
     "ProbeConfig",
     "default_data",
     "default_max_new_tokens",
@@ -45,6 +58,24 @@ DEFAULT_GRAD_BATCHES = 4
 DEFAULT_MAX_NEW_TOKENS = 96
 DEFAULT_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=DEFAULT_MAX_NEW_TOKENS, batch_size=64)
 """The probe's sampling when neither the options nor a probed run say otherwise."""
+
+# Bounds of the probe's sizes, checked before any model loads (`probe_config`). Each is far above what
+# the documented experiments use (at most 128 groups x 8 x 128 tokens, K = 32, 256 rows per call).
+MAX_ROLLOUT_TOKENS = 2**25
+"""groups x group size x max_new_tokens: every response token's signals and credits (some 200 bytes
+over a dozen methods) stay in memory until the end, so 2**25 tokens are about 7 GB."""
+MAX_ORACLE_CONTINUATIONS = 2**28
+"""groups x group size x max_new_tokens x K: the continuations the Monte-Carlo oracle may sample (one per
+state and draw, each up to max_new_tokens long): 2**28 is hours of generation on a GPU."""
+MAX_BATCH_TOKENS = 2**22
+"""batch_size x max_new_tokens: the tokens of one generate / forward call (its memory)."""
+MAX_BOOTSTRAP = 10_000
+"""Bootstrap resamples (a standard error is settled by a few hundred; each resample re-scores every credit)."""
+MAX_RANDOM_DRAWS = 10_000
+"""Draws of the random baseline (its mean's error shrinks as 1 / sqrt(draws); each draw is scored in full)."""
+MAX_K = 1_000_000
+"""The largest k of blame@k (any k beyond a response's length already scores 100%)."""
+MAX_SEED = 2**63 - 1  # torch generators take a 64-bit seed
 
 
 @dataclass
@@ -122,8 +153,8 @@ def parse_ks(text: str) -> tuple[int, ...]:
         ks = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
     except ValueError:
         raise ConfigError(f"--ks: expected comma-separated integers, got {text!r}") from None
-    if not ks or ks[0] < 1:
-        raise ConfigError(f"--ks: expected integers >= 1, got {text!r}")
+    if not ks or ks[0] < 1 or ks[-1] > MAX_K:
+        raise ConfigError(f"--ks: expected integers in 1..{MAX_K}, got {text!r}")
     return ks
 
 
@@ -157,8 +188,16 @@ def default_max_new_tokens(data: str) -> int:
 
 def _check_data(data: str) -> None:
     """A toy task, a shipped benchmark, reasoning-gym data or an existing data file / directory (ConfigError
-    otherwise)."""
-    if data in TOY_VARIANTS or data in math_benchmarks.COUNTS or reasoning_gym.is_spec(data) or Path(data).exists():
+    otherwise); reasoning-gym data and files are read now (a spec's parameters checked, a file parsed), so
+    that a bad one is named before any model loads."""
+    if data in TOY_VARIANTS or data in math_benchmarks.COUNTS:
+        return
+    if reasoning_gym.is_spec(data):
+        reasoning_gym.check_spec(data)
+        return
+    if Path(data).exists():
+        if not load_problems(data):
+            raise ConfigError(f"--data {data}: no problems (the file is empty?)")
         return
     names = [*TOY_VARIANTS, *math_benchmarks.NAMES]
     raise ConfigError(
@@ -184,11 +223,68 @@ def _task_settings(
             return task.difficulty, task.digits, task.operand_digits
         return 3, 2, None
     run_task = run_cfg.data if run_cfg is not None and run_cfg.data.train == "toy" else None
-    return (
-        given["difficulty"] or (run_task.difficulty if run_task is not None else 3),
-        given["digits"] or (run_task.digits if run_task is not None else 2),
-        given["operand_digits"] or getattr(run_task, "operand_digits", None),
-    )
+
+    def pick(key: str, default: int | None) -> int | None:
+        if given[key] is not None:
+            return given[key]
+        return getattr(run_task, key, default) if run_task is not None else default
+
+    return pick("difficulty", 3), pick("digits", 2), pick("operand_digits", None)
+
+
+def _toy_task(
+    settings: tuple[int, int, int | None], given: dict[str, int | None], seed: int
+) -> ArithmeticTask:
+    """The synthetic task of --data toy's settings; a bad one is a ConfigError naming its option and range."""
+    difficulty, digits, operand_digits = settings
+    for key, value, high in (("difficulty", difficulty, MAX_DIFFICULTY), ("digits", digits, MAX_DIGITS)):
+        if not 1 <= value <= high:
+            source = f"--{key}" if given[key] is not None else f"the probed run's data.{key}"
+            raise ConfigError(f"{source} must be in 1..{high}, got {value}")
+    if operand_digits is not None and not 1 <= operand_digits <= digits:
+        raise ConfigError(f"--operand-digits must be in 1..{digits} (--digits), got {operand_digits}")
+    kw = {} if operand_digits is None else {"operand_digits": operand_digits}
+    return ArithmeticTask(difficulty=difficulty, digits=digits, seed=seed, **kw)
+
+
+def _check_groups_fit(task: ArithmeticTask, data: str, groups: int) -> None:
+    """--groups within the held-out problems of the synthetic task (`ArithmeticTask.max_sample`)."""
+    bound = task.max_sample("heldout", groups)
+    if groups > bound:
+        raise ConfigError(
+            f"--groups {groups}: the {data!r} task ({task.describe()}) gives at most {bound} distinct held-out "
+            f"problems; lower --groups" + (", or raise --difficulty or --digits" if data == "toy" else "")
+        )
+
+
+def _check_sizes(
+    groups: int, group_size: int, max_new_tokens: int, batch_size: int, oracle: int, seed: int
+) -> None:
+    """The products that decide the probe's memory and time, within `MAX_ROLLOUT_TOKENS`,
+    `MAX_ORACLE_CONTINUATIONS` and `MAX_BATCH_TOKENS`; a ConfigError naming the option and its bound."""
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be in 0..{MAX_SEED} (2**63 - 1), got {seed}")
+    tokens = groups * group_size * max_new_tokens
+    if tokens > MAX_ROLLOUT_TOKENS:
+        most = max(1, MAX_ROLLOUT_TOKENS // (group_size * max_new_tokens))
+        raise ConfigError(
+            f"--groups {groups} x --group-size {group_size} x --max-new-tokens {max_new_tokens} = {tokens:,} response "
+            f"tokens, above the probe's bound of {MAX_ROLLOUT_TOKENS:,} (2**25: each token's signals and credits, "
+            f"some 200 bytes, stay in memory); at most --groups {most} at this --group-size and --max-new-tokens"
+        )
+    if oracle and tokens * oracle > MAX_ORACLE_CONTINUATIONS:
+        most = max(2, MAX_ORACLE_CONTINUATIONS // tokens)
+        raise ConfigError(
+            f"--oracle {oracle}: up to {tokens:,} states (--groups x --group-size x --max-new-tokens) x K = "
+            f"{tokens * oracle:,} continuations, above the probe's bound of {MAX_ORACLE_CONTINUATIONS:,} (2**28); "
+            f"at most --oracle {most} at these sizes"
+        )
+    if batch_size * max_new_tokens > MAX_BATCH_TOKENS:
+        most = max(1, MAX_BATCH_TOKENS // max_new_tokens)
+        raise ConfigError(
+            f"--batch-size {batch_size} x --max-new-tokens {max_new_tokens} = {batch_size * max_new_tokens:,} tokens "
+            f"per call, above the probe's bound of {MAX_BATCH_TOKENS:,} (2**22); at most --batch-size {most}"
+        )
 
 
 def _check_counts(**counts: int) -> None:
@@ -197,6 +293,8 @@ def _check_counts(**counts: int) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if counts["group_size"] < 2:
         raise ConfigError(f"--group-size must be >= 2 for a group baseline, got {counts['group_size']}")
+    if counts["random_draws"] > MAX_RANDOM_DRAWS:
+        raise ConfigError(f"--random-draws must be in 1..{MAX_RANDOM_DRAWS}, got {counts['random_draws']}")
 
 
 def _sampling(
@@ -210,15 +308,17 @@ def _sampling(
         else (run_cfg.rollout.temperature if run_cfg is not None else 1.0)
     )
     check_template(tpl)
-    if temp <= 0:
-        raise ConfigError(f"--temperature must be > 0 (the probe samples groups), got {temp}")
+    if not math.isfinite(temp) or temp <= 0:
+        raise ConfigError(f"--temperature must be a finite number > 0 (the probe samples groups), got {temp}")
     return tpl, float(temp)
 
 
 def _check_oracle(data: str, k: int, delta: float, bootstrap: int, grad_batches: int) -> None:
     """The oracle table's options: K, delta, the bootstrap resamples and the gradient batches."""
-    if bootstrap != 0 and bootstrap < 2:
-        raise ConfigError(f"--bootstrap must be 0 (no standard errors) or >= 2 resamples, got {bootstrap}")
+    if bootstrap != 0 and not 2 <= bootstrap <= MAX_BOOTSTRAP:
+        raise ConfigError(
+            f"--bootstrap must be 0 (no standard errors) or 2..{MAX_BOOTSTRAP} resamples, got {bootstrap}"
+        )
     if grad_batches != 0 and grad_batches < 2:
         raise ConfigError(
             f"--grad-batches must be 0 (no gradient cosines) or >= 2 batches (a standard error), got {grad_batches}"
@@ -270,9 +370,11 @@ def probe_config(
         random_draws=random_draws,
     )  # fmt: skip
     _check_oracle(data, oracle, oracle_delta, bootstrap, grad_batches)
-    task = _task_settings(
-        data, run_cfg, {"difficulty": difficulty, "digits": digits, "operand_digits": operand_digits}
-    )
+    _check_sizes(groups, group_size, max_new_tokens, batch_size, oracle, seed)
+    given = {"difficulty": difficulty, "digits": digits, "operand_digits": operand_digits}
+    task = _task_settings(data, run_cfg, given)
+    if data in TOY_VARIANTS:
+        _check_groups_fit(_toy_task(task, given, seed), data, groups)
     template, temperature = _sampling(run_cfg, template, temperature)
     sampling = SamplingSettings(
         temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens, batch_size=batch_size

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,15 +16,36 @@ from tokencredit.report.probe.config import ProbeConfig
 from tokencredit.report.probe.truth import LABELS
 
 __all__ = [
+    "code_span",
     "evolution_table",
     "fidelity_table",
     "gradient_line",
     "markdown_report",
+    "md_text",
     "oracle_label",
     "point_table",
     "probe_result",
     "write_report",
 ]
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#~&!])")
+
+
+def md_text(value: Any) -> str:
+    """A user string (a model path, a data spec, a method name) as literal Markdown text: its characters that
+    Markdown reads as markup (emphasis, code, links, HTML, table cells, headings) backslash-escaped, and its
+    line breaks made spaces, so that it can neither format the report nor break a heading or a table row."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(value).splitlines()))
+
+
+def code_span(value: Any) -> str:
+    """`value` as one Markdown code span: fenced by more backticks than any run inside it (padded with a
+    space when it starts or ends with one), its line breaks made spaces."""
+    text = " ".join(str(value).splitlines())
+    fence = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def probe_result(
@@ -53,10 +75,15 @@ def _rank(r: dict[str, Any]) -> str:
     return f"{r['mean_rank']:.1f} ({r['mean_rank_frac']:.2f})"
 
 
+def _na_text(r: dict[str, Any]) -> str:
+    """The cell of a method that was not scored: its reason, escaped (it may quote a user's name)."""
+    reason = r.get("reason", "n/a")
+    return md_text(reason if reason == NA_LORA else f"n/a ({reason})")
+
+
 def _row(name: str, r: dict[str, Any], ks: Sequence[int]) -> str:
     if r.get("status", "ok") != "ok":
-        reason = r.get("reason", "n/a")
-        text = reason if reason == NA_LORA else f"n/a ({reason})"
+        text = _na_text(r)
         return f"| {name} | " + " | ".join([text] + [""] * (len(ks) + len(LABELS))) + " |"
     cells = [_pct(r.get(f"blame@{k}"), r.get(f"blame@{k}_se")) for k in ks] + [_rank(r)]
     cells += [_pct(r.get(f"mass_{lab}")) for lab in LABELS]
@@ -80,7 +107,7 @@ def point_table(point: dict[str, Any], ks: Sequence[int]) -> str:
     )
     sep = "|" + "---|" * (len(ks) + 2 + len(LABELS))
     lines = [head, sep]
-    lines += [_row(name, r, ks) for name, r in point["methods"].items()]
+    lines += [_row(md_text(name), r, ks) for name, r in point["methods"].items()]
     lines.append(_row("*random (chance)*", point["baselines"]["random"], ks))
     lines.append(_row("*uniform (chance)*", point["baselines"]["uniform"], ks))
     oracle = point.get("oracle")
@@ -113,8 +140,7 @@ def _grad_cells(r: dict[str, Any] | None, n: int = 2) -> list[str]:
 def _fidelity_row(name: str, r: dict[str, Any], ks: Sequence[int], grads: int = 0) -> str:
     """One row of the fidelity table; `grads`: the number of gradient-cosine columns (0, 2 or 3)."""
     if r.get("status", "ok") != "ok":
-        reason = r.get("reason", "n/a")
-        text = reason if reason == NA_LORA else f"n/a ({reason})"
+        text = _na_text(r)
         return f"| {name} | " + " | ".join([text] + [""] * (len(ks) + 3 + grads)) + " |"
     cells = [_rho(r[k], r.get(f"{k}_se")) for k in ("spearman", "spearman_per_response")]
     cells += [_pct(r[k], r.get(f"{k}_se")) for k in ("sign_agreement", "significant_share")]
@@ -165,7 +191,7 @@ def fidelity_table(oracle: dict[str, Any], ks: Sequence[int]) -> str:
         + " |"
     )
     lines = [head, "|" + "---|" * (len(ks) + 5 + grads)]
-    lines += [_fidelity_row(name, r, ks, grads) for name, r in oracle["methods"].items()]
+    lines += [_fidelity_row(md_text(name), r, ks, grads) for name, r in oracle["methods"].items()]
     lines.append(_fidelity_row("*random (chance)*", oracle["baselines"]["random"], ks, grads))
     lines.append(_fidelity_row("*uniform (chance)*", oracle["baselines"]["uniform"], ks, grads))
     cells = [f"cost: {_cost_text(oracle['cost'])}"] + [""] * (len(ks) + 3)
@@ -257,7 +283,7 @@ def expected_table(expected: dict[str, Any]) -> list[str]:
         "| credit | cos(E g, E g*) | cos(E g, E g_GRPO) | signal share |",
         "|---|---|---|---|",
     ]
-    lines += [_expected_row(n, r) for n, r in expected["credits"].items()]
+    lines += [_expected_row(md_text(n), r) for n, r in expected["credits"].items()]
     lines.append(_expected_row(r"*A\* (oracle)*", expected["references"]["oracle"]))
     return lines
 
@@ -304,7 +330,7 @@ def _summary_line(point: dict[str, Any]) -> str:
 def evolution_table(points: Sequence[dict[str, Any]], ks: Sequence[int]) -> str:
     """Methods x probed points: blame@k for the two smallest k, to show how blame accuracy evolves."""
     shown = list(ks[:2])
-    head = "| credit | " + " | ".join(p["label"] for p in points) + " |"
+    head = "| credit | " + " | ".join(md_text(p["label"]) for p in points) + " |"
     lines = [head, "|" + "---|" * (len(points) + 1)]
     names: list[str] = []
     for p in points:
@@ -316,7 +342,7 @@ def evolution_table(points: Sequence[dict[str, Any]], ks: Sequence[int]) -> str:
         return " / ".join(_pct(r.get(f"blame@{k}")) for k in shown)
 
     for n in names:
-        lines.append(f"| {n} | " + " | ".join(cell(p["methods"].get(n)) for p in points) + " |")
+        lines.append(f"| {md_text(n)} | " + " | ".join(cell(p["methods"].get(n)) for p in points) + " |")
     for b in ("random", "uniform"):
         lines.append(f"| *{b} (chance)* | " + " | ".join(cell(p["baselines"][b]) for p in points) + " |")
     return "\n".join(lines)
@@ -348,11 +374,12 @@ def _data_summary_line(point: dict[str, Any]) -> str:
 
 def _point_section(point: dict[str, Any], ks: Sequence[int]) -> list[str]:
     """A point's heading, summary line, checker table (synthetic task) and fidelity section (--oracle)."""
-    out = ["", f"## {point['label']}", ""]
+    out = ["", f"## {md_text(point['label'])}", ""]
+    source = md_text(point["source"])
     if "methods" in point:
-        out += [f"{point['source']}. {_summary_line(point)}", "", point_table(point, ks)]
+        out += [f"{source}. {_summary_line(point)}", "", point_table(point, ks)]
     else:
-        out.append(f"{point['source']}. {_data_summary_line(point)}")
+        out.append(f"{source}. {_data_summary_line(point)}")
     mc = point.get("mc_signals")
     if mc:
         out += ["", _mc_columns_line(mc)]
@@ -380,26 +407,26 @@ def _preamble(result: dict[str, Any]) -> list[str]:
         out = [
             "# tokencredit probe: does the credit blame the first wrong token?",
             "",
-            f"`{result['command']}`",
+            code_span(result["command"]),
             "",
             f"blame@k: share of wrong rollouts whose first wrong token is among the k most negatively credited "
             f"tokens (expected value under random tie-breaking); mean rank of that token (1 = most negative; "
             f"rank / length in brackets); |Â| columns: share of the credit mass on format / computed / answer / "
             f"free tokens (free: the connectives and endings of the free-phrasing task). Effective credit "
             f"(per-token gradient weight at ratio 1); sequence advantage "
-            f"{cfg['advantage']}; task difficulty {cfg['difficulty']}, "
+            f"{md_text(cfg['advantage'])}; task difficulty {cfg['difficulty']}, "
             f"digits {cfg['digits']}, temperature {cfg['temperature']}, seed "
             f"{cfg['seed']}.",
         ]
     else:
         out = [
-            f"# tokencredit probe: credit fidelity against Monte-Carlo A* on {cfg['data']}",
+            f"# tokencredit probe: credit fidelity against Monte-Carlo A* on {md_text(cfg['data'])}",
             "",
-            f"`{result['command']}`",
+            code_span(result["command"]),
             "",
-            f"{cfg['data']} has no checker truth (no known first wrong token): only the oracle-based metrics "
+            f"{md_text(cfg['data'])} has no checker truth (no known first wrong token): only the oracle-based metrics "
             f"are reported. Effective credit (per-token gradient weight at ratio 1); sequence advantage "
-            f"{cfg['advantage']}; temperature {cfg['temperature']}, seed {cfg['seed']}.",
+            f"{md_text(cfg['advantage'])}; temperature {cfg['temperature']}, seed {cfg['seed']}.",
         ]
     if cfg.get("oracle_k", 0) > 0:
         out += ["", _FIDELITY_LEGEND]

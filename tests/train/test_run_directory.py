@@ -21,7 +21,8 @@ from bad_input import one_line_error
 from conftest import _micro_sets
 from tokencredit import cli
 from tokencredit.errors import ConfigError
-from tokencredit.train.rundir import MetricsLog, RunDir, RunLock
+from tokencredit.train.lock import RunLock
+from tokencredit.train.rundir import MetricsLog, RunDir
 
 
 def _args(sets: list[str]) -> list[str]:
@@ -111,7 +112,7 @@ def test_a_second_writer_stops_naming_the_holder(finished, capsys):
     pid; once the holder is killed with SIGKILL the OS has released the lock and the resume goes on."""
     run, _ = finished
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from tokencredit.train.rundir import RunLock; "
+        [sys.executable, "-c", "import sys, time; from tokencredit.train.lock import RunLock; "
          f"lock = RunLock({str(run)!r}); print('locked', flush=True); time.sleep(120)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

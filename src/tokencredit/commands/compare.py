@@ -39,7 +39,7 @@ from tokencredit.report.compare.tune import (
     tune_scores,
     tune_seeds,
 )
-from tokencredit.train.rundir import RunLock
+from tokencredit.train.lock import RunLock
 
 
 def _add_fair_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,8 +18,8 @@
     RUN_DIR/.lock                  held (flock) by the one process that writes the run (`RunLock`)
 
 One writer per run directory: `tokencredit train`, `--resume` and `compare`'s runs hold an exclusive
-lock on RUN_DIR/.lock for the life of the process (`RunLock`; the OS releases it on any exit, kill -9
-included); a second writer stops at once naming the holder's pid. Readers (explain, probe, eval)
+lock on RUN_DIR/.lock for the life of the process (`tokencredit.train.lock.RunLock`, taken by
+`RunDir.claim`; the OS releases it on any exit, kill -9 included); a second writer stops at once naming the holder's pid. Readers (explain, probe, eval)
 take no lock. A new run never lands in a directory that holds another (`RunDir.check_fresh`):
 `--overwrite` replaces a run directory whole (`replace_run`), never a folder of other files.
 
@@ -58,13 +58,9 @@ from tokencredit.errors import ConfigError, DiskFullError, WriteFailedError
 from tokencredit.recipes import Recipe, from_dict, resolve
 from tokencredit.rollout import records
 from tokencredit.train.config import TrainConfig, dump_toml, load_config
+from tokencredit.train.lock import LOCK_NAME, RunLock
 
-try:  # POSIX; elsewhere a run directory is not locked (RunLock says so in its docstring)
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
-
-__all__ = ["MetricsLog", "RunDir", "RunLock", "atomic_write_bytes", "atomic_write_text", "damaged_line", "disk_full",
+__all__ = ["MetricsLog", "RunDir", "atomic_write_bytes", "atomic_write_text", "damaged_line", "disk_full",
            "check_replaceable", "fsync_dir", "is_disk_full", "parse_json_line", "replace_run", "rollout_records", "write_error"]  # fmt: skip
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.(jsonl|json|pt)$")
@@ -503,7 +499,7 @@ class RunDir:
 
 
 # What a run directory may hold before its first record: `check_fresh` lets a new run start there.
-_PREPARED = frozenset({"config.toml", "recipe.json", "train.log", ".lock"})
+_PREPARED = frozenset({"config.toml", "recipe.json", "train.log", LOCK_NAME})
 # Every name a run directory's layout has (the module docstring); `replace_run` removes nothing else.
 _LAYOUT = re.compile(
     r"^(config\.toml|recipe\.json|metrics\.jsonl|rollouts|checkpoints|summary\.json|curves\.png|final|train\.log"
@@ -522,43 +518,6 @@ def _check_creatable(path: Path, where: str) -> None:
         raise ConfigError(f"{where}: cannot create it, {parent} is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{where}: cannot create it, {parent} is not writable")
-
-
-class RunLock:
-    """The one writer of a run directory: an exclusive, non-blocking `fcntl.flock` on RUN_DIR/.lock,
-    held until `release()` or the process's end (the OS drops it on any exit, kill -9 included, so a
-    stale lock file never blocks anyone). The holder's pid is written into the file, and a second
-    writer's ConfigError names it. Without fcntl (Windows) nothing is locked."""
-
-    def __init__(self, run_dir: str | Path, option: str = "--out") -> None:
-        self.path = Path(run_dir) / ".lock"
-        self._file: Any = None
-        if fcntl is None:  # pragma: no cover - Windows
-            return
-        try:
-            f = open(self.path, "a+")  # noqa: SIM115 - held for the life of the lock
-        except OSError as e:
-            raise ConfigError(f"{option} {run_dir}: cannot create its lock file ({e.strerror or e})") from None
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            f.close()
-            raise ConfigError(
-                f"{option} {run_dir} is in use by another tokencredit process (pid {holder}); wait for it to "
-                "end, or give another directory"
-            ) from None
-        f.truncate(0)
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        self._file = f
-
-    def release(self) -> None:
-        """Let another process write the run (idempotent)."""
-        if self._file is not None:
-            self._file.close()  # closing the file drops the flock
-            self._file = None
 
 
 def check_replaceable(path: str | Path, option: str = "--out") -> None:

@@ -135,6 +135,7 @@ def test_empty_jsonl_and_a_directory_given_as_jsonl(tiny_model_dir, tmp_path, ca
     _refused(
         ["--jsonl", tmp_path / "d", *out], capsys, ["--jsonl", str(tmp_path / "d"), "a directory"], tmp_path
     )
+    _refused(["--jsonl", "/dev/zero", *out], capsys, ["--jsonl /dev/zero: not a regular file"], tmp_path)
 
 
 # ---- options: each names the option ----------------------------------------------------------------------

@@ -119,3 +119,25 @@ def test_special_token_text_in_a_problem_is_said_once(tiny_model_dir, micro_sets
     assert cli.main(["train", "--recipe", "strace", "--out", str(tmp_path / "run"), *sets]) == 0
     out = capsys.readouterr().out
     assert out.count("warning: a training problem's text contains '<|im_end|>'") == 1
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--config", "/dev/zero"], "--config /dev/zero is not a regular file (a device or a pipe?)"),
+        (["--out", ""], "--out is empty"),
+        (["--out", "{tmp}/" + "a" * 300], "cannot use it (File name too long)"),
+        (["--out", "{tmp}/made/../run"], "--out {tmp}/run already holds a run"),
+        (["--set", "run.name=.", "--set", "run.out_dir={tmp}"], "run.name must be a directory name inside run.out_dir"),
+    ],
+)
+def test_odd_paths(argv, expected, tiny_model_dir, micro_sets, tmp_path, capsys):
+    """Paths an adversarial user tried: a device as the config, an empty or over-long --out, a path through
+    a directory that does not exist (refused without creating it), a run.name that is the out_dir itself."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.toml").write_text("")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    one_line_error(["train", *_args(micro_sets(tiny_model_dir)), *argv], capsys, names=[expected.replace("{tmp}", str(tmp_path))])
+    assert not (tmp_path / "made").exists()

@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         if Path(cfg.model.name).expanduser().exists() and cfg.model.name not in {*MODEL_ALIASES, *TOY_VARIANTS}:
             # a directory or .gguf file is recorded absolute: --resume, explain and probe reload it from anywhere
             cfg.model.name = str(Path(cfg.model.name).expanduser().resolve())
+        if args.out is not None and not args.out.strip():
+            raise ConfigError("--out is empty: give the run's directory (or leave --out out for runs/<recipe>-s<seed>-<time>)")
         if args.out:
             run_dir = Path(args.out)
         else:

@@ -86,7 +86,7 @@ MAX_DIFFICULTY = 32
 tokenizer) per step, so 32 steps already need some 400 tokens of a model's context and rollout budget."""
 MAX_DIGITS = 4
 """Most digits of the running totals (and of the operands)."""
-MAX_SAMPLE = 1_000_000
+MAX_SAMPLE = 100_000  # about 10 s to build on a busy 2-core machine (~100 us a problem)
 """Most problems one `sample` call builds: they are all built up front (about 30 s and 1 GB for a
 million), and a training run draws from them with replacement across epochs, so more add nothing."""
 EXACT_COUNT_LIMIT = 1_000_000

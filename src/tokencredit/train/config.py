@@ -293,6 +293,8 @@ def load_config(
             p = SHIPPED_CONFIGS / f"{path}.toml"
         if p.is_dir():
             raise ConfigError(f"--config {p} is a directory, not a TOML file")
+        if p.exists() and not p.is_file():
+            raise ConfigError(f"--config {p} is not a regular file (a device or a pipe?); give a TOML file")
         if not p.is_file():
             known = ", ".join(shipped_configs())
             raise ConfigError(f"config file not found: {p} (shipped configs: {known})")
@@ -335,7 +337,7 @@ def validate_config(cfg: TrainConfig) -> None:
     r, o, e = cfg.rollout, cfg.optim, cfg.eval
     need(cfg.run.steps >= 0, "run.steps", "must be >= 0")
     name = Path(cfg.run.name)
-    need(not name.is_absolute() and ".." not in name.parts, "run.name",
+    need(not name.is_absolute() and ".." not in name.parts and (bool(name.parts) or not cfg.run.name), "run.name",
          "must be a directory name inside run.out_dir (no absolute path, no '..'; give --out for another place)")  # fmt: skip
     need(cfg.run.threads >= 0, "run.threads", "must be >= 0 (0 = auto)")
     _check_device(cfg.run.device)

@@ -263,7 +263,8 @@ class RunDir:
     """Paths and file I/O of one run directory (see the module docstring for the layout)."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        # normalised as text ("a/../run" is "run"): making it never creates a directory it passes through
+        self.path = Path(os.path.normpath(path))
         self.config_path = self.path / "config.toml"
         self.recipe_path = self.path / "recipe.json"
         self.metrics = MetricsLog(self.path / "metrics.jsonl")
@@ -290,15 +291,16 @@ class RunDir:
         that holds only what comes before a run's first record (`_PREPARED`: the config that
         `tokencredit compare` writes before it starts the run, a lock, a start-up log). Only reads."""
         where = f"{option} {self.path}"
-        if self.path.exists() and not self.path.is_dir():
-            raise ConfigError(f"{where} is a file, not a directory: give a directory for the run")
-        if not self.path.exists():
-            _check_creatable(self.path, where)
-            return
         try:
+            exists, is_dir = self.path.exists(), self.path.is_dir()
+            if exists and not is_dir:
+                raise ConfigError(f"{where} is a file, not a directory: give a directory for the run")
+            if not exists:
+                _check_creatable(self.path, where)
+                return
             entries = sorted(p.name for p in self.path.iterdir())
-        except OSError as e:
-            raise ConfigError(f"{where}: cannot list it ({e.strerror or e})") from None
+        except OSError as e:  # a name too long, a loop of links, a directory it may not read
+            raise ConfigError(f"{where}: cannot use it ({e.strerror or e})") from None
         if not set(entries) - _PREPARED:
             if not os.access(self.path, os.W_OK | os.X_OK):
                 raise ConfigError(f"{where}: the directory is not writable")

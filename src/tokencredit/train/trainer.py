@@ -132,7 +132,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         if overwrite and not resume:
             replace_run(self.run_dir)
-        self.lock = self.run.claim(fresh=not resume)  # one writer: a second trainer on this directory stops here
+        # one writer: a second trainer on this directory stops here
+        self.lock = self.run.claim(fresh=not resume, option="--resume" if resume else "--out")
         if resume:
             self._restore()
         else:

@@ -358,6 +358,8 @@ def load_jsonl(path: str | Path) -> list[GroupInput]:
         raise ConfigError(
             f"--jsonl {p}: a directory, not a JSONL file (a run directory is given without --jsonl)"
         )
+    if p.exists() and not p.is_file():
+        raise ConfigError(f"--jsonl {p}: not a regular file (a device or a pipe?); give a JSONL file")
     if not p.is_file():
         raise ConfigError(f"--jsonl: file not found: {p}")
     try:

@@ -80,7 +80,8 @@ def _fmt(x: float | None, digits: int = 3, signed: bool = False) -> str:
 
 
 def visible_bidi(s: str) -> str:
-    """`s` with each bidirectional control character written out as ⟨U+XXXX⟩ (`BIDI_CONTROLS`)."""
+    """`s` with each bidirectional control character written out as its code point, e.g. ⟨U+202E⟩
+    (`BIDI_CONTROLS`)."""
     return s.translate(_BIDI_VISIBLE)
 
 
@@ -91,7 +92,7 @@ def _esc(s: Any) -> str:
 
 def _token_html(tok: str) -> str:
     """Visible whitespace: newline as ↵ plus a line break, tab as →, empty token as ∅; a bidirectional
-    control character as ⟨U+XXXX⟩."""
+    control character as its code point (⟨U+202E⟩)."""
     if tok == "":
         return '<i class="ws">∅</i>'
     parts = []

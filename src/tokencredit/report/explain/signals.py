@@ -308,6 +308,34 @@ def _check_embeddings(src: Source, model: Any) -> None:
         check_token_ids(src.groups, n, src.model_path)
 
 
+def _obtainable(groups: list[Any], wanted: set[str], unavailable: dict[str, str]) -> set[str]:
+    """`wanted` less the signals the groups lack the fields for, each said in `unavailable`."""
+    wanted = set(wanted)
+    if "neg_log_probs" in wanted and any(g.problem is None for g in groups):
+        wanted.discard("neg_log_probs")
+        unavailable["neg_log_probs"] = "GCPO's negative prompt needs each group's 'problem' text"
+    for name in wanted & set(MC_SIGNALS):
+        if any(g.answer is None for g in groups):
+            wanted.discard(name)
+            unavailable[name] = "the Monte-Carlo values need each group's 'answer' for the verifier"
+    return wanted
+
+
+def _fit_to_model(src: Source, model: Any, tokenizer: Any, notes: list[str], warnings: list[str]) -> list[list[int]]:
+    """Each group's prompt ids, once the completions' ids are checked against the model's embeddings and
+    each completion is cut to the model's positions after its prompt (a no-op when `prepare_tokens` read
+    the same positions ahead, as for a JSONL; not for a run's model)."""
+    _check_embeddings(src, model)
+    prompt_ids = _prompt_ids(src.groups, tokenizer, src.template)
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    _cut_all(
+        src.groups, max_tokens=None, positions=_positions(config), prompt_lengths=[len(p) for p in prompt_ids],
+        model=src.model_path, notes=notes, warnings=warnings,
+    )  # fmt: skip
+    return prompt_ids
+
+
 def batch_with_signals(
     src: Source,
     needs: set[str],
@@ -334,14 +362,7 @@ def batch_with_signals(
         model, tokenizer = _load_jsonl_model(src, device)
     tokenize_completions(src.groups, tokenizer)
     saved = {} if recompute_all else saved_signals(src.groups)
-    wanted = (needs | set(DISPLAY_SIGNALS)) - set(saved)
-    if "neg_log_probs" in wanted and any(g.problem is None for g in src.groups):
-        wanted.discard("neg_log_probs")
-        unavailable["neg_log_probs"] = "GCPO's negative prompt needs each group's 'problem' text"
-    for name in wanted & set(MC_SIGNALS):
-        if any(g.answer is None for g in src.groups):
-            wanted.discard(name)
-            unavailable[name] = "the Monte-Carlo values need each group's 'answer' for the verifier"
+    wanted = _obtainable(src.groups, (needs | set(DISPLAY_SIGNALS)) - set(saved), unavailable)
     if model is None and needs - set(saved):
         loaded = _recompute_model(src, wanted, device, notes, unavailable)
         if loaded is not None:
@@ -358,15 +379,7 @@ def batch_with_signals(
     given = dict(saved)
     prompt_ids: list[list[int]] = []
     if wanted or sampled:
-        _check_embeddings(src, model)
-        prompt_ids = _prompt_ids(src.groups, tokenizer, src.template)
-        config = getattr(model, "config", None)
-        config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        # a no-op when `prepare_tokens` read the same positions ahead (a JSONL), not for a run's model
-        _cut_all(
-            src.groups, max_tokens=None, positions=_positions(config), prompt_lengths=[len(p) for p in prompt_ids],
-            model=src.model_path, notes=notes, warnings=warnings,
-        )  # fmt: skip
+        prompt_ids = _fit_to_model(src, model, tokenizer, notes, warnings)
         given = saved_signals(src.groups) if saved else given  # as cut
     scored = scored_rollouts(src.groups, tokenizer)
     if wanted or sampled:

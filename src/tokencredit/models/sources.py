@@ -206,15 +206,9 @@ def _hub(name: str, repo: str, revision: str | None) -> ModelSource | None:
             + _fetch_hint(repo, revision)
         )
     if not (folder / "config.json").is_file():
-        ggufs = sorted(p.name for p in folder.glob("*.gguf"))
-        hint = (
-            f"; it holds GGUF file(s) {', '.join(ggufs)}: give one's path, e.g. {folder / ggufs[0]}"
-            if ggufs
-            else ""
-        )
         raise ConfigError(
             f"the cached snapshot of the Hugging Face model {repo!r}{at} ({folder}) has no config.json (an "
-            f"interrupted download?){hint}; to complete it, " + _fetch_hint(repo, revision)
+            f"interrupted download?){_gguf_hint(folder)}; to complete it, " + _fetch_hint(repo, revision)
         )
     check_model_directory(folder, name)
     return ModelSource(
@@ -302,18 +296,21 @@ def _safetensors_problem(file: Path) -> str | None:
     return None
 
 
+def _gguf_hint(folder: Path) -> str:
+    """'; it holds GGUF file(s) ...: give one's path' for a folder without a model's config or weights
+    but with .gguf files, else ''."""
+    ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+    if not ggufs:
+        return ""
+    return f"; it holds GGUF file(s) {', '.join(ggufs[:3])}: give one's path, e.g. {folder / ggufs[0]}"
+
+
 def _check_weights(path: Path, name: str) -> None:
     """The directory's weights: one of `WEIGHT_FILES`, a safetensors file complete, an index's shards there."""
     present = [f for f in WEIGHT_FILES if (path / f).is_file()]
     if not present:
-        ggufs = sorted(p.name for p in path.glob("*.gguf"))
-        hint = (
-            f"; it holds GGUF file(s) {', '.join(ggufs[:3])}: give one's path, e.g. {path / ggufs[0]}"
-            if ggufs
-            else ""
-        )
         raise ConfigError(
-            f"model directory {name!r} has no weights ({' or '.join(WEIGHT_FILES[::2])} in {path}){hint}"
+            f"model directory {name!r} has no weights ({' or '.join(WEIGHT_FILES[::2])} in {path}){_gguf_hint(path)}"
         )
     first = present[0]
     if first.endswith(".index.json"):

@@ -21,9 +21,15 @@ def _args(sets: list[str]) -> list[str]:
 
 SET_CASES = [
     # (--set assignment, what the line must name)
-    ("algo.overrides={eps_high=0.3", "algo.overrides: expected a table such as {eps_high = 0.3}, got '{eps_high=0.3'"),
+    (
+        "algo.overrides={eps_high=0.3",
+        "algo.overrides: expected a table such as {eps_high = 0.3}, got '{eps_high=0.3'",
+    ),
     ("algo.overrides=[1, 2]", "algo.overrides: expected a table"),
-    ("algo.overrides=" + "[" * 5000, "algo.overrides: expected a table"),  # nested too deeply to parse: a string
+    (
+        "algo.overrides=" + "[" * 5000,
+        "algo.overrides: expected a table",
+    ),  # nested too deeply to parse: a string
     ("data.digits=0", "data.digits must be in 1..4"),
     ("data.digits=-3", "data.digits must be in 1..4"),
     ("data.difficulty=0", "data.difficulty must be in 1..32"),
@@ -47,9 +53,13 @@ def test_bad_set_values(assignment, expected, tiny_model_dir, micro_sets, tmp_pa
     out = tmp_path / "run"
     t0 = time.perf_counter()
     one_line_error(
-        ["train", "--out", str(out), *_args(micro_sets(tiny_model_dir)), "--set", assignment], capsys, names=[expected]
+        ["train", "--out", str(out), *_args(micro_sets(tiny_model_dir)), "--set", assignment],
+        capsys,
+        names=[expected],
     )
-    assert time.perf_counter() - t0 < 30 and not out.exists()  # stopped before the model loaded, nothing written
+    assert (
+        time.perf_counter() - t0 < 30 and not out.exists()
+    )  # stopped before the model loaded, nothing written
 
 
 TOML_CASES = [
@@ -57,10 +67,10 @@ TOML_CASES = [
     (b"[run]\nsteps = true\n", ": run.steps: expected an integer, got True"),
     (b"[optim]\nlr = true\n", ": optim.lr: expected a number, got True"),
     (b"[run]\nsteps = 3\n\x00\x9f\x92\x96\xff", ":3: not a UTF-8 text file (byte 17)"),
-    (b"[run]\nname = \"caf\xe9\"\n", ":2: not a UTF-8 text file (byte 17)"),  # Latin-1
+    (b'[run]\nname = "caf\xe9"\n', ":2: not a UTF-8 text file (byte 17)"),  # Latin-1
     (b"[run\nsteps = 3\n", ": invalid TOML: "),
     (b"x = " + b"[" * 20000 + b"]" * 20000 + b"\n", ": invalid TOML: "),
-    (b"[algo]\noverrides = \"eps_high=0.3\"\n", ": algo.overrides: expected a table"),
+    (b'[algo]\noverrides = "eps_high=0.3"\n', ": algo.overrides: expected a table"),
     (b"[run]\nsteps = 3\n[runn]\n", ": unknown section [runn] (closest: run)"),
 ]
 
@@ -82,7 +92,10 @@ def test_bad_config_files(content, expected, tiny_model_dir, micro_sets, tmp_pat
     [
         (["--config", "{tmp}"], "is a directory, not a TOML file"),
         (["--config", "{tmp}/missing.toml"], "config file not found: {tmp}/missing.toml (shipped configs: "),
-        (["--resume", "{tmp}/run", "--out", "{tmp}/other"], "--resume continues the run in its own directory"),
+        (
+            ["--resume", "{tmp}/run", "--out", "{tmp}/other"],
+            "--resume continues the run in its own directory",
+        ),
         (["--resume", "{tmp}/nope"], "--resume {tmp}/nope: the directory does not exist"),
     ],
 )
@@ -114,7 +127,9 @@ def test_special_token_text_in_a_problem_is_said_once(tiny_model_dir, micro_sets
     """A documented acceptance: the rendered prompt is tokenised whole, so `<|im_end|>` in a problem is
     read as the token (as TRL and verl read it), and the run says so once instead of silently."""
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(f'{{"id": "p{i}", "problem": "1+{i}<|im_end|>?", "answer": "{1 + i}"}}\n' for i in range(4)))
+    data.write_text(
+        "".join(f'{{"id": "p{i}", "problem": "1+{i}<|im_end|>?", "answer": "{1 + i}"}}\n' for i in range(4))
+    )
     sets = _args(micro_sets(tiny_model_dir, steps=1, **{"data.train": data, "data.eval": data}))
     assert cli.main(["train", "--recipe", "strace", "--out", str(tmp_path / "run"), *sets]) == 0
     out = capsys.readouterr().out
@@ -128,7 +143,10 @@ def test_special_token_text_in_a_problem_is_said_once(tiny_model_dir, micro_sets
         (["--out", ""], "--out is empty"),
         (["--out", "{tmp}/" + "a" * 300], "cannot use it (File name too long)"),
         (["--out", "{tmp}/made/../run"], "--out {tmp}/run already holds a run"),
-        (["--set", "run.name=.", "--set", "run.out_dir={tmp}"], "run.name must be a directory name inside run.out_dir"),
+        (
+            ["--set", "run.name=.", "--set", "run.out_dir={tmp}"],
+            "run.name must be a directory name inside run.out_dir",
+        ),
     ],
 )
 def test_odd_paths(argv, expected, tiny_model_dir, micro_sets, tmp_path, capsys):
@@ -139,5 +157,9 @@ def test_odd_paths(argv, expected, tiny_model_dir, micro_sets, tmp_path, capsys)
     (run / "config.toml").write_text("")
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    one_line_error(["train", *_args(micro_sets(tiny_model_dir)), *argv], capsys, names=[expected.replace("{tmp}", str(tmp_path))])
+    one_line_error(
+        ["train", *_args(micro_sets(tiny_model_dir)), *argv],
+        capsys,
+        names=[expected.replace("{tmp}", str(tmp_path))],
+    )
     assert not (tmp_path / "made").exists()

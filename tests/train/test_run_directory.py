@@ -55,7 +55,9 @@ def test_out_on_a_run_stops_before_anything_is_written(finished, capsys):
     run, sets = finished
     before = _snapshot(run)
     line = one_line_error(["train", "--recipe", "grpo", "--out", str(run), *sets], capsys)
-    assert f"--out {run} already holds a run (2 steps logged, checkpoints up to step 2, a final model)" in line
+    assert (
+        f"--out {run} already holds a run (2 steps logged, checkpoints up to step 2, a final model)" in line
+    )
     assert f"tokencredit train --resume {run}" in line and "--overwrite" in line
     assert _snapshot(run) == before  # nothing truncated, nothing rewritten
 
@@ -63,10 +65,17 @@ def test_out_on_a_run_stops_before_anything_is_written(finished, capsys):
 def test_overwrite_replaces_the_old_run_whole(finished, tmp_path):
     run, sets = finished
     assert RunDir(run).checkpoint_steps() == [1, 2]
-    assert cli.main(["train", "--recipe", "strace", "--out", str(run), "--overwrite", *sets, "--set", "run.steps=1"]) == 0
+    assert (
+        cli.main(
+            ["train", "--recipe", "strace", "--out", str(run), "--overwrite", *sets, "--set", "run.steps=1"]
+        )
+        == 0
+    )
     assert RunDir(run).checkpoint_steps() == [1] and _steps(run) == [1]  # no checkpoint of the old run stays
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # the old copy is gone too
-    assert cli.main(["train", "--resume", str(run), "--set", "run.steps=2"]) == 0  # and the new one resumes as itself
+    assert (
+        cli.main(["train", "--resume", str(run), "--set", "run.steps=2"]) == 0
+    )  # and the new one resumes as itself
     assert _steps(run) == [1, 2]
 
 
@@ -76,7 +85,9 @@ def test_overwrite_never_removes_a_folder_of_other_files(tmp_path, tiny_model_di
     (mine / "chapter1.tex").write_text("precious")
     (mine / "config.toml").write_text("")
     line = one_line_error(
-        ["train", "--out", str(mine), "--overwrite", *_args(micro_sets(tiny_model_dir))], capsys, names=[str(mine)]
+        ["train", "--out", str(mine), "--overwrite", *_args(micro_sets(tiny_model_dir))],
+        capsys,
+        names=[str(mine)],
     )
     assert "replaces only a tokencredit run directory, and this one holds chapter1.tex" in line
     assert (mine / "chapter1.tex").read_text() == "precious"
@@ -96,14 +107,18 @@ def test_out_that_is_a_file_or_cannot_be_made(where, tmp_path, tiny_model_dir, m
     f.write_text("x")
     out = f if where == "file" else f / "run"
     expected = "is a file, not a directory" if where == "file" else f"cannot create it, {f} is a file"
-    one_line_error(["train", "--out", str(out), *_args(micro_sets(tiny_model_dir))], capsys, names=[str(out), expected])
+    one_line_error(
+        ["train", "--out", str(out), *_args(micro_sets(tiny_model_dir))], capsys, names=[str(out), expected]
+    )
     assert f.read_text() == "x"
 
 
 @pytest.mark.parametrize("name", ["/tmp/elsewhere", "../sibling", "a/../../b"])
 def test_run_name_stays_inside_out_dir(name, tmp_path, tiny_model_dir, micro_sets, capsys):
     sets = _args(micro_sets(tiny_model_dir, **{"run.out_dir": tmp_path / "runs", "run.name": name}))
-    one_line_error(["train", *sets], capsys, names=["run.name must be a directory name inside run.out_dir", name])
+    one_line_error(
+        ["train", *sets], capsys, names=["run.name must be a directory name inside run.out_dir", name]
+    )
     assert not (tmp_path / "runs").exists() and not (tmp_path / "sibling").exists()
 
 
@@ -144,13 +159,18 @@ def test_two_trainers_on_one_out_one_trains(tiny_model_dir, toy_rewards, tmp_pat
     env.pop("TOKENCREDIT_DEBUG", None)
     argv = [sys.executable, "-m", "tokencredit.cli", "train", "--recipe", "strace", "--out", str(run)]
     argv += _args(_micro_sets(tiny_model_dir, steps=2))
-    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"]
+    procs = [
+        subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in "ab"
+    ]
     results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
     codes = sorted(rc for rc, _ in results)
     assert codes == [0, 2], results
     err = next(e for rc, e in results if rc == 2)
     lines = [x for x in err.splitlines() if x.strip() and "%|" not in x]
-    assert len(lines) == 1 and ("in use by another tokencredit process (pid " in lines[0] or "already holds a run" in lines[0])
+    assert len(lines) == 1 and (
+        "in use by another tokencredit process (pid " in lines[0] or "already holds a run" in lines[0]
+    )
     assert _steps(run) == [1, 2]  # one run's lines, not two interleaved
 
 
@@ -175,7 +195,9 @@ def test_resume_reports_a_damaged_line_in_the_middle_of_the_metrics(finished, ca
     assert f"{path}:1: damaged line in the middle of the run's metrics (not JSON" in line
 
 
-def test_a_file_system_turned_read_only_keeps_the_finished_steps(tiny_model_dir, micro_sets, tmp_path, full_disk, monkeypatch, capsys):
+def test_a_file_system_turned_read_only_keeps_the_finished_steps(
+    tiny_model_dir, micro_sets, tmp_path, full_disk, monkeypatch, capsys
+):
     """EROFS on step 3's metrics line (as on a remount read-only): one line like the full disk's, every
     finished step kept, and --resume finishes the run once the directory is writable again."""
     sets = _args(micro_sets(tiny_model_dir, steps=3))
@@ -183,7 +205,10 @@ def test_a_file_system_turned_read_only_keeps_the_finished_steps(tiny_model_dir,
     disk = full_disk(run, "metrics.jsonl", after=2, partial=0, err=errno.EROFS)
     line = one_line_error(["train", "--recipe", "strace", "--out", str(run), *sets], capsys, code=1)
     assert f"cannot write {run}/metrics.jsonl (Read-only file system); that write was undone" in line
-    assert f"last good checkpoint: step 2 in {run} (make the directory writable again, then continue with --resume)" in line
+    assert (
+        f"last good checkpoint: step 2 in {run} (make the directory writable again, then continue with --resume)"
+        in line
+    )
     assert _steps(run) == [1, 2]
     disk.undo()  # writable again
     assert cli.main(["train", "--resume", str(run)]) == 0 and _steps(run) == [1, 2, 3]
@@ -200,7 +225,9 @@ def test_saved_rollouts_that_are_not_utf8_are_named_not_guessed(tmp_path):
     run = RunDir(tmp_path)
     run.rollouts_dir.mkdir()
     path = run.rollout_path(3)
-    path.write_bytes(b'{"problem": "caf\xe9"}\n{"problem": "ok \xe2\x80\xa8 sep"}\n')  # U+2028 inside a string is JSON
+    path.write_bytes(
+        b'{"problem": "caf\xe9"}\n{"problem": "ok \xe2\x80\xa8 sep"}\n'
+    )  # U+2028 inside a string is JSON
     skipped: list[str] = []
     assert run.read_rollouts(3, skipped) == [(2, {"problem": "ok \u2028 sep"})]
     assert skipped == [f"{path}:1: damaged group skipped (not UTF-8 text: byte 0xe9 at byte 17 of the line); "

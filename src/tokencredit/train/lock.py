@@ -33,7 +33,9 @@ class RunLock:
         try:
             f = open(self.path, "a+")  # noqa: SIM115 - held for the life of the lock
         except OSError as e:
-            raise ConfigError(f"{option} {run_dir}: cannot create its lock file ({e.strerror or e})") from None
+            raise ConfigError(
+                f"{option} {run_dir}: cannot create its lock file ({e.strerror or e})"
+            ) from None
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

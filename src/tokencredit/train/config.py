@@ -345,16 +345,7 @@ def validate_config(cfg: TrainConfig) -> None:
     need(cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", "must be float32, bfloat16 or float16")
     need(cfg.model.lora_rank >= 0, "model.lora_rank", "must be >= 0 (0 = full fine-tuning)")
     need(0.0 <= cfg.model.lora_dropout < 1.0, "model.lora_dropout", "must be in [0, 1)")
-    need(cfg.data.train_size >= 1, "data.train_size", "must be >= 1")
-    need(1 <= cfg.data.difficulty <= MAX_DIFFICULTY, "data.difficulty",
-         f"must be in 1..{MAX_DIFFICULTY} (arithmetic steps of the toy task)")  # fmt: skip
-    need(1 <= cfg.data.digits <= MAX_DIGITS, "data.digits", f"must be in 1..{MAX_DIGITS} (digits of the toy task's numbers)")
-    try:  # before the first evaluation renders a prompt with it
-        check_template(cfg.data.template)
-    except ConfigError as e:
-        raise ConfigError(f"data.template: {e}") from None
-    need(cfg.data.eval_size >= 0, "data.eval_size", "must be >= 0")
-    _check_eval_split(cfg.data.eval_split)
+    _check_data(cfg.data)
     need(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
     need(r.group_size >= 2, "rollout.group_size", "must be >= 2 for group baselines")
     # Sampling, not greedy: G identical greedy completions would give every group zero advantage.
@@ -392,6 +383,24 @@ def validate_config(cfg: TrainConfig) -> None:
     need(q.vine_max_steps >= 1, "oracle.vine_max_steps", "must be >= 1")
     need(bool(q.delimiter), "oracle.delimiter", "must be a non-empty string")
     need(q.batch_size >= 1, "oracle.batch_size", "must be >= 1")
+
+
+def _check_data(d: DataConfig) -> None:
+    """The [data] values: sizes and the toy task's range, the template (before the first evaluation
+    renders a prompt with it), the eval split. Files and specs are checked where they are read."""
+    def need(ok: bool, key: str, rule: str) -> None:
+        if not ok:
+            raise ConfigError(f"data.{key} {rule}, got {getattr(d, key)!r}")
+
+    need(d.train_size >= 1, "train_size", "must be >= 1")
+    need(1 <= d.difficulty <= MAX_DIFFICULTY, "difficulty", f"must be in 1..{MAX_DIFFICULTY} (arithmetic steps of the toy task)")
+    need(1 <= d.digits <= MAX_DIGITS, "digits", f"must be in 1..{MAX_DIGITS} (digits of the toy task's numbers)")
+    try:
+        check_template(d.template)
+    except ConfigError as e:
+        raise ConfigError(f"data.template: {e}") from None
+    need(d.eval_size >= 0, "eval_size", "must be >= 0")
+    _check_eval_split(d.eval_split)
 
 
 EVAL_SPLITS = ("heldout", "validation")

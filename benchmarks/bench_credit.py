@@ -366,9 +366,11 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--scale", type=float, default=1.0, help="fraction of --groups for the [N,T] methods")
     p.add_argument(
-        "--hidden-scale", type=float, default=0.0,
+        "--hidden-scale",
+        type=float,
+        default=0.0,
         help="fraction of --groups for the hidden-state methods (0: the largest power of two that fits)",
-    )  # fmt: skip
+    )
     p.add_argument("--mem-margin-gb", type=float, default=4.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
@@ -498,9 +500,13 @@ def plot(results, cases, fractions, path: str, base_scale, args) -> None:
             xs = [results[c.name][f].tokens for f in fractions]
             ys = [results[c.name][f].seconds for f in fractions]
             ax.plot(
-                xs, ys, marker=markers[i % len(markers)], color=colors[i % len(colors)],
-                linestyle="--" if c.hidden else "-", label=c.name + (" (hidden states)" if c.hidden else ""),
-            )  # fmt: skip
+                xs,
+                ys,
+                marker=markers[i % len(markers)],
+                color=colors[i % len(colors)],
+                linestyle="--" if c.hidden else "-",
+                label=c.name + (" (hidden states)" if c.hidden else ""),
+            )
         if not shown:
             continue
         lo = min(results[c.name][fractions[0]].tokens for c in shown)

@@ -135,8 +135,14 @@ def floors(
     def floor_b() -> None:
         cache = DynamicCache(config=model.config)
         m = enc["attention_mask"]
-        model(input_ids=enc["input_ids"], attention_mask=m if padded else None, cache=cache, use_cache=True,
-              position_ids=(m.cumsum(-1) - 1).clamp(min=0), logits_to_keep=1)  # fmt: skip
+        model(
+            input_ids=enc["input_ids"],
+            attention_mask=m if padded else None,
+            cache=cache,
+            use_cache=True,
+            position_ids=(m.cumsum(-1) - 1).clamp(min=0),
+            logits_to_keep=1,
+        )
         cache.batch_repeat_interleave(group)
         pos = att.cumsum(-1)[:, enc["input_ids"].shape[1] :] - 1
         model(input_ids=ro.response_ids, attention_mask=att, position_ids=pos, cache=cache, use_cache=True)
@@ -222,7 +228,9 @@ def main() -> None:
     from tokencredit.train.config import EvalConfig
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="toy", help="any name load_model accepts (toy, smollm2, a directory, ...)")
+    p.add_argument(
+        "--model", default="toy", help="any name load_model accepts (toy, smollm2, a directory, ...)"
+    )
     p.add_argument("--template", default="qwen-math", help="prompt template (tokencredit.data.templates)")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
@@ -231,7 +239,10 @@ def main() -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument(
-        "--eval-batch", type=int, default=EvalConfig().batch_size, help="rows per generate call in eval (the trainer's)"
+        "--eval-batch",
+        type=int,
+        default=EvalConfig().batch_size,
+        help="rows per generate call in eval (the trainer's)",
     )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument(
@@ -274,12 +285,29 @@ def main() -> None:
 
     # ---- rollout round
     def ours(seed: int) -> Any:
-        return generate(model, tok, prompts, args.group_size, temperature=temp, top_p=top_p,
-                        max_new_tokens=max_new, seed=seed)  # fmt: skip
+        return generate(
+            model,
+            tok,
+            prompts,
+            args.group_size,
+            temperature=temp,
+            top_p=top_p,
+            max_new_tokens=max_new,
+            seed=seed,
+        )
 
     def repeated(seed: int) -> Any:  # shared prefill + append cache, every row's own copy of the prompt
-        return generate(model, tok, prompts, args.group_size, temperature=temp, top_p=top_p,
-                        max_new_tokens=max_new, seed=seed, shared_attention=False)  # fmt: skip
+        return generate(
+            model,
+            tok,
+            prompts,
+            args.group_size,
+            temperature=temp,
+            top_p=top_p,
+            max_new_tokens=max_new,
+            seed=seed,
+            shared_attention=False,
+        )
 
     def hf(seed: int) -> torch.Tensor:
         return hf_generate(model, tok, prompts, args.group_size, temp, top_p, max_new, seed)
@@ -299,14 +327,20 @@ def main() -> None:
     )
     for name in ("hf", "repeated", "ours"):
         w, c, _ = res[name]
-        print(f"  {name:8s} {w:.3f} s wall, {c:.3f} s CPU, {tokens / w:,.0f} tokens/s, "
-              f"{w / fa:.2f}x floor A, {w / fb:.2f}x floor B")  # fmt: skip
+        print(
+            f"  {name:8s} {w:.3f} s wall, {c:.3f} s CPU, {tokens / w:,.0f} tokens/s, "
+            f"{w / fa:.2f}x floor A, {w / fb:.2f}x floor B"
+        )
     print(f"  floor A (one forward of the finished [{n_rows}, {ro.sequences.shape[1]}] batch): {fa:.3f} s")
-    print(f"  floor B (distinct prompts once + one forward of the [{n_rows}, {ro.response_ids.shape[1]}] "
-          f"responses over the cache): {fb:.3f} s")  # fmt: skip
-    print(f"  speed-up hf/ours {res['hf'][0] / res['ours'][0]:.2f}x wall, {res['hf'][1] / res['ours'][1]:.2f}x CPU; "
-          f"repeated/ours {res['repeated'][0] / res['ours'][0]:.2f}x wall; "
-          f"same tokens (hf, repeated, ours) under the same seeds: {'yes' if same else 'NO'}; load {load_average()}")  # fmt: skip
+    print(
+        f"  floor B (distinct prompts once + one forward of the [{n_rows}, {ro.response_ids.shape[1]}] "
+        f"responses over the cache): {fb:.3f} s"
+    )
+    print(
+        f"  speed-up hf/ours {res['hf'][0] / res['ours'][0]:.2f}x wall, {res['hf'][1] / res['ours'][1]:.2f}x CPU; "
+        f"repeated/ours {res['repeated'][0] / res['ours'][0]:.2f}x wall; "
+        f"same tokens (hf, repeated, ours) under the same seeds: {'yes' if same else 'NO'}; load {load_average()}"
+    )
 
     # ---- eval decoding, in evaluate's chunks
     if not args.skip_eval:
@@ -318,8 +352,19 @@ def main() -> None:
             chunks = [eval_prompts[s : s + per_chunk] for s in range(0, len(eval_prompts), per_chunk)]
 
             def ours_eval(seed: int, chunks=chunks, n_per=n_per, t=t) -> list[Any]:
-                return [generate(model, tok, c, n_per, temperature=t, top_p=top_p, max_new_tokens=max_new,
-                                 seed=seed if t > 0 else None) for c in chunks]  # fmt: skip
+                return [
+                    generate(
+                        model,
+                        tok,
+                        c,
+                        n_per,
+                        temperature=t,
+                        top_p=top_p,
+                        max_new_tokens=max_new,
+                        seed=seed if t > 0 else None,
+                    )
+                    for c in chunks
+                ]
 
             def hf_eval(seed: int, chunks=chunks, n_per=n_per, t=t) -> list[torch.Tensor]:
                 return [
@@ -329,19 +374,26 @@ def main() -> None:
 
             r = alternate({"hf": hf_eval, "ours": ours_eval}, max(1, args.repeats // 2))
             last = r["ours"][2][-1]
-            same = all(same_tokens(h, o, tok.eos_token_id)
-                       for hs, os_ in zip(r["hf"][2], r["ours"][2]) for h, o in zip(hs, os_))  # fmt: skip
+            same = all(
+                same_tokens(h, o, tok.eos_token_id)
+                for hs, os_ in zip(r["hf"][2], r["ours"][2])
+                for h, o in zip(hs, os_)
+            )
             fa_eval = sum(floors(model, tok, c, n_per, o, 1)[0] for c, o in zip(chunks, last))
             n_tok = sum(int(o.response_mask.sum()) for o in last)
-            print(f"\neval {label}: {len(eval_prompts)} problems x {n_per}, {len(chunks)} generate calls, "
-                  f"{n_tok} tokens; median of {max(1, args.repeats // 2)} alternated runs")  # fmt: skip
+            print(
+                f"\neval {label}: {len(eval_prompts)} problems x {n_per}, {len(chunks)} generate calls, "
+                f"{n_tok} tokens; median of {max(1, args.repeats // 2)} alternated runs"
+            )
             for name in ("hf", "ours"):
                 w, c, _ = r[name]
                 print(
                     f"  {name:5s} {w:.3f} s wall, {c:.3f} s CPU, {w / fa_eval:.2f}x floor A ({fa_eval:.3f} s)"
                 )
-            print(f"  speed-up hf/ours {r['hf'][0] / r['ours'][0]:.2f}x wall; same tokens: {'yes' if same else 'NO'}; "
-                  f"load {load_average()}")  # fmt: skip
+            print(
+                f"  speed-up hf/ours {r['hf'][0] / r['ours'][0]:.2f}x wall; same tokens: {'yes' if same else 'NO'}; "
+                f"load {load_average()}"
+            )
 
     # ---- checks: tokenising once, stopping at the longest completion
     calls = []
@@ -366,8 +418,10 @@ def main() -> None:
     budget = 4 * max_new
     stop = generate(model, tok, prompts, args.group_size, max_new_tokens=budget, seed=123, eos_token_id=stops)
     ran, longest = stop.response_ids.shape[1], int(stop.response_lengths.max())
-    print(f"stop check (stop ids EOS and {tok.convert_ids_to_tokens(common)!r}; max_new_tokens={budget}): decoding ran "
-          f"{ran} columns, longest completion {longest}: {'OK' if ran == longest < budget else 'NOT STOPPED'}")  # fmt: skip
+    print(
+        f"stop check (stop ids EOS and {tok.convert_ids_to_tokens(common)!r}; max_new_tokens={budget}): decoding ran "
+        f"{ran} columns, longest completion {longest}: {'OK' if ran == longest < budget else 'NOT STOPPED'}"
+    )
 
     if args.mechanisms:
         print("\ntransformers' own options, plain model.generate on the rollout round:")

@@ -95,9 +95,17 @@ def main() -> None:
             rows = torch.arange(min(args.full_rows, n))
             sub = _Rows(ro, rows)
             full = oracle.oracle_credit(
-                model, tok, sub, [golds[i] for i in rows], reward, k=args.k, delta=0.0, seed=args.seed,
-                old_log_probs=lp[rows], **kw,
-            )  # fmt: skip
+                model,
+                tok,
+                sub,
+                [golds[i] for i in rows],
+                reward,
+                k=args.k,
+                delta=0.0,
+                seed=args.seed,
+                old_log_probs=lp[rows],
+                **kw,
+            )
     finally:
         reward.close()
 
@@ -106,15 +114,23 @@ def main() -> None:
     c = out.cost
     lower = float((out.rewards.double() - v0).abs().sum())
     kept_mass = float(out.advantages.double().abs().sum())
-    print(f"# oracle on {args.model}: {args.prompts} prompts x {args.group_size} samples, K = {args.k}, "
-          f"delta = {args.delta:g}, {args.threads} thread(s), load {load_average()}")  # fmt: skip
-    print(f"rollouts: {n}, {int(mask.sum())} tokens ({float(mask.sum(1).double().mean()):.1f} per rollout), "
-          f"accuracy {float((out.rewards > 0).double().mean()):.3f}; generation {t_gen:.1f}s")  # fmt: skip
+    print(
+        f"# oracle on {args.model}: {args.prompts} prompts x {args.group_size} samples, K = {args.k}, "
+        f"delta = {args.delta:g}, {args.threads} thread(s), load {load_average()}"
+    )
+    print(
+        f"rollouts: {n}, {int(mask.sum())} tokens ({float(mask.sum(1).double().mean()):.1f} per rollout), "
+        f"accuracy {float((out.rewards > 0).double().mean()):.3f}; generation {t_gen:.1f}s"
+    )
     print(f"cost: {c.summary()}")
-    print(f"  per rollout: {c.states / n:.2f} states, {c.generated_tokens / n:.0f} generated tokens; "
-          f"{c.generated_tokens / max(c.seconds, 1e-9):.0f} generated tokens/s")  # fmt: skip
-    print(f"|A*| mass: lower bound sum_i |R_i - V(prompt_i)| = {lower:.2f}; estimated on kept positions "
-          f"sum |A^*| = {kept_mass:.2f}; significant (|A*| > 2 se) positions: {int(out.significant().sum())}")  # fmt: skip
+    print(
+        f"  per rollout: {c.states / n:.2f} states, {c.generated_tokens / n:.0f} generated tokens; "
+        f"{c.generated_tokens / max(c.seconds, 1e-9):.0f} generated tokens/s"
+    )
+    print(
+        f"|A*| mass: lower bound sum_i |R_i - V(prompt_i)| = {lower:.2f}; estimated on kept positions "
+        f"sum |A^*| = {kept_mass:.2f}; significant (|A*| > 2 se) positions: {int(out.significant().sum())}"
+    )
     print(
         "| delta | positions skipped | states needed | bound B on skipped mass | B / lower bound | B / (B + est. kept mass) |"
     )
@@ -126,8 +142,10 @@ def main() -> None:
         # estimated mass on the positions kept at d (from the default run: those it kept, plus bounds it skipped)
         kept_d = float(out.advantages.double().abs()[~skip].sum())
         mark = " (run)" if d == args.delta else ""
-        print(f"| {d:g}{mark} | {float(skip.sum()) / float(mask.sum()):.1%} | {states} | {b:.3f} | "
-              f"{b / lower:.2%} | {b / (b + kept_d):.2%} |")  # fmt: skip
+        print(
+            f"| {d:g}{mark} | {float(skip.sum()) / float(mask.sum()):.1%} | {states} | {b:.3f} | "
+            f"{b / lower:.2%} | {b / (b + kept_d):.2%} |"
+        )
     if vine is not None:
         steps = float((vine.steps.max(1).values + 1).double().mean())
         print(
@@ -140,12 +158,16 @@ def main() -> None:
         on_skip = float(a[skip_def].sum())
         noise = float((full.stderr.double()[skip_def] * math.sqrt(2 / math.pi)).sum())
         print(f"delta = 0 on the first {r} rollouts: {full.cost.summary()}")
-        print(f"  |A^*| mass on the positions delta = {args.delta:g} skips: {on_skip:.2f} of {float(a.sum()):.2f} "
-              f"({on_skip / float(a.sum()):.1%}); noise floor there (sum sqrt(2/pi) se): {noise:.2f}; "
-              f"bound there: {float((1 - p[:r])[skip_def].sum()):.3f}")  # fmt: skip
+        print(
+            f"  |A^*| mass on the positions delta = {args.delta:g} skips: {on_skip:.2f} of {float(a.sum()):.2f} "
+            f"({on_skip / float(a.sum()):.1%}); noise floor there (sum sqrt(2/pi) se): {noise:.2f}; "
+            f"bound there: {float((1 - p[:r])[skip_def].sum()):.3f}"
+        )
         same = mask[:r] & ~skip_def
-        print(f"  on the kept positions: delta = 0 sum |A^*| {float(a[same].sum()):.2f} vs default run "
-              f"{float(out.advantages[:r].double().abs()[same].sum()):.2f}")  # fmt: skip
+        print(
+            f"  on the kept positions: delta = 0 sum |A^*| {float(a[same].sum()):.2f} vs default run "
+            f"{float(out.advantages[:r].double().abs()[same].sum()):.2f}"
+        )
 
 
 class _Rows:

@@ -163,14 +163,38 @@ def make_trl(args: argparse.Namespace, model_dir: Path, out_dir: Path, seed: int
         [{"prompt": render("qwen-math", p.problem, tok), "answer": p.answer} for p in data]
     )
     cfg = GRPOConfig(
-        output_dir=str(out_dir), per_device_train_batch_size=args.prompts * args.group_size,
-        num_generations=args.group_size, steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1,
-        max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, max_steps=args.steps,
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta1=0.9,
-        adam_beta2=0.99, max_grad_norm=1.0, beta=0.0, loss_type="grpo", epsilon=0.2, scale_rewards="group",
-        logging_steps=1, report_to="none", use_cpu=True, save_strategy="no", seed=seed, disable_tqdm=True,
-        dataloader_num_workers=0, bf16=False, fp16=False,
-    )  # fmt: skip
+        output_dir=str(out_dir),
+        per_device_train_batch_size=args.prompts * args.group_size,
+        num_generations=args.group_size,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        num_iterations=1,
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.99,
+        max_grad_norm=1.0,
+        beta=0.0,
+        loss_type="grpo",
+        epsilon=0.2,
+        scale_rewards="group",
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        seed=seed,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        bf16=False,
+        fp16=False,
+    )
 
     class Timed(GRPOTrainer):
         """Records the wall time of each generation + scoring call and its completion tokens."""
@@ -197,9 +221,13 @@ def make_trl(args: argparse.Namespace, model_dir: Path, out_dir: Path, seed: int
 
     timer = StepEnds()
     trainer = Timed(
-        model=str(model_dir), reward_funcs=trl_reward, args=cfg, train_dataset=ds, processing_class=tok,
+        model=str(model_dir),
+        reward_funcs=trl_reward,
+        args=cfg,
+        train_dataset=ds,
+        processing_class=tok,
         callbacks=[timer],
-    )  # fmt: skip
+    )
     trainer.gen_times, trainer.tokens = [], []
     trainer.step_timer = timer
     trainer.remove_callback(PrinterCallback)  # no per-step log dicts on stdout (logging itself still runs)

@@ -86,12 +86,16 @@ def train_run(out: str, seed: int) -> None:
     rest = w - sum(split.values()) - spent["wall"]
     rounds = sum(r.get("gen_rounds", 0) for r in steps)
     tokens = sum(r.get("tokens", 0) for r in steps)
-    print(f"train run seed {seed} ({trainer_mod.__file__}): exit {rc}, {w:.1f} s wall, {c:.1f} s CPU; "
-          f"load {load0} -> {load1}")  # fmt: skip
-    print(f"  generation {split['generate']:.1f} s ({rounds} rounds), signals+credit {split['signals']:.1f} s, "
-          f"update {split['update']:.1f} s ({tokens} response tokens, {split['update'] / max(1, len(steps)):.3f} s/step), "
-          f"evaluation {spent['wall']:.1f} s wall / {spent['cpu']:.1f} s CPU ({spent['calls']} calls), "
-          f"rest {rest:.1f} s")  # fmt: skip
+    print(
+        f"train run seed {seed} ({trainer_mod.__file__}): exit {rc}, {w:.1f} s wall, {c:.1f} s CPU; "
+        f"load {load0} -> {load1}"
+    )
+    print(
+        f"  generation {split['generate']:.1f} s ({rounds} rounds), signals+credit {split['signals']:.1f} s, "
+        f"update {split['update']:.1f} s ({tokens} response tokens, {split['update'] / max(1, len(steps)):.3f} s/step), "
+        f"evaluation {spent['wall']:.1f} s wall / {spent['cpu']:.1f} s CPU ({spent['calls']} calls), "
+        f"rest {rest:.1f} s"
+    )
     accs = [(e["step"], e.get("eval_greedy_accuracy")) for e in evals]
     print("  held-out greedy accuracy: " + ", ".join(f"step {s}: {a:.3f}" for s, a in accs))
 
@@ -114,8 +118,14 @@ def step_batch(seed: int, work: Path) -> tuple[Any, dict[str, Any]]:
     batch = trainer.old_policy_batch(ro)
     seq, attn = ro.sequences.to(trainer.device), ro.attention_mask.to(trainer.device)
     credit = trainer.credit(batch)
-    inputs = {"batch": batch, "credit": credit, "sequences": seq, "attention_mask": attn,
-              "prompt_len": int(ro.prompt_ids.shape[1]), "group_ids": ro.group_ids}  # fmt: skip
+    inputs = {
+        "batch": batch,
+        "credit": credit,
+        "sequences": seq,
+        "attention_mask": attn,
+        "prompt_len": int(ro.prompt_ids.shape[1]),
+        "group_ids": ro.group_ids,
+    }
     return trainer, inputs
 
 
@@ -136,12 +146,23 @@ def floor_b(model: Any, x: dict[str, Any]) -> None:
     first, rows = x["distinct"], x["rows"]
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
-    model(input_ids=seq[first, : p - 1], attention_mask=att[first, : p - 1], position_ids=pos[first, : p - 1],
-          cache=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
+    model(
+        input_ids=seq[first, : p - 1],
+        attention_mask=att[first, : p - 1],
+        position_ids=pos[first, : p - 1],
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     for layer in cache.layers:
         layer.keys, layer.values = layer.keys[rows], layer.values[rows]
-    logits = model(input_ids=seq[:, p - 1 : -1], attention_mask=att[:, :-1], position_ids=pos[:, p - 1 : -1],
-                   cache=cache, use_cache=True).logits  # fmt: skip
+    logits = model(
+        input_ids=seq[:, p - 1 : -1],
+        attention_mask=att[:, :-1],
+        position_ids=pos[:, p - 1 : -1],
+        cache=cache,
+        use_cache=True,
+    ).logits
     logp = torch.log_softmax(logits.float(), -1).gather(-1, seq[:, p:, None]).squeeze(-1)
     (logp * x["weights"]).sum().backward()
 
@@ -164,8 +185,10 @@ def update_vs_floor(args: argparse.Namespace) -> None:
     start = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
     seq_len = x["sequences"].shape[1]
     n = x["sequences"].shape[0]
-    print(f"batch: {n} rollouts, [N, P+T] = [{n}, {seq_len}] (P = {x['prompt_len']}), "
-          f"{int(mask.sum())} response tokens, {len(x['distinct'])} groups; fused old pass: {trainer.fused_old}")  # fmt: skip
+    print(
+        f"batch: {n} rollouts, [N, P+T] = [{n}, {seq_len}] (P = {x['prompt_len']}), "
+        f"{int(mask.sum())} response tokens, {len(x['distinct'])} groups; fused old pass: {trainer.fused_old}"
+    )
 
     def reset() -> None:
         model.load_state_dict(start[0])
@@ -174,8 +197,20 @@ def update_vs_floor(args: argparse.Namespace) -> None:
 
     def update() -> None:
         c = trainer.cfg
-        policy_update(model, opt, x["batch"], x["credit"], x["sequences"], x["attention_mask"], x["prompt_len"],
-                      c.optim, temperature=c.rollout.temperature, fuse_old=trainer.fused_old, seed=c.run.seed, step=0)  # fmt: skip
+        policy_update(
+            model,
+            opt,
+            x["batch"],
+            x["credit"],
+            x["sequences"],
+            x["attention_mask"],
+            x["prompt_len"],
+            c.optim,
+            temperature=c.rollout.temperature,
+            fuse_old=trainer.fused_old,
+            seed=c.run.seed,
+            step=0,
+        )
 
     def optimizer() -> None:
         params = [p for p in model.parameters() if p.requires_grad]
@@ -186,9 +221,11 @@ def update_vs_floor(args: argparse.Namespace) -> None:
 
     model.train()
     paths: dict[str, Callable[[], None]] = {
-        "update": update, "floor A": lambda: floor_a(model, x), "floor B": lambda: floor_b(model, x),
+        "update": update,
+        "floor A": lambda: floor_a(model, x),
+        "floor B": lambda: floor_b(model, x),
         "optimizer": optimizer,
-    }  # fmt: skip
+    }
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in paths}
     loads = []
     for r in range(args.repeats + 1):
@@ -202,8 +239,10 @@ def update_vs_floor(args: argparse.Namespace) -> None:
     med = {
         k: (statistics.median(t[0] for t in v), statistics.median(t[1] for t in v)) for k, v in times.items()
     }
-    print(f"{args.repeats} alternated rounds after a warm-up, {torch.get_num_threads()} thread(s); "
-          f"load (1 min) at each round: {', '.join(loads)}")  # fmt: skip
+    print(
+        f"{args.repeats} alternated rounds after a warm-up, {torch.get_num_threads()} thread(s); "
+        f"load (1 min) at each round: {', '.join(loads)}"
+    )
     for k, (w, c) in med.items():
         print(f"  {k:<10} median {w:.3f} s wall, {c:.3f} s CPU")
     for f in ("floor A", "floor B"):

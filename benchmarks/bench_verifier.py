@@ -66,19 +66,25 @@ def main() -> int:
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP.format(seconds=600)]) for _ in range(args.busy)]
     try:
         time.sleep(0.5 if busy else 0.0)
-        print(f"{args.busy} busy neighbours, {os.cpu_count()} CPUs, load average {load_average()}, "
-              f"1 + {len(CASES)} answers, limit {args.timeout:g} s")  # fmt: skip
+        print(
+            f"{args.busy} busy neighbours, {os.cpu_count()} CPUs, load average {load_average()}, "
+            f"1 + {len(CASES)} answers, limit {args.timeout:g} s"
+        )
         rows = [trial(args.timeout, args.workers) for _ in range(args.trials)]
     finally:
         for p in busy:
             p.kill()
             p.wait()
     for i, (start, first, rest, wrong) in enumerate(rows):
-        print(f"trial {i + 1}: start-up {start:.2f} s   first answer {first:.2f} s   next {len(CASES)} {rest:.2f} s   "
-              f"false zeros {wrong}")  # fmt: skip
+        print(
+            f"trial {i + 1}: start-up {start:.2f} s   first answer {first:.2f} s   next {len(CASES)} {rest:.2f} s   "
+            f"false zeros {wrong}"
+        )
     med = [statistics.median(r[k] for r in rows) for k in range(3)]
-    print(f"median: start-up {med[0]:.2f} s   first answer {med[1]:.2f} s   next {len(CASES)} {med[2]:.2f} s   "
-          f"false zeros {sum(r[3] for r in rows)} in all")  # fmt: skip
+    print(
+        f"median: start-up {med[0]:.2f} s   first answer {med[1]:.2f} s   next {len(CASES)} {med[2]:.2f} s   "
+        f"false zeros {sum(r[3] for r in rows)} in all"
+    )
     return 0
 
 

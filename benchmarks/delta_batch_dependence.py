@@ -86,9 +86,11 @@ def sample_batch(
             scores = torch.tensor(check_rewards(reward(ro.texts, golds), len(rows), REWARD_NAMES[False]))
     needs = needs_of([s.recipe for s in specs], lora=False)
     passes = Passes(
-        temperature=cfg.sampling.temperature, batch_size=cfg.sampling.batch_size, tokenizer=tok,
+        temperature=cfg.sampling.temperature,
+        batch_size=cfg.sampling.batch_size,
+        tokenizer=tok,
         negative_prompts=rendered_negative_prompts([p.problem for p in rows], cfg.template, tok),
-    )  # fmt: skip
+    )
     rollouts = scored(ro, scores.float())
     signals = forward_signals(model, rollouts, needs.forward, passes, who="probe")
     batch = build_batch(rollouts, needs, given=signals, device="cpu", who="probe")
@@ -181,8 +183,14 @@ def summary(values: list[float]) -> dict[str, float]:
     if not v.numel():
         return {"n": 0}
     sd = float(v.std()) if v.numel() > 1 else 0.0
-    return {"n": int(v.numel()), "mean": float(v.mean()), "se": sd / math.sqrt(v.numel()), "sd": sd,
-            "min": float(v.min()), "max": float(v.max())}  # fmt: skip
+    return {
+        "n": int(v.numel()),
+        "mean": float(v.mean()),
+        "se": sd / math.sqrt(v.numel()),
+        "sd": sd,
+        "min": float(v.min()),
+        "max": float(v.max()),
+    }
 
 
 def fmt(s: dict[str, float], pct: bool = False) -> str:
@@ -227,9 +235,16 @@ class Scorer:
 
 
 def run_target_set(
-    batch: RolloutBatch, oracle: Any, mixed_groups: Tensor, pool_batch: RolloutBatch | None,
-    specs: Any, special_ids: Any, delta_params: dict[str, Any], args: argparse.Namespace, gen: torch.Generator,
-) -> dict[str, Any]:  # fmt: skip
+    batch: RolloutBatch,
+    oracle: Any,
+    mixed_groups: Tensor,
+    pool_batch: RolloutBatch | None,
+    specs: Any,
+    special_ids: Any,
+    delta_params: dict[str, Any],
+    args: argparse.Namespace,
+    gen: torch.Generator,
+) -> dict[str, Any]:
     """One target set: T = a random share of the mixed groups; the full / resample / alone compositions.
 
     The other groups of a resample come from `batch` (its groups outside T) or, given, from `pool_batch`.
@@ -396,9 +411,17 @@ def main() -> int:
 
     points, run_cfg, recipe, _ = resolve_points(args.model, device="cpu", log=log)
     common = dict(
-        group_size=args.group_size, max_new_tokens=None, random_draws=20, batch_size=args.batch_size, ks="1,3,10",
-        model=args.model, data=args.data, oracle=args.oracle, bootstrap=0, grad_batches=0,
-    )  # fmt: skip
+        group_size=args.group_size,
+        max_new_tokens=None,
+        random_draws=20,
+        batch_size=args.batch_size,
+        ks="1,3,10",
+        model=args.model,
+        data=args.data,
+        oracle=args.oracle,
+        bootstrap=0,
+        grad_batches=0,
+    )
     cfg = probe_config(run_cfg, recipe, groups=args.groups, seed=args.seed, **common)
     names = args.methods.split(",")
     if "delta" not in names:

@@ -241,9 +241,14 @@ def _measure(rank: int, world: int, device: torch.device, args: argparse.Namespa
         # The whole batch on one process, non-sharded: this rank's rows must get the same coefficients.
         parts = [make_inputs(n, t, h, dtype, args.seed + r, device) for r in range(world)]
         whole = delta.discriminate(
-            torch.cat([p["hidden"] for p in parts]), torch.cat([p["scale"] for p in parts]),
-            torch.cat([p["adv"] for p in parts]), torch.cat([p["mask"] for p in parts]), 0.8, 1.2, k,
-        ).coefficients  # fmt: skip
+            torch.cat([p["hidden"] for p in parts]),
+            torch.cat([p["scale"] for p in parts]),
+            torch.cat([p["adv"] for p in parts]),
+            torch.cat([p["mask"] for p in parts]),
+            0.8,
+            1.2,
+            k,
+        ).coefficients
         check = float((whole[rank * n : (rank + 1) * n] - terms.coefficients).abs().max())
         del parts, whole
 
@@ -378,17 +383,23 @@ def plan(spec: str, k: int, dtype: str, assume_gbps: float) -> None:
     print(f"  hidden [bs,T,H] {f(hid)} (per rank [n,T,H] {f(rank_hid)}); ARCA has a second one (base)")
     print("  before (hidden states to the driver, at most: the workers send valid tokens only):")
     print(f"    Ray per step: DelTA {f(hid)}, ARCA {f(2 * hid)}; per rank {f(rank_hid)} / {f(2 * rank_hid)}")
-    print(f"    driver: DelTA {f(hid)} + its float32 copy {f(hid * 4 // size)} = {f(hid + hid * 4 // size)}; "
-          f"ARCA {f(2 * hid)} + float32 copies {f(2 * hid * 4 // size)} = {f(2 * hid + 2 * hid * 4 // size)}")  # fmt: skip
+    print(
+        f"    driver: DelTA {f(hid)} + its float32 copy {f(hid * 4 // size)} = {f(hid + hid * 4 // size)}; "
+        f"ARCA {f(2 * hid)} + float32 copies {f(2 * hid * 4 // size)} = {f(2 * hid + 2 * hid * 4 // size)}"
+    )
     print("  after (statistics in the workers):")
-    print(f"    Ray per step: A [bs] float32 to the workers {f(4 * bs)}; c~ (DelTA) or alpha (ARCA) [bs,T] "
-          f"float32 to the driver {f(4 * bs * t)}, per rank {f(4 * n * t)}")  # fmt: skip
+    print(
+        f"    Ray per step: A [bs] float32 to the workers {f(4 * bs)}; c~ (DelTA) or alpha (ARCA) [bs,T] "
+        f"float32 to the driver {f(4 * bs * t)}, per rank {f(4 * n * t)}"
+    )
     print(
         f"    all-reduced per rank per DelTA call (K={k}): {allreduce_calls(k)} calls, {f(allreduce_bytes(h, k))}"
     )
     print(f"    driver: [bs,T] float32 {f(4 * bs * t)}")
-    print(f"    per rank during the statistics: h {f(rank_hid)} (ARCA + base {f(2 * rank_hid)}); DelTA's working "
-          f"memory {f(delta_working_bytes(n, t, h, DTYPES[dtype]))}")  # fmt: skip
+    print(
+        f"    per rank during the statistics: h {f(rank_hid)} (ARCA + base {f(2 * rank_hid)}); DelTA's working "
+        f"memory {f(delta_working_bytes(n, t, h, DTYPES[dtype]))}"
+    )
     for name, p, up in (("DelTA", passes, 4 + 4), ("ARCA", 2, 0)):
         b = p * rank_hid
         line = f"    {name}: reads h {p} x {f(rank_hid)} = {f(b)} per rank, >= {b * ms:.3g} ms at {assume_gbps:g} GB/s"

@@ -101,11 +101,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=200, help="RL steps (default 200)")
     p.add_argument("--every", type=int, default=10, help="sample RSS every N steps (default 10)")
-    p.add_argument("--out", default=None, help="directory for the run and soak.json (default: a temporary one)")
-    p.add_argument("--max-growth-mb", type=float, default=50.0,
-                   help=f"fail when RSS grows more than this from step {BASELINE_STEP} to the end (default 50)")
-    p.add_argument("--checkpoint-every", type=int, default=20, help="checkpoint.every (default 20, as `tokencredit train`)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    p.add_argument(
+        "--out", default=None, help="directory for the run and soak.json (default: a temporary one)"
+    )
+    p.add_argument(
+        "--max-growth-mb",
+        type=float,
+        default=50.0,
+        help=f"fail when RSS grows more than this from step {BASELINE_STEP} to the end (default 50)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=20,
+        help="checkpoint.every (default 20, as `tokencredit train`)",
+    )
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)"
+    )
     args = p.parse_args(argv)
     if args.steps <= BASELINE_STEP:
         p.error(f"--steps must be above {BASELINE_STEP} (the baseline sample)")
@@ -124,9 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="tokencredit-soak-"))
     out.mkdir(parents=True, exist_ok=True)
     sets = [
-        f"run.steps={args.steps}", "run.progress=false", "eval.every=0", "eval.at_start=false",
-        "eval.samples=0", "data.eval_size=20", f"checkpoint.every={args.checkpoint_every}", *args.set,
-    ]  # fmt: skip
+        f"run.steps={args.steps}",
+        "run.progress=false",
+        "eval.every=0",
+        "eval.at_start=false",
+        "eval.samples=0",
+        "data.eval_size=20",
+        f"checkpoint.every={args.checkpoint_every}",
+        *args.set,
+    ]
     cfg = load_config(sets=sets)
     trainer = Trainer(cfg, out / "run")
     samples: list[dict[str, float]] = []
@@ -160,9 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         return result
 
     trainer.step = step_and_sample  # type: ignore[method-assign]
-    print(f"soak: {args.steps} steps of recipe {cfg.algo.recipe} on model {cfg.model.name!r} "
-          f"({cfg.rollout.prompts_per_step} x {cfg.rollout.group_size} rollouts, <= {cfg.rollout.max_new_tokens} tokens), "
-          f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); run dir {out / 'run'}", flush=True)  # fmt: skip
+    print(
+        f"soak: {args.steps} steps of recipe {cfg.algo.recipe} on model {cfg.model.name!r} "
+        f"({cfg.rollout.prompts_per_step} x {cfg.rollout.group_size} rollouts, <= {cfg.rollout.max_new_tokens} tokens), "
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); run dir {out / 'run'}",
+        flush=True,
+    )
     trainer.fit()
 
     base = next(s for s in samples if s["step"] == BASELINE_STEP)

@@ -45,7 +45,9 @@ def gsm8k_dataset(tokenizer, limit: int | None, template: str = "qwen-math") -> 
     rows = []
     for p in load("gsm8k_train", limit=limit):
         answers = [p.answer] if isinstance(p.answer, str) else list(p.answer)
-        rows.append({"prompt": render(template, p.problem, tokenizer), "problem": p.problem, "answer": answers})
+        rows.append(
+            {"prompt": render(template, p.problem, tokenizer), "problem": p.problem, "answer": answers}
+        )
     return Dataset.from_list(rows)
 
 
@@ -57,11 +59,20 @@ def gym_dataset_and_reward(spec: str, tokenizer, size: int, template: str):
     from tokencredit.rewards.reasoning_gym import GymAnswer
 
     problems = reasoning_gym.load(spec, split="train", size=size)
-    rows = [{"prompt": render(template, p.problem, tokenizer), "problem": p.problem, "answer": str(p.answer),
-             "answer_ref": json.dumps(p.answer.ref)} for p in problems]  # fmt: skip
+    rows = [
+        {
+            "prompt": render(template, p.problem, tokenizer),
+            "problem": p.problem,
+            "answer": str(p.answer),
+            "answer_ref": json.dumps(p.answer.ref),
+        }
+        for p in problems
+    ]
     reward = Reward("reasoning-gym")
 
-    def gym_reward(completions: list[str], answer: list[str], answer_ref: list[str], **_: object) -> list[float]:
+    def gym_reward(
+        completions: list[str], answer: list[str], answer_ref: list[str], **_: object
+    ) -> list[float]:
         golds = [GymAnswer(a, **json.loads(r)) for a, r in zip(answer, answer_ref)]
         return reward(completions, golds)
 
@@ -106,8 +117,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.lora_rank > 0:
         from peft import LoraConfig
 
-        peft_config = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, task_type="CAUSAL_LM",
-                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])  # fmt: skip
+        peft_config = LoraConfig(
+            r=args.lora_rank,
+            lora_alpha=2 * args.lora_rank,
+            task_type="CAUSAL_LM",
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        )
     cuda = torch.cuda.is_available()
     config = GRPOConfig(
         output_dir=args.output_dir,

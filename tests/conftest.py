@@ -75,12 +75,26 @@ def _micro_sets(model_dir: str, steps: int = 2, **extra: object) -> list[str]:
     """`--set` overrides of the micro run: 2 prompts x 4 completions of up to 12 tokens, no evaluation
     before the end, a checkpoint every step, the in-process `_toy_rewards` reward."""
     sets = [
-        f"model.name={model_dir}", f"run.steps={steps}", "run.progress=false", "run.threads=2",
-        "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=12",
-        "rollout.max_resample_rounds=1", "data.train_size=40", "data.eval_size=3", "data.difficulty=1",
-        "eval.every=0", "eval.samples=0", "eval.at_start=false", "eval.save_groups=1",
-        "checkpoint.every=1", "reward.function=_toy_rewards:has_digit_seven", "optim.lr=1e-2", "optim.warmup_steps=0",
-    ]  # fmt: skip
+        f"model.name={model_dir}",
+        f"run.steps={steps}",
+        "run.progress=false",
+        "run.threads=2",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=12",
+        "rollout.max_resample_rounds=1",
+        "data.train_size=40",
+        "data.eval_size=3",
+        "data.difficulty=1",
+        "eval.every=0",
+        "eval.samples=0",
+        "eval.at_start=false",
+        "eval.save_groups=1",
+        "checkpoint.every=1",
+        "reward.function=_toy_rewards:has_digit_seven",
+        "optim.lr=1e-2",
+        "optim.warmup_steps=0",
+    ]
     return sets + [f"{k}={v}" for k, v in extra.items()]
 
 
@@ -115,7 +129,9 @@ class FullDisk:
     `root` fails with `err` (ENOSPC; EROFS for a file system that turned read-only). Other files are
     written normally. Linux: paths come from /proc/self/fd."""
 
-    def __init__(self, root: Path, target: str, after: int = 0, partial: int = 8, err: int = errno.ENOSPC) -> None:
+    def __init__(
+        self, root: Path, target: str, after: int = 0, partial: int = 8, err: int = errno.ENOSPC
+    ) -> None:
         self.root, self.target, self.after, self.partial = os.path.realpath(root), target, after, partial
         self.err = err
         self.full = False
@@ -180,7 +196,9 @@ def _extras_problem(reason: str, marked: bool) -> str | None:
     if EXTRAS_REQUIRED:
         return f"TOKENCREDIT_TEST_EXTRAS=1 but an optional extra is missing: {reason}"
     if not marked:
-        return f"skipped for a missing optional extra but not marked `extras` (CI would never run it): {reason}"
+        return (
+            f"skipped for a missing optional extra but not marked `extras` (CI would never run it): {reason}"
+        )
     return None
 
 
@@ -199,7 +217,9 @@ def pytest_make_collect_report(collector: pytest.Collector):
     report = yield
     if report.skipped and isinstance(collector, pytest.Module):
         # a module skipped at import (module-level importorskip): its `pytestmark` is read from the source
-        problem = _extras_problem(_skip_reason(report), "pytestmark = pytest.mark.extras" in collector.path.read_text())
+        problem = _extras_problem(
+            _skip_reason(report), "pytestmark = pytest.mark.extras" in collector.path.read_text()
+        )
         if problem:
             report.outcome, report.longrepr = "failed", problem
     return report

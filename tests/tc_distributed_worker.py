@@ -21,16 +21,29 @@ from tokencredit.distributed import Shard, gather_rows
 from tokencredit.errors import ConfigError
 from tokencredit.recipes import token_credit
 
-SIGNAL_NAMES = ("old_log_probs", "entropy", "hidden", "base_hidden", "base_log_probs", "neg_log_probs", "sum_sq_probs")
+SIGNAL_NAMES = (
+    "old_log_probs",
+    "entropy",
+    "hidden",
+    "base_hidden",
+    "base_log_probs",
+    "neg_log_probs",
+    "sum_sq_probs",
+)
 
 
 def local_batch(full: dict, rows: torch.Tensor, shard: Shard) -> RolloutBatch:
     mask = full["mask"][rows]
     t = int(mask.sum(1).max()) if rows.numel() else 0  # this rank's own padding length
     return RolloutBatch(
-        token_ids=full["token_ids"][rows, :t], mask=mask[:, :t], group_ids=full["group_ids"][rows],
-        scores=full["scores"][rows], baseline_scores=full["baseline_scores"][rows], shard=shard, **{k: full[k][rows, :t] for k in SIGNAL_NAMES},
-    )  # fmt: skip
+        token_ids=full["token_ids"][rows, :t],
+        mask=mask[:, :t],
+        group_ids=full["group_ids"][rows],
+        scores=full["scores"][rows],
+        baseline_scores=full["baseline_scores"][rows],
+        shard=shard,
+        **{k: full[k][rows, :t] for k in SIGNAL_NAMES},
+    )
 
 
 def main() -> None:
@@ -52,13 +65,22 @@ def main() -> None:
         scale = (-torch.expm1(batch.old_log_probs)).clamp(0, 1)
         adv = data["advantages"][rows]
         for iters in (0, 2):
-            got[f"delta-{iters}"] = discriminate(batch.hidden, scale, adv, batch.mask, refine_iters=iters, shard=shard).coefficients
-        got["delta-bf16"] = discriminate(batch.hidden.bfloat16(), scale, adv, batch.mask, shard=shard).coefficients
-        got["ktae-k"] = key_token_values(batch.token_ids, batch.mask, batch.scores > 0.5, batch.group_ids, shard=shard)
+            got[f"delta-{iters}"] = discriminate(
+                batch.hidden, scale, adv, batch.mask, refine_iters=iters, shard=shard
+            ).coefficients
+        got["delta-bf16"] = discriminate(
+            batch.hidden.bfloat16(), scale, adv, batch.mask, shard=shard
+        ).coefficients
+        got["ktae-k"] = key_token_values(
+            batch.token_ids, batch.mask, batch.scores > 0.5, batch.group_ids, shard=shard
+        )
         results[case] = got
     # bad shards: rows outside the batch (refused at once), rows two ranks both claim (refused by the gather)
     errors = []
-    for make in (lambda: Shard(torch.tensor([0, 99]), 10), lambda: gather_rows(torch.zeros(2), Shard(torch.arange(2), 4))):
+    for make in (
+        lambda: Shard(torch.tensor([0, 99]), 10),
+        lambda: gather_rows(torch.zeros(2), Shard(torch.arange(2), 4)),
+    ):
         try:
             make()
         except ConfigError as err:

@@ -38,7 +38,9 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tokencredit"
 
 
 # ---------------------------------------------------------------------------------------------- needs_of
-@pytest.mark.parametrize("name", ["grpo", "dapo+ktae", "delta", "strace", "arca", "gcpo", "oracle", "vineppo", "remax"])
+@pytest.mark.parametrize(
+    "name", ["grpo", "dapo+ktae", "delta", "strace", "arca", "gcpo", "oracle", "vineppo", "remax"]
+)
 def test_needs_split_the_recipe_signals_by_producer(name):
     r = resolve(name)
     for objective, want in ((False, credit_needs(r)), (True, recipe_needs(r))):
@@ -53,7 +55,10 @@ def test_needs_of_the_named_cases():
     assert needs_of(resolve("dapo+ktae"), objective=True).forward == {"old_log_probs"}  # the ratio's
     assert needs_of(resolve("oracle")).sampled == {"mc_advantages"}
     assert needs_of(resolve("remax")).fields == {"baseline_scores"}
-    assert needs_of(resolve("grpo"), objective=True, extra={"entropy"}).forward == {"old_log_probs", "entropy"}
+    assert needs_of(resolve("grpo"), objective=True, extra={"entropy"}).forward == {
+        "old_log_probs",
+        "entropy",
+    }
     # the fused training forward yields the old log-probs and entropy: no pass computes them before
     assert needs_of(resolve("grpo"), objective=True, extra={"entropy"}, fused_old=True).forward == set()
     assert "hidden" in needs_of(resolve("delta"), objective=True, fused_old=True).forward
@@ -62,7 +67,11 @@ def test_needs_of_the_named_cases():
 def test_needs_of_several_recipes_and_lora():
     many = [resolve("delta"), resolve("arca"), resolve("entropy-80-20")]
     assert needs_of(many).forward == {"hidden", "old_log_probs", "base_hidden", "entropy"}
-    assert needs_of(many, lora=False).forward == {"hidden", "old_log_probs", "entropy"}  # arca reads the adapter: left out
+    assert needs_of(many, lora=False).forward == {
+        "hidden",
+        "old_log_probs",
+        "entropy",
+    }  # arca reads the adapter: left out
 
 
 def test_needs_of_rejects_an_unknown_signal_with_the_closest_name():
@@ -84,12 +93,18 @@ def model_and_rollouts():
     resp = torch.where(mask, torch.randint(2, 200, (N, T), generator=gen), torch.zeros((), dtype=torch.long))
     p_len = torch.tensor([4, 4, 4, 2, 2, 2])
     p_mask = torch.arange(P)[None] >= (P - p_len[:, None])  # left-padded prompts
-    p_ids = torch.where(p_mask, torch.randint(2, 200, (N, P), generator=gen), torch.zeros((), dtype=torch.long))
+    p_ids = torch.where(
+        p_mask, torch.randint(2, 200, (N, P), generator=gen), torch.zeros((), dtype=torch.long)
+    )
     ro = ScoredRollouts(
-        response_ids=resp, response_mask=mask, group_ids=torch.arange(N) // G,
-        scores=torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0]), truncated=torch.zeros(N, dtype=torch.bool),
-        prompt_ids=p_ids, prompt_mask=p_mask,
-    )  # fmt: skip
+        response_ids=resp,
+        response_mask=mask,
+        group_ids=torch.arange(N) // G,
+        scores=torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0]),
+        truncated=torch.zeros(N, dtype=torch.bool),
+        prompt_ids=p_ids,
+        prompt_mask=p_mask,
+    )
     return model, tok, ro
 
 
@@ -131,8 +146,9 @@ def test_what_cannot_be_had_is_an_error_naming_it_and_the_engine(model_and_rollo
         build_batch(ro, Needs(sampled=frozenset({"mc_advantages"})), who="myengine")
     with pytest.raises(ConfigError, match="unknown signal 'entropyy'"):
         build_batch(ro, Needs(), given={"entropyy": torch.zeros(N, T)})
-    bare = ScoredRollouts(response_ids=ro.response_ids, response_mask=ro.response_mask, group_ids=ro.group_ids,
-                          scores=ro.scores)  # fmt: skip
+    bare = ScoredRollouts(
+        response_ids=ro.response_ids, response_mask=ro.response_mask, group_ids=ro.group_ids, scores=ro.scores
+    )
     model = torch.nn.Linear(1, 1)
     with pytest.raises(ConfigError, match="needs the prompts"):
         build_batch(bare, Needs(forward=frozenset({"entropy"})), model=model)
@@ -167,8 +183,13 @@ def test_response_attention_attends_to_tokens_that_get_no_credit(model_and_rollo
     model, _, ro = model_and_rollouts
     credited = ro.response_mask.clone()
     credited[0, 1] = False  # a tool token inside row 0
-    rows = Responses(response_ids=ro.response_ids, response_mask=credited, prompt_ids=ro.prompt_ids,
-                     prompt_mask=ro.prompt_mask, response_attention=ro.response_mask)  # fmt: skip
+    rows = Responses(
+        response_ids=ro.response_ids,
+        response_mask=credited,
+        prompt_ids=ro.prompt_ids,
+        prompt_mask=ro.prompt_mask,
+        response_attention=ro.response_mask,
+    )
     got = forward_signals(model, rows, {"old_log_probs"})["old_log_probs"]
     seq = torch.cat([ro.prompt_ids, ro.response_ids], 1)
     att = torch.cat([ro.prompt_mask.long(), ro.response_mask.long()], 1)
@@ -181,9 +202,10 @@ def test_response_attention_attends_to_tokens_that_get_no_credit(model_and_rollo
 def _constructions(path: Path) -> list[int]:
     tree = ast.parse(path.read_text())
     return [
-        n.lineno for n in ast.walk(tree)
+        n.lineno
+        for n in ast.walk(tree)
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "RolloutBatch"
-    ]  # fmt: skip
+    ]
 
 
 def test_only_the_builder_constructs_a_batch():

@@ -31,9 +31,23 @@ HERE = Path(__file__).resolve().parent
 # The five (delta, arca, entropy-80-20, strace, ktae), GRPO, and every estimator that reads more than
 # scores (reinforce++, remax, opo, gpg, grpo-passk, otb).
 RECIPES = (
-    "grpo", "delta", "arca", "entropy-80-20", "strace", "grpo+ktae", "dapo+ktae", "gcpo", "policy-divergence",
-    "reinforce++", "remax", "opo", "gpg", "grpo-passk", "otb", "rloo",
-)  # fmt: skip
+    "grpo",
+    "delta",
+    "arca",
+    "entropy-80-20",
+    "strace",
+    "grpo+ktae",
+    "dapo+ktae",
+    "gcpo",
+    "policy-divergence",
+    "reinforce++",
+    "remax",
+    "opo",
+    "gpg",
+    "grpo-passk",
+    "otb",
+    "rloo",
+)
 SPECIAL_IDS = (0,)
 N_GROUPS, G, T, H = 5, 4, 9, 6
 
@@ -86,7 +100,9 @@ def single(full: dict[str, torch.Tensor]) -> dict[str, object]:
         out[f"top-{ratio}"] = top_entropy_mask(batch.entropy, batch.mask, ratio)
     scale = (-torch.expm1(batch.old_log_probs)).clamp(0, 1)
     for iters in (0, 2):
-        out[f"delta-{iters}"] = discriminate(batch.hidden, scale, ADV, batch.mask, refine_iters=iters).coefficients
+        out[f"delta-{iters}"] = discriminate(
+            batch.hidden, scale, ADV, batch.mask, refine_iters=iters
+        ).coefficients
     out["delta-bf16"] = discriminate(batch.hidden.bfloat16(), scale, ADV, batch.mask).coefficients
     out["ktae-k"] = key_token_values(batch.token_ids, batch.mask, batch.scores > 0.5, batch.group_ids)
     return out
@@ -113,9 +129,19 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, lis
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(HERE / "tc_distributed_worker.py"), str(tmp / "fixture.pt"), str(tmp), str(r), "2"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(HERE / "tc_distributed_worker.py"),
+                str(tmp / "fixture.pt"),
+                str(tmp),
+                str(r),
+                "2",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for r in range(2)
     ]
     logs = [p.communicate(timeout=300)[0] for p in procs]
@@ -147,11 +173,18 @@ def test_credit_pipeline_is_layout_invariant(two_ranks, case: str, recipe: str) 
     ref, ranks, splits = two_ranks
     for rank, rows in enumerate(splits[case]):
         for field in ("tok", "seq", "loss_mask"):
-            _compare(ref[recipe][field], ranks[rank][case][recipe][field], rows, f"{recipe} {field} rank {rank} ({case})")
+            _compare(
+                ref[recipe][field],
+                ranks[rank][case][recipe][field],
+                rows,
+                f"{recipe} {field} rank {rank} ({case})",
+            )
 
 
 @pytest.mark.parametrize("case", ["contiguous", "interleaved", "one-rank"])
-@pytest.mark.parametrize("what", ["top-0.2", "top-0.5", "top-0.37", "delta-0", "delta-2", "delta-bf16", "ktae-k"])
+@pytest.mark.parametrize(
+    "what", ["top-0.2", "top-0.5", "top-0.37", "delta-0", "delta-2", "delta-bf16", "ktae-k"]
+)
 def test_sharded_core_functions_match_one_process(two_ranks, case: str, what: str) -> None:
     ref, ranks, splits = two_ranks
     for rank, rows in enumerate(splits[case]):

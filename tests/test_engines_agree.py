@@ -67,7 +67,9 @@ def fixed(tokenizer):
     for i in (0, 2, 4, 7, 9):
         ids[i, 1] = inner
     ids[3, 0] = ids[8, 0] = 17  # a shared token id in correct and wrong responses
-    scores = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])  # last group all equal
+    scores = torch.tensor(
+        [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    )  # last group all equal
     logp = -torch.rand(N, T, generator=gen) * 3 - 0.02
     ent = torch.rand(N, T, generator=gen) * 2
     ent[:, ::3] = 0.0  # many exact ties, as a confident policy gives
@@ -81,12 +83,18 @@ def fixed(tokenizer):
         "base_hidden": torch.randn(N, T, H, generator=gen),
         "base_log_probs": logp - 0.3 * torch.rand(N, T, generator=gen),
         "neg_log_probs": logp - torch.rand(N, T, generator=gen),
-        "mc_advantages": torch.randn(N, T, generator=gen) * 0.3,  # the oracle's A*, as tokencredit.oracle samples it
+        "mc_advantages": torch.randn(N, T, generator=gen)
+        * 0.3,  # the oracle's A*, as tokencredit.oracle samples it
         "mc_step_advantages": torch.randn(N, T, generator=gen) * 0.3,
     }
     signals = {k: v * (mask[..., None] if v.dim() == 3 else mask) for k, v in signals.items()}
     batch = RolloutBatch(
-        token_ids=ids, mask=mask, group_ids=torch.arange(N) // G, scores=scores, truncated=truncated, **signals
+        token_ids=ids,
+        mask=mask,
+        group_ids=torch.arange(N) // G,
+        scores=scores,
+        truncated=truncated,
+        **signals,
     )
     return batch, special, (eos, pad, inner)
 
@@ -106,7 +114,9 @@ def assert_same(got: torch.Tensor, want: torch.Tensor, engine: str, name: str) -
     assert diff <= TOL, f"{engine} differs from the core for {name!r}: max |dA| = {diff:.3g}"
 
 
-def assert_special_ids_get_no_key_value(name: str, got: torch.Tensor, batch: RolloutBatch, special, engine: str):
+def assert_special_ids_get_no_key_value(
+    name: str, got: torch.Tensor, batch: RolloutBatch, special, engine: str
+):
     """KTAE: Â = A + k(id); at a special id k must be 0, so Â equals the sequence advantage there."""
     recipe = RECIPES.get(name)
     if (recipe.credit if recipe else name) != "ktae":
@@ -149,7 +159,9 @@ def test_trainer_path(name, trainers, fixed):
     batch, special, _ = fixed
     if name in NEEDS_GREEDY_BASELINE:
         assert_refused_without_greedy_baseline(lambda: trainers[name].credit(batch))
-        batch = dataclasses.replace(batch, baseline_scores=torch.linspace(0.0, 1.0, N))  # as Trainer.sample adds it
+        batch = dataclasses.replace(
+            batch, baseline_scores=torch.linspace(0.0, 1.0, N)
+        )  # as Trainer.sample adds it
     tc = trainers[name].credit(batch)
     got = loss_tokens(tc)
     assert_same(got, reference(name, batch, special), "trainer", name)
@@ -166,7 +178,9 @@ def test_explain_path(name, fixed, tokenizer):
     tokens = [[str(int(x)) for x in row[m]] for row, m in zip(batch.token_ids, batch.mask)]
     groups = make_groups(batch, tokens, seq, groups=N_GROUPS)
     credits: dict = {}
-    data = explain_batch(batch, specs, groups, special_ids=models.special_token_ids(tokenizer), credits=credits)
+    data = explain_batch(
+        batch, specs, groups, special_ids=models.special_token_ids(tokenizer), credits=credits
+    )
     if refused:  # shown as skipped, with the reason
         assert data.methods[0].skipped and "baseline_scores" in data.methods[0].note
         return
@@ -183,9 +197,13 @@ def test_probe_path(name, fixed, tokenizer):
     truth, _ = probe.build_truth(problems, batch.token_ids, batch.mask, batch.group_ids, tokenizer)
     credits: dict = {}
     res = probe.probe_batch(
-        batch, truth, resolve_methods([name]), lora=True, special_ids=models.special_token_ids(tokenizer),
+        batch,
+        truth,
+        resolve_methods([name]),
+        lora=True,
+        special_ids=models.special_token_ids(tokenizer),
         credits=credits,
-    )  # fmt: skip
+    )
     if name in NEEDS_GREEDY_BASELINE:
         assert res[name]["status"] == "n/a" and "baseline_scores" in res[name]["reason"]
         return
@@ -213,14 +231,27 @@ def _trl_trainer(trl_module, model_dir, tmp_path, name, **config):
     ds = Dataset.from_list([{"prompt": "Compute 1 + 2.", "answer": "3"}] * 8)
     sequence = RECIPES[name].kernel in ("gspo", "gspo-token") if name in RECIPES else False
     args = GRPOConfig(
-        output_dir=str(tmp_path / "trl"), per_device_train_batch_size=N, num_generations=G, max_completion_length=T,
-        max_steps=1, report_to="none", use_cpu=True, save_strategy="no", seed=0, beta=0.0,
-        importance_sampling_level="sequence" if sequence else "token", **config,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=N,
+        num_generations=G,
+        max_completion_length=T,
+        max_steps=1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        beta=0.0,
+        importance_sampling_level="sequence" if sequence else "token",
+        **config,
+    )
     return trl_module.CreditGRPOTrainer(
-        model=str(model_dir), reward_funcs=lambda completions, **_: [0.0] * len(completions), args=args,
-        train_dataset=ds, processing_class=tok, credit=name,
-    )  # fmt: skip
+        model=str(model_dir),
+        reward_funcs=lambda completions, **_: [0.0] * len(completions),
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        credit=name,
+    )
 
 
 @pytest.mark.extras
@@ -251,8 +282,19 @@ def test_trl_path(name, trl_module, fixed, tiny_model_dir, tmp_path, monkeypatch
         return  # refused, never trained with TRL's PPO-clip in its place
     trainer = _trl_trainer(trl_module, tiny_model_dir, tmp_path, name, **config)
     trainer.model.train()
-    signals = {k: getattr(batch, k) for k in ("old_log_probs", "ref_log_probs", "entropy", "hidden", "base_hidden",
-                                              "base_log_probs", "neg_log_probs", "sum_sq_probs")}  # fmt: skip
+    signals = {
+        k: getattr(batch, k)
+        for k in (
+            "old_log_probs",
+            "ref_log_probs",
+            "entropy",
+            "hidden",
+            "base_hidden",
+            "base_log_probs",
+            "neg_log_probs",
+            "sum_sq_probs",
+        )
+    }
     # TRL's forward pass is replaced by the fixed signals; the rest of the plugin's glue runs as in training.
     monkeypatch.setattr(trainer, "_signals", lambda inputs, output, mask, needs: dict(signals))
     trainer._tc_rewards = batch.scores[:, None].clone()
@@ -265,8 +307,12 @@ def test_trl_path(name, trl_module, fixed, tiny_model_dir, tmp_path, monkeypatch
     if name in NEEDS_GREEDY_BASELINE:
         return assert_refused_without_greedy_baseline(lambda: trainer._token_advantages([], output))
     got = trainer._token_advantages([], output)
-    assert_same(zero_outside(got, token_credit(name, batch, special_ids=special).keep), reference(name, batch, special),
-                "TRL", name)  # fmt: skip
+    assert_same(
+        zero_outside(got, token_credit(name, batch, special_ids=special).keep),
+        reference(name, batch, special),
+        "TRL",
+        name,
+    )
     assert_special_ids_get_no_key_value(name, got, batch, special, "TRL")
 
 
@@ -295,7 +341,11 @@ def test_verl_path(name, verl_plugin, fixed, tokenizer):
     lengths = batch.mask.sum(-1)
     rewards = torch.zeros(N, T).scatter(1, (lengths - 1)[:, None], batch.scores[:, None])
     keys = {name: verl_plugin.SIGNAL_KEYS[name][0] for name in verl_plugin.SIGNAL_KEYS}
-    tensors = {"responses": batch.token_ids, "response_mask": batch.mask.long(), "token_level_rewards": rewards}
+    tensors = {
+        "responses": batch.token_ids,
+        "response_mask": batch.mask.long(),
+        "token_level_rewards": rewards,
+    }
     tensors.update({keys[s]: getattr(batch, s) for s in keys if getattr(batch, s) is not None})
     uid = np.array([f"prompt-{int(g)}" for g in batch.group_ids], dtype=object)
     data = DataProto.from_dict(tensors=tensors, non_tensors={"uid": uid})
@@ -311,11 +361,17 @@ def test_verl_path(name, verl_plugin, fixed, tokenizer):
     verl_plugin._wrap_legacy_old_log_prob(old_log_prob)(Legacy(), None)  # reads the tokenizer's special ids
     estimator = f"tc_{slug(name)}"
     try:
-        if name in NEEDS_GREEDY_BASELINE:  # verl's greedy baseline ("reward_baselines") only under its own remax
+        if (
+            name in NEEDS_GREEDY_BASELINE
+        ):  # verl's greedy baseline ("reward_baselines") only under its own remax
             return assert_refused_without_greedy_baseline(
-                lambda: ray_trainer.compute_advantage(data, adv_estimator=estimator, config=AlgoConfig(adv_estimator=estimator))
+                lambda: ray_trainer.compute_advantage(
+                    data, adv_estimator=estimator, config=AlgoConfig(adv_estimator=estimator)
+                )
             )
-        out = ray_trainer.compute_advantage(data, adv_estimator=estimator, config=AlgoConfig(adv_estimator=estimator))
+        out = ray_trainer.compute_advantage(
+            data, adv_estimator=estimator, config=AlgoConfig(adv_estimator=estimator)
+        )
     finally:
         verl_plugin._LEGACY_SPECIAL_IDS[0] = None
     got = out.batch["advantages"]

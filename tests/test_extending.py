@@ -44,7 +44,9 @@ def _test_module(name: str) -> ModuleType:
     return sys.modules[name]
 
 
-fuzz = _test_module("test_credit_fuzz")  # the contract of every credit method: batches(), check_credit_contract
+fuzz = _test_module(
+    "test_credit_fuzz"
+)  # the contract of every credit method: batches(), check_credit_contract
 agree = _test_module("test_engines_agree")  # the engines' fixed batch and their glue
 fixed, tokenizer = agree.fixed, agree.tokenizer  # module-scoped fixtures, used as they are
 
@@ -84,16 +86,20 @@ def soft_clip_registered() -> Iterator[str]:
             w = torch.exp(inputs.log_w)
             loss = -inputs.advantages * torch.tanh(scale * (w - 1.0)) / scale
             zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
-            return torch.where(inputs.mask, loss, zero), {"saturated": inputs.mask & (scale * (w - 1).abs() > 2)}
+            return torch.where(inputs.mask, loss, zero), {
+                "saturated": inputs.mask & (scale * (w - 1).abs() > 2)
+            }
 
         yield SOFT_CLIP
 
 
 def _registries() -> dict[str, list]:
     regs = {
-        "credit": credit.CREDIT_METHODS, "loss": objectives.LOSSES, "kernel": objectives.KERNELS,
+        "credit": credit.CREDIT_METHODS,
+        "loss": objectives.LOSSES,
+        "kernel": objectives.KERNELS,
         "estimator": advantages.ESTIMATORS,
-    }  # fmt: skip
+    }
     return {**{k: list(r.items()) for k, r in regs.items()}, "recipes": list(RECIPES.items())}
 
 
@@ -109,8 +115,14 @@ def registries_restored():
 def halves(monkeypatch):
     """The method and its recipe row (the guide's table step), for one test."""
     with halves_registered() as name:
-        row = Recipe(name, "docs/extending.md (a throwaway example)", credit=name, credit_params={"low": 0.25},
-                     eps_high=0.28, notes="Â = A x (1 on high-entropy tokens, low elsewhere)")  # fmt: skip
+        row = Recipe(
+            name,
+            "docs/extending.md (a throwaway example)",
+            credit=name,
+            credit_params={"low": 0.25},
+            eps_high=0.28,
+            notes="Â = A x (1 on high-entropy tokens, low elsewhere)",
+        )
         monkeypatch.setitem(RECIPES, name, row)
         yield name
     assert name not in credit.CREDIT_METHODS
@@ -199,8 +211,12 @@ def test_meets_the_fuzz_contract_of_every_credit_method(data):
 # ---------------------------------------------------------------------------------------------- the engines
 def test_core_pipeline_computes_the_rule(halves, fixed):
     batch, special, _ = fixed
-    torch.testing.assert_close(token_credit(f"credit:{halves}", batch).token_advantages, _expected(batch, 0.5))
-    torch.testing.assert_close(token_credit(halves, batch, special_ids=special).token_advantages, _expected(batch, 0.25))
+    torch.testing.assert_close(
+        token_credit(f"credit:{halves}", batch).token_advantages, _expected(batch, 0.5)
+    )
+    torch.testing.assert_close(
+        token_credit(halves, batch, special_ids=special).token_advantages, _expected(batch, 0.25)
+    )
 
 
 def test_an_engine_plugin_through_the_builder(halves, fixed):
@@ -209,10 +225,15 @@ def test_an_engine_plugin_through_the_builder(halves, fixed):
     recipe = resolve(halves)
     needs = needs_of(recipe)
     rollouts = ScoredRollouts(
-        response_ids=batch.token_ids, response_mask=batch.mask, group_ids=batch.group_ids, scores=batch.scores,
+        response_ids=batch.token_ids,
+        response_mask=batch.mask,
+        group_ids=batch.group_ids,
+        scores=batch.scores,
         truncated=batch.truncated,
-    )  # fmt: skip
-    built = build_batch(rollouts, needs, given={s: getattr(batch, s) for s in needs.forward}, who="test engine")
+    )
+    built = build_batch(
+        rollouts, needs, given={s: getattr(batch, s) for s in needs.forward}, who="test engine"
+    )
     got = token_credit(recipe, built, special_ids=special)
     agree.assert_same(agree.loss_tokens(got), agree.reference(halves, batch, special), "builder", halves)
     with pytest.raises(ConfigError, match="test engine needs the per-token signal.*entropy"):
@@ -235,9 +256,12 @@ def test_explain_and_probe_agree_with_the_core(form, halves, fixed, tokenizer):
     tokens = [[str(int(x)) for x in row[m]] for row, m in zip(batch.token_ids, batch.mask)]
     credits: dict = {}
     data = explain_batch(
-        batch, resolve_methods([name]), make_groups(batch, tokens, seq, groups=agree.N_GROUPS), special_ids=ids,
+        batch,
+        resolve_methods([name]),
+        make_groups(batch, tokens, seq, groups=agree.N_GROUPS),
+        special_ids=ids,
         credits=credits,
-    )  # fmt: skip
+    )
     assert not data.methods[0].skipped, data.methods[0].note
     agree.assert_same(agree.loss_tokens(credits[name]), want, "explain", name)
 
@@ -264,10 +288,14 @@ def test_trl_agrees_with_the_core(halves, fixed, tiny_model_dir, tmp_path, monke
     monkeypatch.setattr(trainer, "_signals", lambda *args, **kwargs: dict(signals))
     trainer._tc_rewards = batch.scores[:, None].clone()
     output = {
-        "completion_ids": batch.token_ids.clone(), "completion_mask": batch.mask.long(),
-        "prompt_ids": torch.zeros(agree.N, 1, dtype=torch.long), "prompt_mask": torch.ones(agree.N, 1, dtype=torch.long),
-    }  # fmt: skip
-    agree.assert_same(trainer._token_advantages([], output), agree.reference(halves, batch, special), "TRL", halves)
+        "completion_ids": batch.token_ids.clone(),
+        "completion_mask": batch.mask.long(),
+        "prompt_ids": torch.zeros(agree.N, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(agree.N, 1, dtype=torch.long),
+    }
+    agree.assert_same(
+        trainer._token_advantages([], output), agree.reference(halves, batch, special), "TRL", halves
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the policy loss

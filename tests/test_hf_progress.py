@@ -19,7 +19,9 @@ PROBE = (
 )
 
 
-@pytest.mark.parametrize(("value", "on"), [("", False), ("0", False), ("off", False), ("1", True), (" Yes ", True)])
+@pytest.mark.parametrize(
+    ("value", "on"), [("", False), ("0", False), ("off", False), ("1", True), (" Yes ", True)]
+)
 def test_the_switch_reads(value, on, monkeypatch):
     monkeypatch.setenv(hf_progress.ENV, value)
     assert hf_progress.requested() is on
@@ -36,7 +38,10 @@ def test_quiet_by_default_keeps_what_the_user_set(monkeypatch):
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")
     monkeypatch.delenv("HF_DATASETS_DISABLE_PROGRESS_BARS", raising=False)
     hf_progress.quiet_by_default()
-    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0" and os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1"
+    assert (
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
+        and os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1"
+    )
     monkeypatch.delenv("HF_DATASETS_DISABLE_PROGRESS_BARS")
     monkeypatch.setenv(hf_progress.ENV, "1")
     hf_progress.quiet_by_default()

@@ -55,9 +55,15 @@ def write_jsonl(path: Path, lines: list[str]) -> Path:
 
 
 def test_malformed_jsonl_names_file_and_line(tiny_model_dir, micro_sets, tmp_path, capsys):
-    bad = write_jsonl(tmp_path / "train.jsonl", ['{"id": "a", "problem": "1+1", "answer": "2"}', '{"id": "b", "problem": '])
-    rc, err = train(["--out", str(tmp_path / "run"), *as_args(micro_sets(tiny_model_dir, **{"data.train": bad}))], capsys)
-    assert rc == 2 and f"{bad}:2:24: malformed JSON line (Expecting value)" in err  # column 24: the line ends there
+    bad = write_jsonl(
+        tmp_path / "train.jsonl", ['{"id": "a", "problem": "1+1", "answer": "2"}', '{"id": "b", "problem": ']
+    )
+    rc, err = train(
+        ["--out", str(tmp_path / "run"), *as_args(micro_sets(tiny_model_dir, **{"data.train": bad}))], capsys
+    )
+    assert (
+        rc == 2 and f"{bad}:2:24: malformed JSON line (Expecting value)" in err
+    )  # column 24: the line ends there
     assert not (tmp_path / "run").exists()  # a rejected configuration leaves no half-made run directory
 
 
@@ -66,12 +72,16 @@ def test_problem_without_answer_names_its_id(tiny_model_dir, micro_sets, tmp_pat
         tmp_path / "train.jsonl",
         ['{"id": "ok", "problem": "1+1", "answer": "2"}', '{"id": "q-17", "problem": "2+2"}'],
     )
-    rc, err = train(["--out", str(tmp_path / "run"), *as_args(micro_sets(tiny_model_dir, **{"data.train": bad}))], capsys)
+    rc, err = train(
+        ["--out", str(tmp_path / "run"), *as_args(micro_sets(tiny_model_dir, **{"data.train": bad}))], capsys
+    )
     assert rc == 2 and f"{bad}:2: problem 'q-17' has no answer" in err
 
 
 def test_unknown_recipe_suggests_the_closest(tiny_model_dir, micro_sets, tmp_path, capsys):
-    rc, err = train(["--recipe", "grpoo", "--out", str(tmp_path / "r"), *as_args(micro_sets(tiny_model_dir))], capsys)
+    rc, err = train(
+        ["--recipe", "grpoo", "--out", str(tmp_path / "r"), *as_args(micro_sets(tiny_model_dir))], capsys
+    )
     assert rc == 2 and "unknown recipe or credit method 'grpoo' (closest: grpo" in err
 
 
@@ -83,8 +93,12 @@ def test_unknown_recipe_suggests_the_closest(tiny_model_dir, micro_sets, tmp_pat
         ("algo.eps_hgh=0.3", "eps_hgh"),  # a recipe field: checked against the recipe's fields
     ],
 )
-def test_unknown_config_key_suggests_the_closest(assignment, expected, tiny_model_dir, micro_sets, tmp_path, capsys):
-    rc, err = train(["--out", str(tmp_path / "r"), *as_args([*micro_sets(tiny_model_dir), assignment])], capsys)
+def test_unknown_config_key_suggests_the_closest(
+    assignment, expected, tiny_model_dir, micro_sets, tmp_path, capsys
+):
+    rc, err = train(
+        ["--out", str(tmp_path / "r"), *as_args([*micro_sets(tiny_model_dir), assignment])], capsys
+    )
     assert rc == 2 and expected in err
     if assignment.startswith("algo."):
         assert "eps_high" in err
@@ -93,10 +107,18 @@ def test_unknown_config_key_suggests_the_closest(assignment, expected, tiny_mode
 @pytest.mark.parametrize(
     "recipe, assignment, expected",
     [
-        ("strace", "algo.kernel_params.lamda=0.9", "ratio kernel 'strace' has no parameter 'lamda' (closest: lam)"),
+        (
+            "strace",
+            "algo.kernel_params.lamda=0.9",
+            "ratio kernel 'strace' has no parameter 'lamda' (closest: lam)",
+        ),
         ("strace", "algo.kernel_params.keep_ration=0.3", "(closest: keep_ratio)"),
         ("ktae", "algo.credit_params.tpo=0.5", "credit method 'ktae' has no parameter 'tpo' (closest: top)"),
-        ("grpo", "algo.advantage_params.esp=1e-4", "advantage estimator 'grpo' has no parameter 'esp' (closest: eps)"),
+        (
+            "grpo",
+            "algo.advantage_params.esp=1e-4",
+            "advantage estimator 'grpo' has no parameter 'esp' (closest: eps)",
+        ),
         ("dapo", "algo.loss=ppo-clp", "unknown policy loss 'ppo-clp' (closest: ppo-clip"),
         ("arca", "algo.kernel=strace", "policy loss 'reinforce' uses no importance ratio"),
         ("arca", "algo.eps_high=0.3", "policy loss 'reinforce' has no clip range"),
@@ -130,8 +152,17 @@ def test_tokenizer_without_eos(micro_sets, tmp_path, capsys):
     from tokencredit import models
 
     tok = models.build_toy_tokenizer()
-    model = models.build_toy_model({"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
-                                    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16}, tokenizer=tok)  # fmt: skip
+    model = models.build_toy_model(
+        {
+            "num_hidden_layers": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+        },
+        tokenizer=tok,
+    )
     no_eos = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, pad_token=models.PAD_TOKEN)
     assert no_eos.eos_token is None
     d = tmp_path / "no-eos"
@@ -143,8 +174,12 @@ def test_tokenizer_without_eos(micro_sets, tmp_path, capsys):
 
 @pytest.mark.parametrize("recipe", ["arca", "policy-divergence"])
 def test_lora_only_recipe_without_lora(recipe, tiny_model_dir, micro_sets, tmp_path, capsys):
-    rc, err = train(["--recipe", recipe, "--out", str(tmp_path / "r"), *as_args(micro_sets(tiny_model_dir))], capsys)
-    assert rc == 2 and f"recipe '{recipe}'" in err and "needs a LoRA adapter" in err and "model.lora_rank" in err
+    rc, err = train(
+        ["--recipe", recipe, "--out", str(tmp_path / "r"), *as_args(micro_sets(tiny_model_dir))], capsys
+    )
+    assert (
+        rc == 2 and f"recipe '{recipe}'" in err and "needs a LoRA adapter" in err and "model.lora_rank" in err
+    )
 
 
 def test_group_size_one(tiny_model_dir, micro_sets, tmp_path, capsys):
@@ -167,7 +202,10 @@ def test_group_size_not_dividing_a_flat_batch():
     from tokencredit.errors import ConfigError
 
     assert consecutive_group_ids(6, 3).tolist() == [0, 0, 0, 1, 1, 1]
-    with pytest.raises(ConfigError, match=r"group size G=4 does not divide the batch of 10 rollouts \(2 full groups and 2 left over\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"group size G=4 does not divide the batch of 10 rollouts \(2 full groups and 2 left over\)",
+    ):
         consecutive_group_ids(10, 4)
 
 
@@ -193,7 +231,9 @@ def test_group_size_not_dividing_a_flat_batch():
 def test_out_of_range_values_name_the_key(assignment, expected):
     # Checked before any model loads; before, several of these surfaced as an unnamed torch or
     # generate error (e.g. "batch_size must be >= 1" for optim.micro_batch_size).
-    with pytest.raises(ConfigError, match="^" + expected.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+    with pytest.raises(
+        ConfigError, match="^" + expected.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+    ):
         validate_config(load_config(sets=[assignment]))
 
 
@@ -209,10 +249,10 @@ def test_resume_of_a_directory_that_is_not_a_run(tmp_path, capsys):
 # ---- non-finite numbers during training ----------------------------------------------------------
 
 
-NAN_REWARD_MODULE = '''
+NAN_REWARD_MODULE = """
 def nan_at_rollout_3(completions, golds, **_):
     return [float("nan") if i == 3 else 1.0 for i in range(len(completions))]
-'''
+"""
 
 
 def test_non_finite_reward_names_the_rollout(tiny_model_dir, micro_sets, tmp_path, monkeypatch, capsys):
@@ -280,7 +320,9 @@ def test_non_finite_logits_stop_the_step_and_keep_the_last_good_state(
     assert json.loads((run / "summary.json").read_text())["steps"] == 3
 
 
-def test_non_finite_old_policy_signal_names_step_rollout_and_token(tiny_model_dir, micro_sets, tmp_path, monkeypatch, capsys):
+def test_non_finite_old_policy_signal_names_step_rollout_and_token(
+    tiny_model_dir, micro_sets, tmp_path, monkeypatch, capsys
+):
     """NaN in the no-grad old-policy pass (S-trace needs it before the update) is caught by the batch
     checks and reported as a training error of that step."""
     from tokencredit import builder  # every engine's old-policy pass runs through the batch builder
@@ -297,9 +339,13 @@ def test_non_finite_old_policy_signal_names_step_rollout_and_token(tiny_model_di
 
     monkeypatch.setattr(builder, "compute_signals", nan_on_second_step)
     run = tmp_path / "run"
-    rc, err = train(["--recipe", "strace", "--out", str(run), *as_args(micro_sets(tiny_model_dir, steps=3))], capsys)
+    rc, err = train(
+        ["--recipe", "strace", "--out", str(run), *as_args(micro_sets(tiny_model_dir, steps=3))], capsys
+    )
     assert rc == 1
-    assert "training stopped: step 2: RolloutBatch.old_log_probs: non-finite value at rollout 1, token 0" in err
+    assert (
+        "training stopped: step 2: RolloutBatch.old_log_probs: non-finite value at rollout 1, token 0" in err
+    )
     assert "last good checkpoint: step 1" in err
     assert [r["step"] for r in MetricsLog(run / "metrics.jsonl").read()] == [1]
 
@@ -315,7 +361,10 @@ def _steps(run: Path) -> list[int]:
 
 def _same_run(a: Path, b: Path) -> bool:
     timing = {"time_generate", "time_signals", "time_update", "tokens_per_s", "wall_time"}
-    strip = [[{k: v for k, v in r.items() if k not in timing} for r in MetricsLog(d / "metrics.jsonl").read()] for d in (a, b)]
+    strip = [
+        [{k: v for k, v in r.items() if k not in timing} for r in MetricsLog(d / "metrics.jsonl").read()]
+        for d in (a, b)
+    ]
     return strip[0] == strip[1]
 
 
@@ -337,8 +386,13 @@ def test_full_disk_keeps_the_last_good_state_and_resume_works(
     assert cli.main(["train", "--recipe", "strace", "--out", str(ref), *sets]) == 0
     disk = full_disk(run, target, after=after, partial=10)
     rc, err = train(["--out", str(run), *sets], capsys)
-    assert rc == 1 and f"disk full while writing {run}/" in err and f"/{target} (No space left on device)" in err, err
-    assert f"last good checkpoint: step {checkpoint} in {run} (free some space, then continue with --resume)" in err
+    assert (
+        rc == 1 and f"disk full while writing {run}/" in err and f"/{target} (No space left on device)" in err
+    ), err
+    assert (
+        f"last good checkpoint: step {checkpoint} in {run} (free some space, then continue with --resume)"
+        in err
+    )
     assert _steps(run) == lines  # every finished line intact, none torn
     assert ckpt.load_latest_checkpoint(run, log=pytest.fail)["step"] == checkpoint
     assert not list(run.rglob("*tmp*")) and not (run / "summary.json").exists()
@@ -347,7 +401,9 @@ def test_full_disk_keeps_the_last_good_state_and_resume_works(
     assert _steps(run) == [1, 2, 3] and _same_run(run, ref)
 
 
-def test_sigterm_finishes_the_step_saves_it_and_stops_the_verifier(tiny_model_dir, micro_sets, tmp_path, monkeypatch, capsys):
+def test_sigterm_finishes_the_step_saves_it_and_stops_the_verifier(
+    tiny_model_dir, micro_sets, tmp_path, monkeypatch, capsys
+):
     """In-process, the math verifier on: SIGTERM during step 2 ends the run after it, with a checkpoint
     of step 2 (not a checkpoint step), exit code 143, the old handler back and no worker left."""
     real_step, pools = Trainer.step, []
@@ -363,14 +419,19 @@ def test_sigterm_finishes_the_step_saves_it_and_stops_the_verifier(tiny_model_di
     run = tmp_path / "run"
     sets = as_args(micro_sets(tiny_model_dir, steps=4, **{"reward.function": "math", "checkpoint.every": 3}))
     rc, err = train(["--out", str(run), *sets], capsys)
-    assert (rc, err) == (143, f"tokencredit train: stopped by SIGTERM after step 2; continue with: tokencredit train --resume {run}")
+    assert (rc, err) == (
+        143,
+        f"tokencredit train: stopped by SIGTERM after step 2; continue with: tokencredit train --resume {run}",
+    )
     assert signal.getsignal(signal.SIGTERM) is before and pools[0]._workers == []
     assert _steps(run) == [1, 2] and RunDir(run).checkpoint_steps() == [2]
     monkeypatch.undo()
     assert cli.main(["train", "--resume", str(run)]) == 0 and _steps(run) == [1, 2, 3, 4]
 
 
-def test_timed_out_verifications_are_logged_apart_from_wrong_answers(tiny_model_dir, micro_sets, tmp_path, monkeypatch, capsys):
+def test_timed_out_verifications_are_logged_apart_from_wrong_answers(
+    tiny_model_dir, micro_sets, tmp_path, monkeypatch, capsys
+):
     """Rows the verifier could not judge in time score 0 and are counted: `verify_timeouts` in every
     step's metrics line, the progress line, and `verify_timeout` in the saved rollouts."""
     real_verify = Reward.verify
@@ -382,7 +443,10 @@ def test_timed_out_verifications_are_logged_apart_from_wrong_answers(tiny_model_
 
     monkeypatch.setattr(Reward, "verify", rows_0_and_3_time_out)
     run = tmp_path / "run"
-    assert cli.main(["train", "--recipe", "strace", "--out", str(run), *as_args(micro_sets(tiny_model_dir))]) == 0
+    assert (
+        cli.main(["train", "--recipe", "strace", "--out", str(run), *as_args(micro_sets(tiny_model_dir))])
+        == 0
+    )
     records = [r for r in MetricsLog(run / "metrics.jsonl").read() if r.get("type") != "eval"]
     assert [r["verify_timeouts"] for r in records] == [2, 2]
     assert "verifier timeouts 2 (scored 0)" in capsys.readouterr().out

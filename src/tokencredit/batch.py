@@ -101,7 +101,9 @@ class RolloutBatch:
         if ids.dim() != 2:
             raise BatchValidationError(f"RolloutBatch.token_ids: expected shape [N, T], got {_describe(ids)}")
         if ids.dtype.is_floating_point or ids.dtype == torch.bool:
-            raise BatchValidationError(f"RolloutBatch.token_ids: expected an integer dtype, got {_describe(ids)}")
+            raise BatchValidationError(
+                f"RolloutBatch.token_ids: expected an integer dtype, got {_describe(ids)}"
+            )
         n, t = ids.shape
         if ids.dtype != torch.int64:
             self.token_ids = ids = ids.long()
@@ -118,7 +120,9 @@ class RolloutBatch:
         if tuple(g.shape) != (n,):
             raise BatchValidationError(f"RolloutBatch.group_ids: expected shape ({n},), got {_describe(g)}")
         if g.dtype.is_floating_point or g.dtype == torch.bool:
-            raise BatchValidationError(f"RolloutBatch.group_ids: expected an integer dtype, got {_describe(g)}")
+            raise BatchValidationError(
+                f"RolloutBatch.group_ids: expected an integer dtype, got {_describe(g)}"
+            )
         self.group_ids = g.long()
 
         s = self.scores
@@ -134,7 +138,9 @@ class RolloutBatch:
         if self.truncated is not None:
             tr = self.truncated
             if tuple(tr.shape) != (n,):
-                raise BatchValidationError(f"RolloutBatch.truncated: expected shape ({n},), got {_describe(tr)}")
+                raise BatchValidationError(
+                    f"RolloutBatch.truncated: expected shape ({n},), got {_describe(tr)}"
+                )
             self.truncated = tr.bool()
         if self.baseline_scores is not None:
             b = self.baseline_scores
@@ -154,8 +160,14 @@ class RolloutBatch:
         """A per-token signal: a float tensor [N,T] ("T") or [N,T,H] ("TH"), finite on valid tokens."""
         v = getattr(self, name)
         if not isinstance(v, Tensor):
-            raise BatchValidationError(f"RolloutBatch.{name}: expected a torch.Tensor, got {type(v).__name__}")
-        ok = v.dim() == 2 and tuple(v.shape) == (n, t) if kind == "T" else v.dim() == 3 and tuple(v.shape[:2]) == (n, t)
+            raise BatchValidationError(
+                f"RolloutBatch.{name}: expected a torch.Tensor, got {type(v).__name__}"
+            )
+        ok = (
+            v.dim() == 2 and tuple(v.shape) == (n, t)
+            if kind == "T"
+            else v.dim() == 3 and tuple(v.shape[:2]) == (n, t)
+        )
         if not ok:
             want = f"({n}, {t})" if kind == "T" else f"({n}, {t}, H)"
             raise BatchValidationError(f"RolloutBatch.{name}: expected shape {want}, got {_describe(v)}")
@@ -219,7 +231,9 @@ class RolloutBatch:
         to this batch's device; this batch is left as it is (credit computed on it stays valid)."""
         unknown = sorted(set(signals) - set(SIGNALS))
         if unknown:
-            raise BatchValidationError(f"RolloutBatch.with_signals: unknown signal(s) {unknown}; known: {sorted(SIGNALS)}")
+            raise BatchValidationError(
+                f"RolloutBatch.with_signals: unknown signal(s) {unknown}; known: {sorted(SIGNALS)}"
+            )
         kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
         kwargs.update({k: v.to(self.mask.device) for k, v in signals.items()})
         return RolloutBatch(**kwargs)

@@ -40,8 +40,15 @@ from tokencredit.recipes import Recipe, batch_fields, credit_needs, recipe_needs
 from tokencredit.signals import compute_signals, negative_prompt_inputs
 
 __all__ = [
-    "Needs", "Passes", "Responses", "ScoredRollouts", "build_batch", "forward_signals", "needs_of", "rendered_negative_prompts",
-]  # fmt: skip
+    "Needs",
+    "Passes",
+    "Responses",
+    "ScoredRollouts",
+    "build_batch",
+    "forward_signals",
+    "needs_of",
+    "rendered_negative_prompts",
+]
 
 # The signals a fused training forward yields (tokencredit.train.update): not computed before the update.
 FUSED_SIGNALS = frozenset({"old_log_probs", "entropy"})
@@ -163,14 +170,21 @@ class Passes:
     add_special_tokens: bool | None = None
 
 
-def rendered_negative_prompts(problems: Sequence[str], template: str, tokenizer: Any) -> Callable[[], list[str]]:
+def rendered_negative_prompts(
+    problems: Sequence[str], template: str, tokenizer: Any
+) -> Callable[[], list[str]]:
     """`Passes.negative_prompts` for rows whose problem texts are `problems`: GCPO's negative prompt of each,
     rendered with the chat `template` as the rollouts' prompts were."""
     return lambda: [render(template, negative_prompt(p), tokenizer) for p in problems]
 
 
 def forward_signals(
-    model: nn.Module, rollouts: Responses | Scored, names: Iterable[str], passes: Passes = Passes(), *, who: str = "tokencredit"
+    model: nn.Module,
+    rollouts: Responses | Scored,
+    names: Iterable[str],
+    passes: Passes = Passes(),
+    *,
+    who: str = "tokencredit",
 ) -> dict[str, Tensor]:
     """{name: [N,T] (hidden signals [N,T,H])} float32, detached, 0 off the response mask, on the model's
     device: the signals `names` of the rollouts (their prompts and responses are read) in the fewest no-grad
@@ -179,7 +193,9 @@ def forward_signals(
     if not names:
         return {}
     if rollouts.prompt_ids is None or rollouts.prompt_mask is None:
-        raise ConfigError(f"{who}: computing {', '.join(sorted(names))} needs the prompts (prompt_ids, prompt_mask)")
+        raise ConfigError(
+            f"{who}: computing {', '.join(sorted(names))} needs the prompts (prompt_ids, prompt_mask)"
+        )
     device = next(model.parameters()).device
     resp, mask = rollouts.response_ids.to(device), rollouts.response_mask.to(device).bool()
     attend = getattr(rollouts, "response_attention", None)  # StepRollouts and the like have none
@@ -192,12 +208,24 @@ def forward_signals(
         if passes.negative_prompts is None or passes.tokenizer is None:
             raise ConfigError(f"{who}: neg_log_probs (GCPO) needs the rows' negative prompts and a tokenizer")
         neg = negative_prompt_inputs(
-            passes.tokenizer, list(passes.negative_prompts()), resp, attend, add_special_tokens=passes.add_special_tokens
+            passes.tokenizer,
+            list(passes.negative_prompts()),
+            resp,
+            attend,
+            add_special_tokens=passes.add_special_tokens,
         )
     return compute_signals(
-        model, seq, attn, int(prompt_ids.shape[1]), mask, names, temperature=passes.temperature,
-        batch_size=passes.batch_size, ref_model=passes.ref_model, **neg,
-    )  # fmt: skip
+        model,
+        seq,
+        attn,
+        int(prompt_ids.shape[1]),
+        mask,
+        names,
+        temperature=passes.temperature,
+        batch_size=passes.batch_size,
+        ref_model=passes.ref_model,
+        **neg,
+    )
 
 
 def build_batch(
@@ -257,5 +285,6 @@ def build_batch(
 def _check_names(names: Iterable[str], where: str) -> None:
     for name in sorted(names):
         if name not in SIGNALS:
-            raise ConfigError(f"{where}: unknown signal {name!r}{closest(name, SIGNALS)}; known: {', '.join(SIGNALS)}")
-
+            raise ConfigError(
+                f"{where}: unknown signal {name!r}{closest(name, SIGNALS)}; known: {', '.join(SIGNALS)}"
+            )

@@ -27,7 +27,9 @@ def _top_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="commands:\n" + "\n".join(f"  {k:<9} {v}" for k, v in COMMANDS.items()),
     )
-    p.add_argument("command", choices=list(COMMANDS), metavar="COMMAND", help="one of: " + ", ".join(COMMANDS))
+    p.add_argument(
+        "command", choices=list(COMMANDS), metavar="COMMAND", help="one of: " + ", ".join(COMMANDS)
+    )
     return p
 
 

@@ -36,7 +36,9 @@ def _normalised(weights: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     m = mask.bool()
     w = weights.detach().double()
     if bool((w[m] < 0).any()):
-        raise ValueError("weights must be >= 0 on valid tokens; use credit_weights(advantages, mask) for signed credit")
+        raise ValueError(
+            "weights must be >= 0 on valid tokens; use credit_weights(advantages, mask) for signed credit"
+        )
     w = torch.where(m, w, torch.zeros((), dtype=torch.float64))
     total = w.sum(-1)
     n = m.sum(-1)
@@ -106,8 +108,13 @@ def _quadrant_shares(mass: Tensor) -> dict[str, float]:
 
 
 def entropy_share(
-    advantages: Tensor, entropy: Tensor, mask: Tensor, keep_ratio: float = 0.2, scope: str = "batch",
-    *, shard: Shard | None = None,
+    advantages: Tensor,
+    entropy: Tensor,
+    mask: Tensor,
+    keep_ratio: float = 0.2,
+    scope: str = "batch",
+    *,
+    shard: Shard | None = None,
 ) -> dict[str, float]:
     """Share of total |Â| mass on the top-`keep_ratio` entropy tokens ("high") and the rest ("low").
 
@@ -120,15 +127,22 @@ def entropy_share(
 
 
 def quadrants(
-    advantages: Tensor, entropy: Tensor, mask: Tensor, keep_ratio: float = 0.2, scope: str = "batch",
-    *, shard: Shard | None = None,
+    advantages: Tensor,
+    entropy: Tensor,
+    mask: Tensor,
+    keep_ratio: float = 0.2,
+    scope: str = "batch",
+    *,
+    shard: Shard | None = None,
 ) -> dict[str, float]:
     """Share of |Â| mass per quadrant (sign of Â) x (high/low entropy); keys pos_high, pos_low, neg_high, neg_low.
 
     High entropy = top `keep_ratio` of valid tokens (as the 80/20 rule). Shares sum to 1 (all 0 without mass).
     With `shard`, of the whole batch split across ranks (collective).
     """
-    return _quadrant_shares(all_sum(_quadrant_mass(advantages, entropy, mask, keep_ratio, scope, shard), shard))
+    return _quadrant_shares(
+        all_sum(_quadrant_mass(advantages, entropy, mask, keep_ratio, scope, shard), shard)
+    )
 
 
 def _sign_flip_counts(token_advantages: Tensor, seq_advantages: Tensor, mask: Tensor) -> Tensor:
@@ -218,4 +232,3 @@ def summary(
         out["credit_high_entropy_share"] = q["pos_high"] + q["neg_high"]
         out.update({f"credit_q_{k}": v for k, v in q.items()})
     return out
-

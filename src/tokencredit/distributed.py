@@ -54,9 +54,13 @@ class Shard:
         if not dist.is_available() or not dist.is_initialized():
             raise ConfigError("Shard: torch.distributed is not initialised (init_process_group first)")
         if self.rows.dim() != 1 or self.rows.dtype != torch.int64:
-            raise ConfigError(f"Shard.rows: expected an int64 tensor [N_local], got {tuple(self.rows.shape)} {self.rows.dtype}")
+            raise ConfigError(
+                f"Shard.rows: expected an int64 tensor [N_local], got {tuple(self.rows.shape)} {self.rows.dtype}"
+            )
         if self.rows.numel() and (int(self.rows.min()) < 0 or int(self.rows.max()) >= self.num_rows):
-            raise ConfigError(f"Shard.rows: indices must lie in [0, {self.num_rows}), got {self.rows.min()}..{self.rows.max()}")
+            raise ConfigError(
+                f"Shard.rows: indices must lie in [0, {self.num_rows}), got {self.rows.min()}..{self.rows.max()}"
+            )
 
     @classmethod
     def split(cls, n_local: int, group: Any = None) -> Shard:
@@ -148,7 +152,9 @@ def sum_by_key(keys: Tensor, values: Tensor, shard: Shard | None) -> Tensor:
     if shard is None:
         return values
     if keys.dim() != 2 or values.dim() != 2 or keys.shape[0] != values.shape[0]:
-        raise ValueError(f"sum_by_key: keys [M, k] and values [M, c], got {tuple(keys.shape)}, {tuple(values.shape)}")
+        raise ValueError(
+            f"sum_by_key: keys [M, k] and values [M, c], got {tuple(keys.shape)}, {tuple(values.shape)}"
+        )
     group = shard.group
     sizes = _all_gather_sizes(keys.shape[0], group)
     all_keys = _all_gather_rows(keys, group)

@@ -105,7 +105,9 @@ class Registry(Generic[E]):
                 f"{', '.join(sorted(self._entries))}"
             ) from None
 
-    def check_params(self, name: str, params: Mapping[str, Any], allowed: Mapping[str, Any] | None = None) -> None:
+    def check_params(
+        self, name: str, params: Mapping[str, Any], allowed: Mapping[str, Any] | None = None
+    ) -> None:
         """Raise ConfigError for the first key of `params` that `name` does not take (closest name given).
 
         `allowed` replaces the entry's own defaults as the set of valid keys (e.g. a kernel's

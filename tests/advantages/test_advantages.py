@@ -122,8 +122,15 @@ def _batch(scores, groups, lengths, t=6, **fields):
     n = len(scores)
     lp = -torch.rand(n, t, generator=torch.Generator().manual_seed(0)) * mask
     sq = (lp.exp() ** 2) * mask
-    return RolloutBatch(torch.zeros(n, t, dtype=torch.long), mask, torch.tensor(groups), _t(scores),
-                        old_log_probs=lp, sum_sq_probs=sq, **fields)  # fmt: skip
+    return RolloutBatch(
+        torch.zeros(n, t, dtype=torch.long),
+        mask,
+        torch.tensor(groups),
+        _t(scores),
+        old_log_probs=lp,
+        sum_sq_probs=sq,
+        **fields,
+    )
 
 
 def test_estimate_shapes_and_score_only_estimators_agree_with_compute():
@@ -180,13 +187,17 @@ def test_reinforce_pp_discounts_by_valid_tokens_after_t():
     raw = torch.tensor([0.25, 0.5, 1.0])
     want = (raw - raw.mean()) / torch.sqrt(raw.var() + 1e-8)
     torch.testing.assert_close(got[0, :3], want.float(), atol=1e-6, rtol=0)
-    assert torch.equal(advantages.estimate("reinforce++", _batch([1], [0], [1])), torch.zeros(1, 6))  # 1 token
+    assert torch.equal(
+        advantages.estimate("reinforce++", _batch([1], [0], [1])), torch.zeros(1, 6)
+    )  # 1 token
 
 
 def test_otb_needs_its_signals_and_singletons_get_zero():
     from tokencredit.batch import RolloutBatch
 
-    bare = RolloutBatch(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3), torch.tensor([0, 0]), _t([1, 0]))
+    bare = RolloutBatch(
+        torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3), torch.tensor([0, 0]), _t([1, 0])
+    )
     with pytest.raises(BatchValidationError, match="sum_sq_probs"):
         advantages.estimate("otb", bare)
     b = _batch([1, 0, 1], [0, 0, 1], [3, 2, 2])

@@ -89,9 +89,11 @@ TOY_CASES = [
     (["data.eval_size=0"], ["data.eval_size = 0 gives no held-out problems"]),
     (["data.eval_size=1000000000000"], ["data.eval_size = 1000000000000 is above 100000"]),
     (["data.eval_size=500"], ["data.eval_size = 500", "has only 183 distinct held-out problems"]),
-    (["data.eval_split=validation", "data.train_size=1500", "data.eval_size=100"],
-     ["data.train_size + data.eval_size = 1600", "has only 1518 distinct training problems"]),
-]  # fmt: skip
+    (
+        ["data.eval_split=validation", "data.train_size=1500", "data.eval_size=100"],
+        ["data.train_size + data.eval_size = 1600", "has only 1518 distinct training problems"],
+    ),
+]
 
 
 @pytest.mark.parametrize("sets, names", TOY_CASES, ids=[" ".join(c[0])[:48] for c in TOY_CASES])
@@ -104,22 +106,51 @@ def test_toy_task_sizes(sets, names, tiny_model_dir, micro_sets, tmp_path, capsy
 OK_LINE = b'{"id": "a", "problem": "1+1", "answer": "2"}\n'
 FILE_CASES: list[tuple[str, Callable[[Path], None], list[str]]] = [
     # (the file's name, how to make it, what the line must name after its path)
-    ("binary.jsonl", lambda p: p.write_bytes(bytes(range(128, 256)) * 4), [":1:1: not UTF-8 text (byte 0x80"]),
-    ("latin1.jsonl", lambda p: p.write_bytes(OK_LINE + '{"problem": "café", "answer": "2"}\n'.encode("latin-1")),
-     [":2:17: not UTF-8 text (byte 0xe9", "iconv -f latin1"]),
-    ("utf16.jsonl", lambda p: p.write_bytes(OK_LINE.decode().encode("utf-16")), [":1:1: not UTF-8 text", "UTF-16"]),
+    (
+        "binary.jsonl",
+        lambda p: p.write_bytes(bytes(range(128, 256)) * 4),
+        [":1:1: not UTF-8 text (byte 0x80"],
+    ),
+    (
+        "latin1.jsonl",
+        lambda p: p.write_bytes(OK_LINE + '{"problem": "café", "answer": "2"}\n'.encode("latin-1")),
+        [":2:17: not UTF-8 text (byte 0xe9", "iconv -f latin1"],
+    ),
+    (
+        "utf16.jsonl",
+        lambda p: p.write_bytes(OK_LINE.decode().encode("utf-16")),
+        [":1:1: not UTF-8 text", "UTF-16"],
+    ),
     ("nul.jsonl", lambda p: p.write_bytes(OK_LINE + b"\0\0\0\n"), [":2:1: a NUL character"]),
-    ("deep.jsonl", lambda p: p.write_text("[" * 100_000 + "]" * 100_000 + "\n"), [":1: JSON nested too deeply"]),
-    ("array.jsonl", lambda p: p.write_text('[{"problem": "1+1", "answer": "2"}]\n'),
-     [":1: expected a JSON object (one problem per line), got an array", "one object per line"]),
-    ("string.jsonl", lambda p: p.write_bytes(OK_LINE + b'"x"\n'), [":2: expected a JSON object", "got a string"]),
-    ("number.jsonl", lambda p: p.write_bytes(OK_LINE + b"7\n"), [":2: expected a JSON object", "got a number"]),
+    (
+        "deep.jsonl",
+        lambda p: p.write_text("[" * 100_000 + "]" * 100_000 + "\n"),
+        [":1: JSON nested too deeply"],
+    ),
+    (
+        "array.jsonl",
+        lambda p: p.write_text('[{"problem": "1+1", "answer": "2"}]\n'),
+        [":1: expected a JSON object (one problem per line), got an array", "one object per line"],
+    ),
+    (
+        "string.jsonl",
+        lambda p: p.write_bytes(OK_LINE + b'"x"\n'),
+        [":2: expected a JSON object", "got a string"],
+    ),
+    (
+        "number.jsonl",
+        lambda p: p.write_bytes(OK_LINE + b"7\n"),
+        [":2: expected a JSON object", "got a number"],
+    ),
     ("empty.jsonl", lambda p: p.write_bytes(b""), ["data.train = ", "gave no problems"]),
     ("blank.jsonl", lambda p: p.write_bytes(b"\n  \n"), ["data.train = ", "gave no problems"]),
     ("notes.txt", lambda p: p.write_text("1+1=2\n"), [": unknown data format '.txt'"]),
-    ("folder", lambda p: (p.mkdir(), (p / "x.jsonl").write_bytes(OK_LINE)),
-     [": a directory, but not a `datasets` directory", "it holds x.jsonl"]),
-]  # fmt: skip
+    (
+        "folder",
+        lambda p: (p.mkdir(), (p / "x.jsonl").write_bytes(OK_LINE)),
+        [": a directory, but not a `datasets` directory", "it holds x.jsonl"],
+    ),
+]
 
 
 @pytest.mark.parametrize("name, make, names", FILE_CASES, ids=[c[0] for c in FILE_CASES])
@@ -160,23 +191,55 @@ def _truncate(path: Path, keep: float = 0.5) -> None:
 
 MODEL_DIR_CASES: list[tuple[str, Callable[[str, Path], Path], list[str]]] = [
     ("empty folder", lambda src, d: (d.mkdir(), d)[1], ["is not a Hugging Face model: no config.json"]),
-    ("only config.json", lambda src, d: _model_dir(src, d, ("config.json",)), ["has no weights", "model.safetensors"]),
-    ("broken config.json", lambda src, d: (_model_dir(src, d), (d / "config.json").write_text('{"model_type": "qwen3",\n'))[0],
-     ["config.json:2:1: the model's config is not valid JSON"]),
-    ("unknown architecture", lambda src, d: (_model_dir(src, d), _set_config(d, model_type="frobnicator"))[0],
-     ["config.json: model_type 'frobnicator' is not an architecture transformers"]),
-    ("not a causal LM", lambda src, d: (_model_dir(src, d), _set_config(d, model_type="clip"))[0],
-     ["config.json: model_type 'clip' is not a causal language model"]),
-    ("no tokenizer", lambda src, d: _model_dir(src, d, ("config.json", "model.safetensors")), ["has no tokenizer"]),
-    ("truncated weights", lambda src, d: (_model_dir(src, d), _truncate(d / "model.safetensors"))[0],
-     ["model.safetensors: truncated"]),
-    ("a missing shard", lambda src, d: (
-        _model_dir(src, d, ("config.json", "tokenizer.json", "tokenizer_config.json")),
-        (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-00001-of-00002.safetensors"}})),
-    )[0], ["model.safetensors.index.json: 1 of its 1 weight shard(s) are missing", "model-00001-of-00002.safetensors"]),
-    ("a damaged tokenizer.json", lambda src, d: (_model_dir(src, d), (d / "tokenizer.json").write_text("{garbage"))[0],
-     ["cannot load the tokenizer of model directory"]),
-]  # fmt: skip
+    (
+        "only config.json",
+        lambda src, d: _model_dir(src, d, ("config.json",)),
+        ["has no weights", "model.safetensors"],
+    ),
+    (
+        "broken config.json",
+        lambda src, d: (_model_dir(src, d), (d / "config.json").write_text('{"model_type": "qwen3",\n'))[0],
+        ["config.json:2:1: the model's config is not valid JSON"],
+    ),
+    (
+        "unknown architecture",
+        lambda src, d: (_model_dir(src, d), _set_config(d, model_type="frobnicator"))[0],
+        ["config.json: model_type 'frobnicator' is not an architecture transformers"],
+    ),
+    (
+        "not a causal LM",
+        lambda src, d: (_model_dir(src, d), _set_config(d, model_type="clip"))[0],
+        ["config.json: model_type 'clip' is not a causal language model"],
+    ),
+    (
+        "no tokenizer",
+        lambda src, d: _model_dir(src, d, ("config.json", "model.safetensors")),
+        ["has no tokenizer"],
+    ),
+    (
+        "truncated weights",
+        lambda src, d: (_model_dir(src, d), _truncate(d / "model.safetensors"))[0],
+        ["model.safetensors: truncated"],
+    ),
+    (
+        "a missing shard",
+        lambda src, d: (
+            _model_dir(src, d, ("config.json", "tokenizer.json", "tokenizer_config.json")),
+            (d / "model.safetensors.index.json").write_text(
+                json.dumps({"weight_map": {"w": "model-00001-of-00002.safetensors"}})
+            ),
+        )[0],
+        [
+            "model.safetensors.index.json: 1 of its 1 weight shard(s) are missing",
+            "model-00001-of-00002.safetensors",
+        ],
+    ),
+    (
+        "a damaged tokenizer.json",
+        lambda src, d: (_model_dir(src, d), (d / "tokenizer.json").write_text("{garbage"))[0],
+        ["cannot load the tokenizer of model directory"],
+    ),
+]
 
 
 @pytest.mark.parametrize("what, make, names", MODEL_DIR_CASES, ids=[c[0] for c in MODEL_DIR_CASES])
@@ -215,12 +278,27 @@ def _write_gguf(path: Path, *, arch: str = "llama", tokenizer: bool = True) -> P
 GGUF_CASES: list[tuple[str, Callable[[Path], None], list[str]]] = [
     ("empty", lambda p: p.write_bytes(b""), ["the GGUF file is empty"]),
     ("random", lambda p: p.write_bytes(bytes(range(256)) * 20), ["not a GGUF file (it starts with"]),
-    ("truncated in its tensors", lambda p: _truncate(_write_gguf(p), 0.9), ["truncated GGUF file", "'token_embd.weight'"]),
-    ("truncated in its header", lambda p: _truncate(_write_gguf(p), 0.05), ["truncated GGUF file (it ends inside"]),
-    ("an unsupported architecture", lambda p: _write_gguf(p, arch="frobnicator"),
-     ["GGUF architecture 'frobnicator' is not supported"]),
-    ("no tokenizer", lambda p: _write_gguf(p, tokenizer=False), ["holds no tokenizer (tokenizer.ggml.tokens)"]),
-]  # fmt: skip
+    (
+        "truncated in its tensors",
+        lambda p: _truncate(_write_gguf(p), 0.9),
+        ["truncated GGUF file", "'token_embd.weight'"],
+    ),
+    (
+        "truncated in its header",
+        lambda p: _truncate(_write_gguf(p), 0.05),
+        ["truncated GGUF file (it ends inside"],
+    ),
+    (
+        "an unsupported architecture",
+        lambda p: _write_gguf(p, arch="frobnicator"),
+        ["GGUF architecture 'frobnicator' is not supported"],
+    ),
+    (
+        "no tokenizer",
+        lambda p: _write_gguf(p, tokenizer=False),
+        ["holds no tokenizer (tokenizer.ggml.tokens)"],
+    ),
+]
 
 
 @pytest.mark.parametrize("what, make, names", GGUF_CASES, ids=[c[0] for c in GGUF_CASES])
@@ -265,8 +343,12 @@ def test_probe_sizes(argv, names, tiny_model_dir, tmp_path, capsys):
 def test_probe_data_files_are_read_before_the_model_loads(tiny_model_dir, tmp_path, capsys):
     bad = tmp_path / "d.jsonl"
     bad.write_bytes(OK_LINE + b'{"problem": \n')
-    _probe(tmp_path, ["--model", tiny_model_dir, "--data", str(bad), "--oracle", "2"], capsys,
-           [f"{bad}:2:13: malformed JSON line"])  # fmt: skip
+    _probe(
+        tmp_path,
+        ["--model", tiny_model_dir, "--data", str(bad), "--oracle", "2"],
+        capsys,
+        [f"{bad}:2:13: malformed JSON line"],
+    )
 
 
 @pytest.mark.extras

@@ -76,40 +76,87 @@ def _notes(html: str) -> list[str]:
 DEEP = "[" * 100_000 + "]" * 100_000
 JSONL_CASES = [
     # (id, the file's lines, what the error line must name besides file:line)
-    ("token-id-outside-vocab", [{"prompt": "P", "completions": [{"token_ids": [5, 100000], "score": 1.0}]}],
-     ["completions[0].token_ids[1] = 100000", "outside the vocabulary", "ids 0 to 98"]),
-    ("token-id-1e30", [{"prompt": "P", "completions": [{"token_ids": [5, 10**30], "score": 1.0}]}],
-     ["completions[0].token_ids[1] = 1000000000000000000000000000000", "not a token id"]),
-    ("token-id-bool", [{"prompt": "P", "completions": [{"token_ids": [True, 5], "score": 1.0}]}],
-     ["completions[0].token_ids[0] = True"]),
-    ("group-id-1e30", [{"group": 10**30, "prompt": "P", "completions": ["a"], "rewards": [1.0]}],
-     ["'group' = 1000000000000000000000000000000", "64 bits"]),
-    ("lone-surrogate-prompt", ['{"prompt": "P\\ud800", "completions": ["a"], "rewards": [1]}'],
-     ["'prompt'", "lone surrogate", "'\\ud800'"]),
-    ("lone-surrogate-completion", ['{"problem": "1+1?", "completions": ["a", "b\\udfff"], "rewards": [1, 0]}'],
-     ["completions[1]", "lone surrogate"]),
-    ("lone-surrogate-token", ['{"prompt": "P", "completions": [{"token_ids": [5], "tokens": ["\\ud800"], "score": 1}]}'],
-     ["completions[0].tokens[0]", "lone surrogate"]),
-    ("reward-1e308", [{"prompt": "P", "completions": ["a", "b"], "rewards": [1e308, 0.0]}],
-     ["rewards[0] = 1e+308", "not in float32"]),
-    ("reward-minus-1e308", [{"prompt": "P", "completions": ["a", "b"], "rewards": [0.0, -1e308]}],
-     ["rewards[1] = -1e+308", "not in float32"]),
-    ("score-1e39", [{"prompt": "P", "completions": [{"token_ids": [5], "score": 1e39}]}],
-     ["completions[0].score = 1e+39", "not in float32"]),
+    (
+        "token-id-outside-vocab",
+        [{"prompt": "P", "completions": [{"token_ids": [5, 100000], "score": 1.0}]}],
+        ["completions[0].token_ids[1] = 100000", "outside the vocabulary", "ids 0 to 98"],
+    ),
+    (
+        "token-id-1e30",
+        [{"prompt": "P", "completions": [{"token_ids": [5, 10**30], "score": 1.0}]}],
+        ["completions[0].token_ids[1] = 1000000000000000000000000000000", "not a token id"],
+    ),
+    (
+        "token-id-bool",
+        [{"prompt": "P", "completions": [{"token_ids": [True, 5], "score": 1.0}]}],
+        ["completions[0].token_ids[0] = True"],
+    ),
+    (
+        "group-id-1e30",
+        [{"group": 10**30, "prompt": "P", "completions": ["a"], "rewards": [1.0]}],
+        ["'group' = 1000000000000000000000000000000", "64 bits"],
+    ),
+    (
+        "lone-surrogate-prompt",
+        ['{"prompt": "P\\ud800", "completions": ["a"], "rewards": [1]}'],
+        ["'prompt'", "lone surrogate", "'\\ud800'"],
+    ),
+    (
+        "lone-surrogate-completion",
+        ['{"problem": "1+1?", "completions": ["a", "b\\udfff"], "rewards": [1, 0]}'],
+        ["completions[1]", "lone surrogate"],
+    ),
+    (
+        "lone-surrogate-token",
+        ['{"prompt": "P", "completions": [{"token_ids": [5], "tokens": ["\\ud800"], "score": 1}]}'],
+        ["completions[0].tokens[0]", "lone surrogate"],
+    ),
+    (
+        "reward-1e308",
+        [{"prompt": "P", "completions": ["a", "b"], "rewards": [1e308, 0.0]}],
+        ["rewards[0] = 1e+308", "not in float32"],
+    ),
+    (
+        "reward-minus-1e308",
+        [{"prompt": "P", "completions": ["a", "b"], "rewards": [0.0, -1e308]}],
+        ["rewards[1] = -1e+308", "not in float32"],
+    ),
+    (
+        "score-1e39",
+        [{"prompt": "P", "completions": [{"token_ids": [5], "score": 1e39}]}],
+        ["completions[0].score = 1e+39", "not in float32"],
+    ),
     ("reward-nan", ['{"prompt": "P", "completions": ["a"], "rewards": [NaN]}'], ["rewards[0]", "finite"]),
-    ("reward-5000-digits", ['{"prompt": "P", "completions": ["a"], "rewards": [' + "9" * 5000 + "]}"],
-     ["unreadable JSON line", "4300 digits"]),
-    ("saved-advantage-nan",
-     ['{"prompt": "P", "completions": [{"token_ids": [5, 6], "score": 1, "token_advantages": [0.5, NaN]}]}'],
-     ["completions[0].token_advantages[1]", "finite"]),
+    (
+        "reward-5000-digits",
+        ['{"prompt": "P", "completions": ["a"], "rewards": [' + "9" * 5000 + "]}"],
+        ["unreadable JSON line", "4300 digits"],
+    ),
+    (
+        "saved-advantage-nan",
+        [
+            '{"prompt": "P", "completions": [{"token_ids": [5, 6], "score": 1, "token_advantages": [0.5, NaN]}]}'
+        ],
+        ["completions[0].token_advantages[1]", "finite"],
+    ),
     ("nested-too-deep", [OK_LINE, DEEP], ["JSON nested too deeply"]),
-    ("latin-1", [OK_LINE, '{"prompt": "café", "completions": ["a"], "rewards": [1]}'.encode("latin-1")],
-     ["not UTF-8 text", "byte 0xe9", "iconv"]),
+    (
+        "latin-1",
+        [OK_LINE, '{"prompt": "café", "completions": ["a"], "rewards": [1]}'.encode("latin-1")],
+        ["not UTF-8 text", "byte 0xe9", "iconv"],
+    ),
     ("binary", [bytes(range(256))], ["NUL byte", "binary file"]),
-    ("group-of-size-0", [{"prompt": "P", "completions": [], "rewards": []}], ["'completions' must be a non-empty list"]),
-    ("prompt-past-positions", [{"prompt": "x" * 600, "completions": ["a"], "rewards": [1.0]}],
-     ["the prompt has 600 tokens", "512 positions"]),
-]  # fmt: skip
+    (
+        "group-of-size-0",
+        [{"prompt": "P", "completions": [], "rewards": []}],
+        ["'completions' must be a non-empty list"],
+    ),
+    (
+        "prompt-past-positions",
+        [{"prompt": "x" * 600, "completions": ["a"], "rewards": [1.0]}],
+        ["the prompt has 600 tokens", "512 positions"],
+    ),
+]
 # the line of the file the error must name (the bad line is the last one)
 JSONL_LINE = {"nested-too-deep": 2, "latin-1": 2}
 
@@ -118,8 +165,18 @@ JSONL_LINE = {"nested-too-deep": 2, "latin-1": 2}
 def test_jsonl_bad_lines(request, lines, names, tiny_model_dir, tmp_path, capsys, no_model_load):
     f = _jsonl(tmp_path / "in.jsonl", *lines)
     line_no = JSONL_LINE.get(request.node.callspec.id, 1)
-    argv = ["--jsonl", f, "--model", tiny_model_dir, "--methods", "ktae,uniform", "--out", tmp_path / "p.html",
-            "--png", tmp_path / "p.png"]  # fmt: skip
+    argv = [
+        "--jsonl",
+        f,
+        "--model",
+        tiny_model_dir,
+        "--methods",
+        "ktae,uniform",
+        "--out",
+        tmp_path / "p.html",
+        "--png",
+        tmp_path / "p.png",
+    ]
     _refused(argv, capsys, [f"{f}:{line_no}: ", *names], tmp_path)
 
 
@@ -177,13 +234,21 @@ def test_unwritable_outputs_are_refused_before_the_model(tiny_model_dir, tmp_pat
     base = ["--jsonl", f, "--model", tiny_model_dir]
     cases = [
         (["--out", tmp_path / "adir"], ["--out", str(tmp_path / "adir"), "is a directory"]),
-        (["--out", tmp_path / "afile" / "p.html"], ["--out", str(tmp_path / "afile" / "p.html"), "not a directory"]),
-        (["--out", tmp_path / "p.html", "--png", tmp_path / "afile" / "deeper" / "p.png"],
-         ["--png", str(tmp_path / "afile" / "deeper" / "p.png"), "not a directory"]),
+        (
+            ["--out", tmp_path / "afile" / "p.html"],
+            ["--out", str(tmp_path / "afile" / "p.html"), "not a directory"],
+        ),
+        (
+            ["--out", tmp_path / "p.html", "--png", tmp_path / "afile" / "deeper" / "p.png"],
+            ["--png", str(tmp_path / "afile" / "deeper" / "p.png"), "not a directory"],
+        ),
         (["--out", tmp_path / "p.html", "--png", tmp_path / "adir"], ["--png", "is a directory"]),
         (["--out", f], ["--out", str(f), "the input file"]),
-        (["--out", tmp_path / "p.html", "--png", tmp_path / "p.html"], ["--png", "the same file as the page"]),
-    ]  # fmt: skip
+        (
+            ["--out", tmp_path / "p.html", "--png", tmp_path / "p.html"],
+            ["--png", "the same file as the page"],
+        ),
+    ]
     for extra, names in cases:
         _refused([*base, *extra], capsys, names, tmp_path)
     assert (tmp_path / "afile").read_text() == "not a directory\n"
@@ -217,8 +282,11 @@ def test_a_failed_write_leaves_no_half_written_page(tiny_model_dir, tmp_path, ca
     out_dir.mkdir()
     full_disk(out_dir, "p.html")
     before = _listing(out_dir)
-    one_line_error(["explain", "--jsonl", str(f), "--model", tiny_model_dir, "--out", str(out_dir / "p.html")],
-                   capsys, names=["--out", str(out_dir / "p.html"), "nothing was written"])  # fmt: skip
+    one_line_error(
+        ["explain", "--jsonl", str(f), "--model", tiny_model_dir, "--out", str(out_dir / "p.html")],
+        capsys,
+        names=["--out", str(out_dir / "p.html"), "nothing was written"],
+    )
     assert _listing(out_dir) == before
 
 
@@ -232,8 +300,10 @@ def _run_dir(root: Path, *, model: str | None = None, ids: list[int] | None = No
     (run / "rollouts").mkdir(parents=True)
     lines = []
     for gid in range(2):
-        comps = [{"text": "ab", "token_ids": ids or [69, 70], "score": float(k == gid), "correct": k == gid}
-                 for k in range(2)]  # fmt: skip
+        comps = [
+            {"text": "ab", "token_ids": ids or [69, 70], "score": float(k == gid), "correct": k == gid}
+            for k in range(2)
+        ]
         lines.append(json.dumps({"group": gid, "problem": f"Compute {gid} + 1.", "completions": comps}))
     (run / "rollouts" / "step_000001.jsonl").write_text("\n".join(lines) + "\n")
     if model is not None:
@@ -284,12 +354,28 @@ def test_a_directory_without_saved_rollouts(tmp_path, capsys):
 
 
 def test_a_200kb_completion_is_cut_to_the_models_positions_with_a_note(tiny_model_dir, tmp_path, capsys):
-    f = _jsonl(tmp_path / "in.jsonl", {"problem": "What is 1+1?", "completions": ["2" * 200_000, "3"],
-                                       "rewards": [1.0, 0.0]})  # fmt: skip
+    f = _jsonl(
+        tmp_path / "in.jsonl",
+        {"problem": "What is 1+1?", "completions": ["2" * 200_000, "3"], "rewards": [1.0, 0.0]},
+    )
     out = tmp_path / "p.html"
     t0 = time.perf_counter()
-    assert cli.main(["explain", "--jsonl", str(f), "--model", tiny_model_dir, "--methods", "ktae,delta,uniform",
-                     "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "explain",
+                "--jsonl",
+                str(f),
+                "--model",
+                tiny_model_dir,
+                "--methods",
+                "ktae,delta,uniform",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert time.perf_counter() - t0 < SECONDS
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and f"{f}:1 completions[0]: 200000 -> " in err[0] and "512 positions" in err[0], err
@@ -300,8 +386,24 @@ def test_a_200kb_completion_is_cut_to_the_models_positions_with_a_note(tiny_mode
     assert any("200000 -&gt; " in n and "marked truncated" in n for n in _notes(html))
     assert 'class="k">truncated</span>' in html
     # --max-tokens cuts lower still, and says so
-    assert cli.main(["explain", "--jsonl", str(f), "--model", tiny_model_dir, "--methods", "uniform",
-                     "--max-tokens", "7", "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "explain",
+                "--jsonl",
+                str(f),
+                "--model",
+                tiny_model_dir,
+                "--methods",
+                "uniform",
+                "--max-tokens",
+                "7",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "200000 -> 7 tokens, --max-tokens 7" in err
     assert len(_page_blob(out.read_text())["rows"]["0"]["tokens"]) == 7
@@ -319,12 +421,30 @@ def test_a_large_page_is_warned_of_before_the_model_scores(tiny_model_dir, tmp_p
         return real(*args, **kwargs)
 
     monkeypatch.setattr(pipeline, "batch_with_signals", scored)
-    lines = [{"problem": f"What is {k}+1?", "completions": ["12345678" * 8] * 4, "rewards": [1, 0, 0, 1]}
-             for k in range(12)]  # fmt: skip
+    lines = [
+        {"problem": f"What is {k}+1?", "completions": ["12345678" * 8] * 4, "rewards": [1, 0, 0, 1]}
+        for k in range(12)
+    ]
     f = _jsonl(tmp_path / "in.jsonl", *lines)
     out = tmp_path / "p.html"
-    assert cli.main(["explain", "--jsonl", str(f), "--model", tiny_model_dir, "--methods", "ktae,uniform",
-                     "--groups", "1000", "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "explain",
+                "--jsonl",
+                str(f),
+                "--model",
+                tiny_model_dir,
+                "--methods",
+                "ktae,uniform",
+                "--groups",
+                "1000",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert said_before == [True]  # said on stderr before the model scored
     html = out.read_text()
     note = next(n for n in _notes(html) if "the page will be about" in n)
@@ -349,8 +469,24 @@ def test_png_draws_dollars_and_latex_literally(tiny_model_dir, tmp_path, capsys,
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     png = tmp_path / "p.png"
-    assert cli.main(["explain", "--jsonl", str(f), "--model", tiny_model_dir, "--methods", "uniform",
-                     "--out", str(tmp_path / "p.html"), "--png", str(png)]) == 0  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "explain",
+                "--jsonl",
+                str(f),
+                "--model",
+                tiny_model_dir,
+                "--methods",
+                "uniform",
+                "--out",
+                str(tmp_path / "p.html"),
+                "--png",
+                str(png),
+            ]
+        )
+        == 0
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert texts and all(not t.get_parse_math() and not t.get_usetex() for t in texts)
     assert any(r"$\begin{pmatrix}1 & 2\\3 & 4\end{pmatrix}$" in t.get_text() for t in texts)
@@ -365,8 +501,22 @@ def test_special_token_text_in_a_completion_stays_characters(tiny_model_dir, tmp
         tmp_path / "in.jsonl", {"problem": "What is 1+1?", "completions": [text, "3"], "rewards": [1, 0]}
     )
     out = tmp_path / "p.html"
-    assert cli.main(["explain", "--jsonl", str(f), "--model", tiny_model_dir, "--methods", "uniform",
-                     "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "explain",
+                "--jsonl",
+                str(f),
+                "--model",
+                tiny_model_dir,
+                "--methods",
+                "uniform",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     tokens = _page_blob(out.read_text())["rows"]["0"]["tokens"]
     assert tokens == list(text)  # one ordinary character each (the toy tokenizer is character-level)
     assert tok.eos_token == "<|im_end|>" and tok.eos_token not in tokens
@@ -375,11 +525,32 @@ def test_special_token_text_in_a_completion_stays_characters(tiny_model_dir, tmp
 
 def test_bidi_controls_cannot_reorder_the_page(tiny_model_dir, tmp_path, capsys):
     rlo = "\u202e"
-    f = _jsonl(tmp_path / "in.jsonl", {"problem": f"What is {rlo}1+1?\u2066", "answer": f"2{rlo}",
-                                       "completions": ["2", "3"], "rewards": [1, 0]})  # fmt: skip
+    f = _jsonl(
+        tmp_path / "in.jsonl",
+        {
+            "problem": f"What is {rlo}1+1?\u2066",
+            "answer": f"2{rlo}",
+            "completions": ["2", "3"],
+            "rewards": [1, 0],
+        },
+    )
     out = tmp_path / "p.html"
-    assert cli.main(["explain", "--jsonl", str(f), "--model", tiny_model_dir, "--methods", "uniform",
-                     "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "explain",
+                "--jsonl",
+                str(f),
+                "--model",
+                tiny_model_dir,
+                "--methods",
+                "uniform",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     html = out.read_text()
     assert rlo not in html and "\u2066" not in html
     assert "<bdi>What is ⟨U+202E⟩1+1?⟨U+2066⟩</bdi>" in html and "<bdi>2⟨U+202E⟩</bdi>" in html

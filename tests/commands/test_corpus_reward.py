@@ -122,17 +122,44 @@ STEP = "training stopped: step 1: reward function {spec} "
 
 # function -> (exit code, what the one line must contain besides the function's name)
 CASES: dict[str, tuple[int, list[str]]] = {
-    "dict_return": (2, [CHECK, "(dict), expected a list of 2 floats (a dict's keys would be read as the rewards)"]),
-    "numeric_string": (2, [CHECK, "returned '1.0' (str) for completion 0 (rollout 0), expected a real number"]),
-    "numeric_string_later": (1, [STEP, "returned '0.5' (str) for completion 2 (rollout 2), expected a real number"]),
+    "dict_return": (
+        2,
+        [CHECK, "(dict), expected a list of 2 floats (a dict's keys would be read as the rewards)"],
+    ),
+    "numeric_string": (
+        2,
+        [CHECK, "returned '1.0' (str) for completion 0 (rollout 0), expected a real number"],
+    ),
+    "numeric_string_later": (
+        1,
+        [STEP, "returned '0.5' (str) for completion 2 (rollout 2), expected a real number"],
+    ),
     "bools": (2, [CHECK, "returned True (bool) for completion 0 (rollout 0)", "a bool is not a reward"]),
-    "raises_later": (1, [STEP, "raised ValueError: boom on a real rollout (at corpus_rewards.py:",
-                         "when called on 8 completions (rollouts 0-7)"]),
+    "raises_later": (
+        1,
+        [
+            STEP,
+            "raised ValueError: boom on a real rollout (at corpus_rewards.py:",
+            "when called on 8 completions (rollouts 0-7)",
+        ],
+    ),
     "exits": (2, [CHECK, "it raised SystemExit(0)"]),
     "exits_later": (1, [STEP, "raised SystemExit(0)", "when called on 8 completions (rollouts 0-7)"]),
-    "interrupts_later": (1, [STEP, "raised KeyboardInterrupt", "when called on 8 completions (rollouts 0-7)"]),
-    "hard_exit_later": (1, [STEP, "ended its worker process (exit code 3) when called on 8 completions (rollouts 0-7)"]),
-    "huge": (2, [CHECK, "returned 1e+39 (float) for completion 0 (rollout 0): beyond 3.40282e+38, the largest float32"]),
+    "interrupts_later": (
+        1,
+        [STEP, "raised KeyboardInterrupt", "when called on 8 completions (rollouts 0-7)"],
+    ),
+    "hard_exit_later": (
+        1,
+        [STEP, "ended its worker process (exit code 3) when called on 8 completions (rollouts 0-7)"],
+    ),
+    "huge": (
+        2,
+        [
+            CHECK,
+            "returned 1e+39 (float) for completion 0 (rollout 0): beyond 3.40282e+38, the largest float32",
+        ],
+    ),
     "huge_later": (1, [STEP, "returned 1e+39 (float) for completion 5 (rollout 5): beyond 3.40282e+38"]),
     "nan": (2, [CHECK, "returned nan for completion 0 (rollout 0); rewards must be finite"]),
     "nan_later": (1, [STEP, "returned nan for completion 3 (rollout 3); rewards must be finite"]),
@@ -140,8 +167,11 @@ CASES: dict[str, tuple[int, list[str]]] = {
     "generator": (2, [CHECK, "(generator), expected a list of 2 floats"]),
     "none": (2, [CHECK, "returned None (NoneType), expected a list of 2 floats"]),
     "not_callable": (2, ["configuration error: reward function '{spec}' is not callable"]),
-    "no_such_function": (2, ["configuration error: reward function '{spec}': 'corpus_rewards' has no attribute"]),
-}  # fmt: skip
+    "no_such_function": (
+        2,
+        ["configuration error: reward function '{spec}': 'corpus_rewards' has no attribute"],
+    ),
+}
 
 
 @pytest.fixture

@@ -82,8 +82,9 @@ def test_bad_config_files(content, expected, tiny_model_dir, micro_sets, tmp_pat
     out = tmp_path / "run"
     one_line_error(
         ["train", "--config", str(cfg), "--out", str(out), *_args(micro_sets(tiny_model_dir))],
-        capsys, names=[f"{cfg}{expected}"],
-    )  # fmt: skip
+        capsys,
+        names=[f"{cfg}{expected}"],
+    )
     assert not out.exists()
 
 

@@ -16,14 +16,17 @@ from tokencredit.train.config import DataConfig, load_config
 from tokencredit.train.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(
-    not (models.TOY_ASSET_DIR / "model.safetensors").is_file(), reason="the toy model asset is not built in this checkout"
+    not (models.TOY_ASSET_DIR / "model.safetensors").is_file(),
+    reason="the toy model asset is not built in this checkout",
 )
 
 
 def test_toy_benchmarks_are_the_trainers_heldout_problems(tmp_path, capsys):
     # the problems of data.eval = "toy" / "toy-hard" at the trainer's defaults, the first --limit of them
     assert load_benchmark("toy", 5, DataConfig()) == load_problems_for("toy", DataConfig(), "heldout")[:5]
-    assert load_benchmark("toy-hard", None, DataConfig()) == load_problems_for("toy-hard", DataConfig(), "heldout")
+    assert load_benchmark("toy-hard", None, DataConfig()) == load_problems_for(
+        "toy-hard", DataConfig(), "heldout"
+    )
     assert len(load_benchmark("toy", None, DataConfig())) == DataConfig().eval_size
     with pytest.raises(ConfigError, match="embedded task's settings"):
         load_benchmark("toy", 5)
@@ -31,7 +34,18 @@ def test_toy_benchmarks_are_the_trainers_heldout_problems(tmp_path, capsys):
     assert load_benchmark("toy", 3, harder) == load_problems_for("toy", harder, "heldout")[:3]
 
     out = tmp_path / "toy.json"
-    argv = ["eval", "--model", "toy", "--bench", "toy,toy-hard", "--limit", "8", "--samples", "0", "--no-progress"]
+    argv = [
+        "eval",
+        "--model",
+        "toy",
+        "--bench",
+        "toy,toy-hard",
+        "--limit",
+        "8",
+        "--samples",
+        "0",
+        "--no-progress",
+    ]
     assert cli.main(argv + ["--max-new-tokens", "100", "--out", str(out)]) == 0
     res = json.loads(out.read_text())["results"]
     assert [res[b]["metrics"]["num_problems"] for b in ("toy", "toy-hard")] == [8, 8]
@@ -40,7 +54,10 @@ def test_toy_benchmarks_are_the_trainers_heldout_problems(tmp_path, capsys):
 
     assert cli.main(["eval", "--model", "toy", "--bench", "toyy"]) == 2
     err = capsys.readouterr().err
-    assert "unknown benchmark 'toyy'; available: toy, toy-hard, toy-free, math500" in err and "(closest: toy, toy-hard" in err
+    assert (
+        "unknown benchmark 'toyy'; available: toy, toy-hard, toy-free, math500" in err
+        and "(closest: toy, toy-hard" in err
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +66,18 @@ def toy_run(tmp_path_factory):
     samples on 12 held-out problems)."""
     run = tmp_path_factory.mktemp("runs") / "toy-run"
     sets = [
-        "run.steps=1", "run.progress=false", "rollout.prompts_per_step=2", "rollout.group_size=4",
-        "data.train_size=20", "data.eval_size=12", "eval.samples=2", "eval.at_start=false", "eval.every=0",
-        "checkpoint.every=0", "eval.save_groups=1",
-    ]  # fmt: skip
+        "run.steps=1",
+        "run.progress=false",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "data.train_size=20",
+        "data.eval_size=12",
+        "eval.samples=2",
+        "eval.at_start=false",
+        "eval.every=0",
+        "checkpoint.every=0",
+        "eval.save_groups=1",
+    ]
     Trainer(load_config(sets=sets, recipe="grpo"), run).fit()
     return run
 
@@ -76,8 +101,25 @@ def test_a_run_directory_is_scored_on_its_own_data_as_its_trainer_scored_it(toy_
     assert f"run {toy_run}: its final model" in printed
 
     # an explicit --bench overrides the run's data (the toy task at the run's difficulty and digits)
-    assert cli.main(["eval", "--model", str(toy_run), "--bench", "toy", "--limit", "3", "--samples", "0",
-                     "--no-progress", "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--model",
+                str(toy_run),
+                "--bench",
+                "toy",
+                "--limit",
+                "3",
+                "--samples",
+                "0",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert json.loads(out.read_text())["results"]["toy"]["metrics"]["num_problems"] == 3
 
 

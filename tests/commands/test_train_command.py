@@ -30,10 +30,14 @@ def test_resume_a_missing_directory_says_so_and_names_the_closest_run(tmp_path, 
     (runs / "notes").mkdir()  # not a run: never suggested
     assert cli.main(["train", "--resume", str(runs / "grpo-s1")]) == 2
     err = capsys.readouterr().err
-    assert f"--resume {runs / 'grpo-s1'}: the directory does not exist; did you mean {runs / 'grpo-s0'}?" in err
+    assert (
+        f"--resume {runs / 'grpo-s1'}: the directory does not exist; did you mean {runs / 'grpo-s0'}?" in err
+    )
     assert "config.toml" not in err
     assert cli.main(["train", "--resume", str(runs / "zzzzzz")]) == 2
-    assert capsys.readouterr().err.rstrip().endswith(f"--resume {runs / 'zzzzzz'}: the directory does not exist")
+    assert (
+        capsys.readouterr().err.rstrip().endswith(f"--resume {runs / 'zzzzzz'}: the directory does not exist")
+    )
     assert cli.main(["train", "--resume", str(tmp_path / "nowhere" / "run")]) == 2
     assert "the directory does not exist" in capsys.readouterr().err
     assert cli.main(["train", "--resume", str(runs / "notesx")]) == 2  # only "notes" is close: not a run
@@ -64,12 +68,17 @@ def fit_calls(monkeypatch, capsys):
     return calls
 
 
-def test_a_wrong_reward_function_stops_before_any_evaluation(tiny_model_dir, micro_sets, tmp_path, monkeypatch,
-                                                             capsys, fit_calls):  # fmt: skip
+def test_a_wrong_reward_function_stops_before_any_evaluation(
+    tiny_model_dir, micro_sets, tmp_path, monkeypatch, capsys, fit_calls
+):
     (tmp_path / "bad_rewards_mod.py").write_text(BAD_REWARDS)
     monkeypatch.syspath_prepend(str(tmp_path))
-    sets = micro_sets(tiny_model_dir, **{"eval.at_start": "true", "reward.function": "bad_rewards_mod:returns_float"})
-    argv = ["train", "--recipe", "grpo", "--out", str(tmp_path / "run")] + [x for s in sets for x in ("--set", s)]
+    sets = micro_sets(
+        tiny_model_dir, **{"eval.at_start": "true", "reward.function": "bad_rewards_mod:returns_float"}
+    )
+    argv = ["train", "--recipe", "grpo", "--out", str(tmp_path / "run")] + [
+        x for s in sets for x in ("--set", s)
+    ]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "reward.function = 'bad_rewards_mod:returns_float' failed its start-up check" in err
@@ -79,8 +88,9 @@ def test_a_wrong_reward_function_stops_before_any_evaluation(tiny_model_dir, mic
     assert not metrics.exists() or '"type": "eval"' not in metrics.read_text()
 
 
-def test_a_model_without_a_chat_template_is_warned_about_before_training(tiny_model_dir, micro_sets, tmp_path,
-                                                                        fit_calls):  # fmt: skip
+def test_a_model_without_a_chat_template_is_warned_about_before_training(
+    tiny_model_dir, micro_sets, tmp_path, fit_calls
+):
     plain = tmp_path / "plain-model"
     shutil.copytree(tiny_model_dir, plain)
     (plain / "chat_template.jinja").unlink(missing_ok=True)
@@ -89,9 +99,15 @@ def test_a_model_without_a_chat_template_is_warned_about_before_training(tiny_mo
     (plain / "tokenizer_config.json").write_text(json.dumps(config))
     for model, warned in ((tiny_model_dir, False), (str(plain), True)):
         sets = micro_sets(model, **{"data.template": "qwen-math"})
-        argv = ["train", "--recipe", "grpo", "--out", str(tmp_path / f"run-{warned}")] + [x for s in sets for x in ("--set", s)]
+        argv = ["train", "--recipe", "grpo", "--out", str(tmp_path / f"run-{warned}")] + [
+            x for s in sets for x in ("--set", s)
+        ]
         assert cli.main(argv) == 0
         printed = fit_calls[-1]  # up to the moment training would start
         assert ("has no chat template, so data.template='qwen-math' falls back" in printed) is warned
         if warned:
-            assert "warning: model" in printed and "plain-model" in printed and "use data.template=r1-zero" in printed
+            assert (
+                "warning: model" in printed
+                and "plain-model" in printed
+                and "use data.template=r1-zero" in printed
+            )

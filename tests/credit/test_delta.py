@@ -23,7 +23,9 @@ def spec_proxy() -> tuple[torch.Tensor, torch.Tensor]:
     return v, mask
 
 
-def spec_batch(mask: torch.Tensor, hidden: torch.Tensor, old_log_probs: torch.Tensor | None = None) -> RolloutBatch:
+def spec_batch(
+    mask: torch.Tensor, hidden: torch.Tensor, old_log_probs: torch.Tensor | None = None
+) -> RolloutBatch:
     """The worked example as a batch: one group of 4 rollouts x 3 tokens, the first two correct."""
     return RolloutBatch(
         token_ids=torch.zeros(4, 3, dtype=torch.long),
@@ -194,7 +196,9 @@ def test_refinements_follow_the_released_temperature_loop(k_iters: int, seed: in
     assert float((want - other).abs().max()) > 1e-3
     # and K = 1 is the same under both readings
     one = coefficients_from_hidden(hidden, scale, adv, mask, refine_iters=1)
-    torch.testing.assert_close(one, naive_coefficients(v, adv, mask, k_iters=1, lag_free=True).float(), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        one, naive_coefficients(v, adv, mask, k_iters=1, lag_free=True).float(), atol=2e-5, rtol=1e-4
+    )
 
 
 def test_bf16_strided_and_chunked_hidden(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -97,9 +97,12 @@ def test_80_20_method_with_ties_trains_exactly_keep_ratio(dtype):
     ent, mask = _ninety_percent_zero(dtype)
     mask[:, 17:] = False  # 170 valid tokens -> ceil(0.2 * 170) = 34 kept
     b = RolloutBatch(
-        token_ids=torch.zeros(10, 20, dtype=torch.long), mask=mask, group_ids=torch.arange(10) // 5,
-        scores=torch.arange(10.0) % 2, entropy=ent,
-    )  # fmt: skip
+        token_ids=torch.zeros(10, 20, dtype=torch.long),
+        mask=mask,
+        group_ids=torch.arange(10) // 5,
+        scores=torch.arange(10.0) % 2,
+        entropy=ent,
+    )
     out = credit.compute("entropy-80-20", b, torch.full((10,), 0.5))
     assert int((out != 0).sum()) == 34 and not (out[~mask] != 0).any()
 

@@ -21,10 +21,14 @@ def full_batch(seed: int = 0) -> RolloutBatch:
     mask = torch.arange(t)[None] < torch.randint(1, t + 1, (n,), generator=gen)[:, None]
     hidden = torch.randn(n, t, h, generator=gen)
     return RolloutBatch(
-        token_ids=torch.randint(0, 9, (n, t), generator=gen), mask=mask, group_ids=torch.arange(n) // 4,
-        scores=torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1]), old_log_probs=-torch.rand(n, t, generator=gen) * 3,
-        hidden=hidden, base_hidden=hidden + 0.2 * torch.randn(n, t, h, generator=gen),
-    )  # fmt: skip
+        token_ids=torch.randint(0, 9, (n, t), generator=gen),
+        mask=mask,
+        group_ids=torch.arange(n) // 4,
+        scores=torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1]),
+        old_log_probs=-torch.rand(n, t, generator=gen) * 3,
+        hidden=hidden,
+        base_hidden=hidden + 0.2 * torch.randn(n, t, h, generator=gen),
+    )
 
 
 def _reduced(batch: RolloutBatch, **signals: torch.Tensor) -> RolloutBatch:
@@ -66,4 +70,6 @@ def test_without_either_input_the_error_names_the_hidden_states() -> None:
 def test_the_signals_pass_refuses_a_reduced_signal(name: str) -> None:
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ConfigError, match="where they live"):
-        compute_signals(model, torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3), 1, torch.ones(1, 2), [name])
+        compute_signals(
+            model, torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3), 1, torch.ones(1, 2), [name]
+        )

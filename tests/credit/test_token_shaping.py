@@ -13,13 +13,21 @@ from tokencredit.recipes import RECIPES, resolve, token_credit
 
 def make_batch() -> RolloutBatch:
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], dtype=torch.bool)
-    entropy = torch.tensor([[0.1, 2.0, 0.5, 9.0], [3.0, 0.0, 9.0, 9.0], [1.0, 1.0, 0.2, 4.0], [1.0, 1.0, 1.0, 1.0]])
-    logp = torch.log(torch.tensor([[0.9, 0.5, 0.1, 0.3], [0.2, 1.0, 0.3, 0.3], [0.6, 0.4, 0.05, 0.7], [0.5] * 4]))
+    entropy = torch.tensor(
+        [[0.1, 2.0, 0.5, 9.0], [3.0, 0.0, 9.0, 9.0], [1.0, 1.0, 0.2, 4.0], [1.0, 1.0, 1.0, 1.0]]
+    )
+    logp = torch.log(
+        torch.tensor([[0.9, 0.5, 0.1, 0.3], [0.2, 1.0, 0.3, 0.3], [0.6, 0.4, 0.05, 0.7], [0.5] * 4])
+    )
     return RolloutBatch(
-        torch.zeros(4, 4, dtype=torch.long), mask, torch.tensor([0, 0, 1, 1]), torch.tensor([1.0, 0.0, 1.0, 0.0]),
-        entropy=entropy * mask, old_log_probs=logp * mask,
+        torch.zeros(4, 4, dtype=torch.long),
+        mask,
+        torch.tensor([0, 0, 1, 1]),
+        torch.tensor([1.0, 0.0, 1.0, 0.0]),
+        entropy=entropy * mask,
+        old_log_probs=logp * mask,
         sum_sq_probs=(logp.exp() ** 2) * mask,
-    )  # fmt: skip
+    )
 
 
 A = torch.tensor([0.8, -0.8, 0.5, 0.0])
@@ -43,7 +51,9 @@ def test_advantage_reweighting_formula():
     want = (0.3 * b.old_log_probs.exp() + 0.7) * A[:, None]
     torch.testing.assert_close(got, (want * b.mask).float())
     assert float(got[0, 0]) == pytest.approx(0.8 * (0.3 * 0.9 + 0.7))
-    assert torch.equal(credit.compute("advantage-reweighting", b, A, alpha=0.0), credit.compute("uniform", b, A))
+    assert torch.equal(
+        credit.compute("advantage-reweighting", b, A, alpha=0.0), credit.compute("uniform", b, A)
+    )
 
 
 @pytest.mark.parametrize("name", ["uniform", "entropy-advantage", "advantage-reweighting"])

@@ -74,13 +74,19 @@ def test_parameter_types():
         size=10,
     )
     cfg = probs[0].answer.config
-    assert cfg["allow_parentheses"] is False and cfg["allow_negation"] is False and cfg["operators"] == ["+", "-"]
+    assert (
+        cfg["allow_parentheses"] is False
+        and cfg["allow_negation"] is False
+        and cfg["operators"] == ["+", "-"]
+    )
     assert all("*" not in p.problem and "/" not in p.problem for p in probs)
 
 
 def test_presets_expand_and_can_be_overridden():
     assert rgd.load("reasoning-gym:chain_sum_small", size=8) == rgd.load(
-        "reasoning-gym:chain_sum?" + "&".join(f"{k}={v}" for k, v in rgd.PRESETS["chain_sum_small"][1].items()), size=8
+        "reasoning-gym:chain_sum?"
+        + "&".join(f"{k}={v}" for k, v in rgd.PRESETS["chain_sum_small"][1].items()),
+        size=8,
     )
     assert rgd.load("reasoning-gym:chain_sum_small?max_terms=2", size=4)[0].answer.config["max_terms"] == 2
 

@@ -313,7 +313,10 @@ def test_phrasings_change_the_solutions_not_the_problems():
     plain, free = ArithmeticTask(seed=3).sample(50), ArithmeticTask(seed=3, phrasings=4).sample(50)
     assert [p.problem for p in plain] == [p.problem for p in free]
     assert [p.answer for p in plain] == [p.answer for p in free]
-    assert free[0].solution.startswith("Then ") and locate_first_error(free[0], free[0].solution).kind == "correct"
+    assert (
+        free[0].solution.startswith("Then ")
+        and locate_first_error(free[0], free[0].solution).kind == "correct"
+    )
     with pytest.raises(ValueError, match="phrasings"):
         ArithmeticTask(phrasings=len(CONNECTIVES) + 1)
     with pytest.raises(ValueError, match="explicit rng"):
@@ -379,7 +382,9 @@ def _all_expressions(task: ArithmeticTask) -> list[str]:
     return [e for _, e in exprs]
 
 
-@pytest.mark.parametrize("difficulty,digits,operand_digits", [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 2, 2), (3, 1, 1)])  # fmt: skip
+@pytest.mark.parametrize(
+    "difficulty,digits,operand_digits", [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 2, 2), (3, 1, 1)]
+)
 def test_the_problem_space_is_counted_exactly(difficulty, digits, operand_digits):
     task = ArithmeticTask(difficulty=difficulty, digits=digits, operand_digits=operand_digits)
     exprs = _all_expressions(task)

@@ -211,10 +211,14 @@ def test_timed_out_verifications_are_counted_not_averaged(monkeypatch):
     monkeypatch.setattr(rollout, "generate", scripted_generate(scripts))
     sampling = SamplingSettings(temperature=1.0, top_p=0.95, max_new_tokens=1024, batch_size=64)
     res = evaluate_benchmarks(
-        None, None, {"b": [Problem("q", "Q", "2")]}, [0, 1],
-        EvalSettings(samples=2, sampling=sampling, template="{problem}"), verifier=FirstAnswerTimesOut(),
+        None,
+        None,
+        {"b": [Problem("q", "Q", "2")]},
+        [0, 1],
+        EvalSettings(samples=2, sampling=sampling, template="{problem}"),
+        verifier=FirstAnswerTimesOut(),
         progress=False,
-    )  # fmt: skip
+    )
     # seed 0: greedy (1 answer, timed out) + samples (first timed out); seed 1: samples only
     assert [m["verify_timeouts"] for m in res["b"]["per_seed"]] == [2.0, 1.0]
     assert res["b"]["verify_timeouts"] == 3
@@ -237,9 +241,14 @@ def test_greedy_only_with_several_seeds_runs_once(monkeypatch):
 
     monkeypatch.setattr(rollout, "generate", counting)
     res = evaluate_benchmarks(
-        None, None, {"b": [Problem("q", "Q", "2")]}, [0, 1], EvalSettings(samples=0, template="{problem}"),
-        verifier=MathVerifier(), progress=False,
-    )  # fmt: skip
+        None,
+        None,
+        {"b": [Problem("q", "Q", "2")]},
+        [0, 1],
+        EvalSettings(samples=0, template="{problem}"),
+        verifier=MathVerifier(),
+        progress=False,
+    )
     assert len(calls) == 1 and len(res["b"]["per_seed"]) == 1 and "std" not in res["b"]
     assert res["b"]["metrics"]["greedy_acc"] == 1.0
 
@@ -250,7 +259,12 @@ def test_greedy_only_with_several_seeds_runs_once(monkeypatch):
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     tok = byte_tokenizer()
-    cfg = {"max_position_embeddings": 2048, "tie_word_embeddings": True, "eos_token_id": BYTE_EOS, "pad_token_id": BYTE_PAD}
+    cfg = {
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+        "eos_token_id": BYTE_EOS,
+        "pad_token_id": BYTE_PAD,
+    }
     model = tiny_qwen3(len(tok), **cfg)
     d = tmp_path_factory.mktemp("tiny_model")
     model.save_pretrained(d)
@@ -283,7 +297,10 @@ def test_cli_eval_end_to_end(tiny_model_dir, tmp_path, capsys):
     assert 1 <= metrics["mean_response_length"] <= 4
     printed = capsys.readouterr().out
     assert "math500" in printed and "pass@2" in printed and "temperature=0.6" in printed
-    assert "verifier timeouts (limit 5 s, retried with 20 s; a timed-out answer counts as wrong): math500 0" in printed
+    assert (
+        "verifier timeouts (limit 5 s, retried with 20 s; a timed-out answer counts as wrong): math500 0"
+        in printed
+    )
 
 
 def test_cli_eval_errors(capsys):

@@ -81,7 +81,9 @@ _delta_coefficients = worker.delta_coefficients
 
 
 @functools.wraps(_delta_coefficients)
-def delta_coefficients(hidden: Any, old_log_probs: Any, seq_adv: Any, response_mask: Any, **kwargs: Any) -> Any:
+def delta_coefficients(
+    hidden: Any, old_log_probs: Any, seq_adv: Any, response_mask: Any, **kwargs: Any
+) -> Any:
     coef = _delta_coefficients(hidden, old_log_probs, seq_adv, response_mask, **kwargs)
     record = {
         "rank": torch.distributed.get_rank() if torch.distributed.is_initialized() else 0,

@@ -34,9 +34,13 @@ def main() -> None:
         width = int(data["response_mask"].shape[1])
         hidden = data["hidden"][rows].to(spec["dtype"])
         coef = worker.delta_coefficients(
-            jagged(hidden, lens), jagged(data["old_log_probs"][rows], lens), data["seq_adv"][rows],
-            spec["response_mask"][rows][:, :width], group=None, **data["params"],
-        )  # fmt: skip
+            jagged(hidden, lens),
+            jagged(data["old_log_probs"][rows], lens),
+            data["seq_adv"][rows],
+            spec["response_mask"][rows][:, :width],
+            group=None,
+            **data["params"],
+        )
         results[case] = [row.clone() for row in coef.unbind()]
     torch.save(results, out_dir / f"rank{rank}.pt")
     dist.destroy_process_group()

@@ -33,10 +33,19 @@ def model_dir(tmp_path_factory):
     PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>").save_pretrained(d)
     torch.manual_seed(0)
     cfg = Qwen3Config(
-        vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, max_position_embeddings=64, pad_token_id=0, eos_token_id=1,
-        bos_token_id=1, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=len(WORDS),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+        tie_word_embeddings=False,
+    )
     Qwen3ForCausalLM(cfg).save_pretrained(d)
     return d
 
@@ -73,14 +82,29 @@ def _trainer(model_dir, tmp_path, credit_name, max_steps=2, **kw):
     tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
     ds = Dataset.from_list([{"prompt": p, "answer": a} for p, a in PROMPTS.items()] * 4)
     args = GRPOConfig(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4, steps_per_generation=2,
-        max_completion_length=8, max_steps=max_steps, learning_rate=1e-2, logging_steps=1, report_to="none",
-        use_cpu=True, save_strategy="no", seed=0, beta=0.0, **kw,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        steps_per_generation=2,
+        max_completion_length=8,
+        max_steps=max_steps,
+        learning_rate=1e-2,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        beta=0.0,
+        **kw,
+    )
     return Recording(
-        model=str(model_dir), reward_funcs=math_answer_reward, args=args, train_dataset=ds, processing_class=tok,
+        model=str(model_dir),
+        reward_funcs=math_answer_reward,
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
         credit=credit_name,
-    )  # fmt: skip
+    )
 
 
 def _rows_match(a_prompt, a_comp, b_prompt, b_comp):
@@ -194,9 +218,11 @@ def test_gcpo_scores_the_completions_after_a_negative_prompt(model_dir, tmp_path
     ids = torch.randint(2, len(WORDS), (8, 6), generator=g)
     mask = torch.arange(6)[None, :] < torch.tensor([6, 3, 5, 2, 6, 4, 1, 6])[:, None]
     output = {
-        "prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"], "completion_ids": ids,
+        "prompt_ids": enc["input_ids"],
+        "prompt_mask": enc["attention_mask"],
+        "completion_ids": ids,
         "completion_mask": mask.long(),
-    }  # fmt: skip
+    }
     scores = torch.tensor([1.0, 0, 1, 0, 0, 1, 1, 1])
     trainer._tc_rewards = scores[:, None]
     got = trainer._token_advantages(inputs, output)
@@ -229,15 +255,29 @@ def test_credit_diagnostics_in_trl_logs_and_saved_rollouts_explained(model_dir, 
     tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
     ds = Dataset.from_list([{"prompt": p, "answer": a} for p, a in PROMPTS.items()] * 4)
     args = GRPOConfig(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4, steps_per_generation=1,
-        max_completion_length=8, max_steps=2, learning_rate=1e-2, logging_steps=1, report_to="none",
-        use_cpu=True, save_strategy="no", seed=0, beta=0.0,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        steps_per_generation=1,
+        max_completion_length=8,
+        max_steps=2,
+        learning_rate=1e-2,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        beta=0.0,
+    )
     saver = tc_trl.SaveRolloutsCallback(tmp_path / "rollouts", every=2)
     trainer = Recording(
-        model=str(model_dir), reward_funcs=math_answer_reward, args=args, train_dataset=ds, processing_class=tok,
+        model=str(model_dir),
+        reward_funcs=math_answer_reward,
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
         credit="entropy-80-20",
-    )  # fmt: skip
+    )
     trainer.add_callback(saver)
     assert saver.trainer is trainer
     trainer.train()
@@ -247,14 +287,25 @@ def test_credit_diagnostics_in_trl_logs_and_saved_rollouts_explained(model_dir, 
     assert [h["step"] for h in logged] == [1, 2]
     for rec, entry in zip(trainer.scored, logged):
         gids = torch.arange(len(rec["completion_ids"])) // 4
-        batch = RolloutBatch(rec["completion_ids"], rec["mask"], gids, rec["scores"], entropy=rec["signals"]["entropy"])
+        batch = RolloutBatch(
+            rec["completion_ids"], rec["mask"], gids, rec["scores"], entropy=rec["signals"]["entropy"]
+        )
         tc = token_credit(trainer._engine_recipe(), batch, special_ids=special_token_ids(tok))
         want = diagnostics.summary(tc.effective(), batch.mask, tc.seq_advantages, batch.entropy)
-        assert set(want) >= {"credit_gini", "credit_eff_ratio", "credit_sign_flip", "credit_high_entropy_share"}
+        assert set(want) >= {
+            "credit_gini",
+            "credit_eff_ratio",
+            "credit_sign_flip",
+            "credit_high_entropy_share",
+        }
         for key, value in want.items():
             name = "credit/" + key.removeprefix("credit_")
-            assert math.isfinite(entry[name]) and entry[name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
-    assert 0 < logged[1]["credit/gini"] < 1  # step 2 has a mixed group: the 80/20 mask concentrates its credit
+            assert math.isfinite(entry[name]) and entry[name] == pytest.approx(value, rel=1e-9, abs=1e-12), (
+                name
+            )
+    assert (
+        0 < logged[1]["credit/gini"] < 1
+    )  # step 2 has a mixed group: the 80/20 mask concentrates its credit
 
     assert not (tmp_path / "rollouts" / "step_000001.jsonl").exists()
     path = tmp_path / "rollouts" / "step_000002.jsonl"
@@ -267,20 +318,37 @@ def test_credit_diagnostics_in_trl_logs_and_saved_rollouts_explained(model_dir, 
         n = len(c.token_ids)
         assert c.token_ids == rec["completion_ids"][i, :n].tolist() and rec["mask"][i, :n].all()
         assert not rec["mask"][i, n:].any()
-        assert c.score == float(rec["scores"][i]) and c.advantage == pytest.approx(float(rec["sequence_advantages"][i]))
-        torch.testing.assert_close(torch.tensor(c.token_advantages), rec["advantages"][i, :n], atol=1e-6, rtol=0)
+        assert c.score == float(rec["scores"][i]) and c.advantage == pytest.approx(
+            float(rec["sequence_advantages"][i])
+        )
+        torch.testing.assert_close(
+            torch.tensor(c.token_advantages), rec["advantages"][i, :n], atol=1e-6, rtol=0
+        )
         assert c.entropy is not None and len(c.entropy) == n
     for g, first in zip(groups, (0, 4)):
         example = rec["inputs"][first]
-        assert g.prompt == example["prompt"] and g.problem == example["prompt"] and g.answer == example["answer"]
+        assert (
+            g.prompt == example["prompt"] and g.problem == example["prompt"] and g.answer == example["answer"]
+        )
         assert g.extra["step"] == 2 and g.extra["recipe"] == "entropy-80-20"
     # `tokencredit probe --data FILE` reads the same file as problems with their answers
     problems = load_problems(path)
     assert [(q.problem, q.answer) for q in problems] == [(g.problem, g.answer) for g in groups]
 
     html = tmp_path / "explain.html"
-    argv = ["explain", "--jsonl", str(path), "--model", str(model_dir), "--methods", "entropy-80-20,ktae,uniform",
-            "--out", str(html), "--device", "cpu"]  # fmt: skip
+    argv = [
+        "explain",
+        "--jsonl",
+        str(path),
+        "--model",
+        str(model_dir),
+        "--methods",
+        "entropy-80-20,ktae,uniform",
+        "--out",
+        str(html),
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     assert html.is_file() and "entropy-80-20" in html.read_text()
 

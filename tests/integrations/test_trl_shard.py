@@ -20,6 +20,7 @@ Two spawned processes each build a real `CreditGRPOTrainer` (accelerate in MULTI
    and each process's Â equals the core's on the batch the test gathers afterwards. SaveRolloutsCallback
    gathers both processes' rows: process 0's file holds the whole batch with each row's Â.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,10 +52,25 @@ TOL = 1e-5
 NAMES = ("delta", "arca", "entropy-80-20", "strace", "ktae", "grpo")
 # The collectives a credit method may call (torch.distributed's, by name).
 COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast", "broadcast_object_list",
-    "gather", "gather_object", "scatter", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-    "all_to_all_single", "send", "recv", "isend", "irecv",
-)  # fmt: skip
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "scatter",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+)
 
 
 def global_batch() -> dict:
@@ -116,15 +132,27 @@ def make_trainer(model_dir: str, per_device: int, out_dir: str):
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     args = GRPOConfig(
-        output_dir=out_dir, per_device_train_batch_size=per_device, num_generations=G,
-        max_completion_length=T, max_steps=1, report_to="none", use_cpu=True, save_strategy="no", seed=0, beta=0.0,
+        output_dir=out_dir,
+        per_device_train_batch_size=per_device,
+        num_generations=G,
+        max_completion_length=T,
+        max_steps=1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        beta=0.0,
         logging_steps=1,
-    )  # fmt: skip
+    )
     prompts = [{"prompt": f"Compute {a} + {b}."} for a in range(1, 4) for b in range(5, 7)]
     trainer = CreditGRPOTrainer(
-        model=model_dir, reward_funcs=id_parity_reward, args=args, train_dataset=Dataset.from_list(prompts),
-        processing_class=tok, credit="grpo",
-    )  # fmt: skip
+        model=model_dir,
+        reward_funcs=id_parity_reward,
+        args=args,
+        train_dataset=Dataset.from_list(prompts),
+        processing_class=tok,
+        credit="grpo",
+    )
     trainer.model.train()
     return trainer
 
@@ -138,10 +166,11 @@ def plugin_advantages(trainer, name: str, part: dict, scores: torch.Tensor) -> t
     trainer._tc_rewards = scores[:, None].clone()  # TRL gathers every reward function's output
     trainer._metrics["train"].clear()  # only this scoring's credit diagnostics (`logged_diagnostics`)
     output = {
-        "completion_ids": part["ids"], "completion_mask": part["mask"].long(),
+        "completion_ids": part["ids"],
+        "completion_mask": part["mask"].long(),
         "prompt_ids": torch.zeros(len(part["ids"]), 1, dtype=torch.long),
         "prompt_mask": torch.ones(len(part["ids"]), 1, dtype=torch.long),
-    }  # fmt: skip
+    }
     return trainer._token_advantages([], output)
 
 
@@ -185,9 +214,14 @@ def recorded_collectives():
 def _worker(rank: int, port: int, model_dir: str, reference_path: str) -> None:
     """One of the two processes: both phases of the module docstring."""
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1",
-    )  # fmt: skip
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_WORLD_SIZE=str(WORLD),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     out = str(Path(reference_path).with_name(f"out{rank}"))
     trainer = make_trainer(model_dir, N_LOCAL, out)  # accelerate starts the gloo process group
@@ -207,7 +241,9 @@ def _worker(rank: int, port: int, model_dir: str, reference_path: str) -> None:
         try:
             with recorded_collectives() as calls:
                 got = plugin_advantages(trainer, name, part, data["scores"])
-        except ConfigError as err:  # on every rank alike: the core reduces no statistic of this name across ranks
+        except (
+            ConfigError
+        ) as err:  # on every rank alike: the core reduces no statistic of this name across ranks
             assert name not in NAMES, f"rank {rank}, {name}: {err}"
             refused.append(name)
             continue
@@ -225,8 +261,12 @@ def _worker(rank: int, port: int, model_dir: str, reference_path: str) -> None:
         assert got_diag.keys() == want["diagnostics"].keys() and "credit/gini" in got_diag, name
         for key, value in want["diagnostics"].items():
             assert abs(got_diag[key] - value) <= TOL, f"rank {rank}, {name}: {key} {got_diag[key]} != {value}"
-        if want["keep"] is not None:  # a kept set (S-trace's): the global top-20% entropies, ties by global row
-            assert credit["keep"] is not None and torch.equal(credit["keep"], want["keep"][rows, :width]), name
+        if (
+            want["keep"] is not None
+        ):  # a kept set (S-trace's): the global top-20% entropies, ties by global row
+            assert credit["keep"] is not None and torch.equal(credit["keep"], want["keep"][rows, :width]), (
+                name
+            )
         # no per-token vector crosses processes: every collective tensor is smaller than one row's hidden states
         sizes = [(c, s) for c, ss in calls for s in ss]
         too_big = [(c, s) for c, s in sizes if torch.Size(s).numel() >= width * H or len(s) > 2]
@@ -282,20 +322,29 @@ def train_one_step(trainer, rank: int, saved_dir: Path) -> None:
     rows = torch.cat([e["rows"] for e in everyone])
     assert torch.equal(rows, torch.arange(N)), rows
     prompts = [p for e in everyone for p in e["prompts"]]
-    assert all(prompts[i] == prompts[i - i % G] for i in range(N)), prompts  # TRL's groups: G consecutive rows
+    assert all(prompts[i] == prompts[i - i % G] for i in range(N)), (
+        prompts
+    )  # TRL's groups: G consecutive rows
     top = max(e["mask"].shape[1] for e in everyone)
 
     def cat(get) -> torch.Tensor:
         parts = [get(e) for e in everyone]
-        return torch.cat([torch.nn.functional.pad(x, [0, 0] * (x.dim() - 2) + [0, top - x.shape[1]]) for x in parts])
+        return torch.cat(
+            [torch.nn.functional.pad(x, [0, 0] * (x.dim() - 2) + [0, top - x.shape[1]]) for x in parts]
+        )
 
     batch = RolloutBatch(
-        cat(lambda e: e["completion_ids"]), cat(lambda e: e["mask"]), torch.arange(N) // G,
-        torch.cat([e["scores"] for e in everyone]), **{k: cat(lambda e, k=k: e["signals"][k]) for k in mine["signals"]},
-    )  # fmt: skip
+        cat(lambda e: e["completion_ids"]),
+        cat(lambda e: e["mask"]),
+        torch.arange(N) // G,
+        torch.cat([e["scores"] for e in everyone]),
+        **{k: cat(lambda e, k=k: e["signals"][k]) for k in mine["signals"]},
+    )
     per_group = batch.scores.view(-1, G).sum(1)
     assert ((per_group > 0) & (per_group < G)).any(), batch.scores  # DelTA has both sides to separate
-    want = token_credit(trainer._engine_recipe(), batch, special_ids=special_token_ids(trainer.processing_class))
+    want = token_credit(
+        trainer._engine_recipe(), batch, special_ids=special_token_ids(trainer.processing_class)
+    )
     got = mine["advantages"]
     diff = float((got - want.token_advantages[rank * N_LOCAL : (rank + 1) * N_LOCAL, :width]).abs().max())
     assert diff <= TOL, f"rank {rank}: trained DelTA Â differs from the gathered batch's by {diff:.3g}"
@@ -309,8 +358,12 @@ def train_one_step(trainer, rank: int, saved_dir: Path) -> None:
     assert all(g.prompt == prompts[G * g.group_id] for g in groups)
     advantages = cat(lambda e: e["advantages"])
     for i, c in enumerate(comps):
-        assert c.token_ids == batch.token_ids[i, : len(c.token_ids)].tolist() and c.score == float(batch.scores[i])
-        torch.testing.assert_close(torch.tensor(c.token_advantages), advantages[i, : len(c.token_ids)], atol=1e-6, rtol=0)
+        assert c.token_ids == batch.token_ids[i, : len(c.token_ids)].tolist() and c.score == float(
+            batch.scores[i]
+        )
+        torch.testing.assert_close(
+            torch.tensor(c.token_advantages), advantages[i, : len(c.token_ids)], atol=1e-6, rtol=0
+        )
 
 
 def accepted_names(trainer) -> tuple[str, ...]:
@@ -363,12 +416,18 @@ def test_each_process_computes_its_rows_of_the_single_process_advantages(tiny_mo
             continue
         credit = trainer.last_credit
         reference[name] = {
-            "advantages": got, "seq": credit["sequence_advantages"], "keep": credit["keep"],
+            "advantages": got,
+            "seq": credit["sequence_advantages"],
+            "keep": credit["keep"],
             "diagnostics": logged_diagnostics(trainer),
-        }  # fmt: skip
+        }
         # which is the core pipeline's Â on the whole batch (tests/test_engines_agree.py checks this for every recipe)
-        batch = RolloutBatch(data["ids"], data["mask"], torch.arange(N) // G, data["scores"], **data["signals"])
-        tc = token_credit(trainer._engine_recipe(), batch, special_ids=special_token_ids(trainer.processing_class))
+        batch = RolloutBatch(
+            data["ids"], data["mask"], torch.arange(N) // G, data["scores"], **data["signals"]
+        )
+        tc = token_credit(
+            trainer._engine_recipe(), batch, special_ids=special_token_ids(trainer.processing_class)
+        )
         torch.testing.assert_close(got, tc.token_advantages, atol=0, rtol=0)
     keep, ent, mask = reference["strace"]["keep"], data["signals"]["entropy"], data["mask"]
     # the kept set's boundary value is tied with tokens left out: the tie is broken by global row order

@@ -92,11 +92,15 @@ def test_remax_needs_verl_reward_baselines():
     names the field and the way out without it, and equals the core with it."""
     data = _dataproto()
     with pytest.raises(ConfigError, match="reward_baselines"):
-        ray_trainer.compute_advantage(data, adv_estimator="tc_remax", config=AlgoConfig(adv_estimator="tc_remax"))
+        ray_trainer.compute_advantage(
+            data, adv_estimator="tc_remax", config=AlgoConfig(adv_estimator="tc_remax")
+        )
     token_ids, mask, scores, uid, signals, _ = _fixture()
     base = torch.linspace(0.0, 1.0, N)
     data.batch["reward_baselines"] = base
-    out = ray_trainer.compute_advantage(data, adv_estimator="tc_remax", config=AlgoConfig(adv_estimator="tc_remax"))
+    out = ray_trainer.compute_advantage(
+        data, adv_estimator="tc_remax", config=AlgoConfig(adv_estimator="tc_remax")
+    )
     batch = RolloutBatch(token_ids, mask, _gids(uid), scores, baseline_scores=base, **signals)
     want = credit.compute("uniform", batch, advantages.estimate("remax", batch))
     torch.testing.assert_close(out.batch["advantages"], want, rtol=0, atol=0)
@@ -133,7 +137,10 @@ PENDING = {
 
 @pytest.mark.parametrize(
     "verl_name",
-    [pytest.param(n, marks=pytest.mark.skip(reason=PENDING[n])) if n in PENDING else n for n in sorted(tc_verl.ESTIMATORS)],
+    [
+        pytest.param(n, marks=pytest.mark.skip(reason=PENDING[n])) if n in PENDING else n
+        for n in sorted(tc_verl.ESTIMATORS)
+    ],
 )
 def test_patched_compute_advantage_gives_core_advantages(verl_name):
     data = _dataproto()
@@ -373,16 +380,20 @@ def test_loaded_through_verl_use_external_modules():
 def test_losses_verl_lacks_match_the_core(loss_name, agg):
     """tc_vespo (TRL's VESPO, no verl counterpart) and tc_grpo_lambda (GRPO(lambda)'s kernel under PPO-clip)."""
     old, new, mask = _loss_inputs()
-    adv = ray_trainer.compute_advantage(_dataproto(), adv_estimator="tc_grpo", config=AlgoConfig()).batch["advantages"]
+    adv = ray_trainer.compute_advantage(_dataproto(), adv_estimator="tc_grpo", config=AlgoConfig()).batch[
+        "advantages"
+    ]
     cfg = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.28)
     loss, _ = core_algos.get_policy_loss_fn(loss_name)(old, new, adv, mask.long(), agg, cfg, None)
     if loss_name == "tc_vespo":
         args = objectives.ObjectiveArgs(loss="vespo", loss_agg_mode=agg)
     else:
         args = objectives.ObjectiveArgs(
-            loss_params={"eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0}, kernel="grpo-lambda",
-            kernel_args=RECIPES["grpo-lambda"].kernel_params, loss_agg_mode=agg,
-        )  # fmt: skip
+            loss_params={"eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0},
+            kernel="grpo-lambda",
+            kernel_args=RECIPES["grpo-lambda"].kernel_params,
+            loss_agg_mode=agg,
+        )
     want, _ = objectives.policy_loss(new, old, adv, mask, args)
     torch.testing.assert_close(loss, want, rtol=0, atol=0)
     assert "tc_cispo" not in core_algos.POLICY_LOSS_REGISTRY  # verl has cispo: its own loss_mode is used
@@ -404,7 +415,9 @@ def _saving_dataproto():
     data.non_tensor_batch["raw_prompt"] = np.array(
         [[{"role": "user", "content": f"problem {i // 4}"}] for i in range(N)], dtype=object
     )
-    data.non_tensor_batch["reward_model"] = np.array([{"ground_truth": str(i // 4)} for i in range(N)], dtype=object)
+    data.non_tensor_batch["reward_model"] = np.array(
+        [{"ground_truth": str(i // 4)} for i in range(N)], dtype=object
+    )
     return data
 
 
@@ -415,7 +428,9 @@ def _check_saved(path, out, tok, *, legacy):
     groups = load_jsonl(path)
     assert [len(g.completions) for g in groups] == [4, 4, 4]
     for k, g in enumerate(groups):  # uids p-a, p-b, p-c: groups 0, 1, 2, rows 4k .. 4k + 3
-        assert g.prompt == tok.decode(list(range(2 + k, 2 + k + (2 if k == 1 else 3))), skip_special_tokens=False)
+        assert g.prompt == tok.decode(
+            list(range(2 + k, 2 + k + (2 if k == 1 else 3))), skip_special_tokens=False
+        )
         if legacy:
             assert g.problem == f"problem {k}" and g.answer == str(k)
         for j, c in enumerate(g.completions):
@@ -444,12 +459,16 @@ def test_saved_rollouts_every_n_steps_from_the_legacy_trainer(tmp_path, monkeypa
     monkeypatch.setenv("TOKENCREDIT_VERL_SAVE_ROLLOUTS", str(tmp_path / "saved"))
     monkeypatch.setenv("TOKENCREDIT_VERL_SAVE_ROLLOUTS_EVERY", "2")
     trainer = Trainer()
-    tc_verl._wrap_legacy_old_log_prob(old_log_prob)(trainer, None)  # records the trainer, as verl's fit calls it
+    tc_verl._wrap_legacy_old_log_prob(old_log_prob)(
+        trainer, None
+    )  # records the trainer, as verl's fit calls it
     try:
         ray_trainer.compute_advantage(_saving_dataproto(), adv_estimator="tc_strace", config=AlgoConfig())
         assert not (tmp_path / "saved").exists()  # step 3: not due
         trainer.global_steps = 4
-        out = ray_trainer.compute_advantage(_saving_dataproto(), adv_estimator="tc_strace", config=AlgoConfig())
+        out = ray_trainer.compute_advantage(
+            _saving_dataproto(), adv_estimator="tc_strace", config=AlgoConfig()
+        )
     finally:
         tc_verl._LEGACY_SPECIAL_IDS[0] = None
     assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == ["step_000004.jsonl"]
@@ -509,7 +528,8 @@ def test_saved_rollouts_from_the_v1_trainer_fetch_the_prompts(tmp_path, monkeypa
 
         def _compute_advantage(self, batch, metrics):
             data = DataProto.from_dict(
-                tensors={"response_mask": mask.long(), "token_level_rewards": rewards}, non_tensors={"uid": uid}
+                tensors={"response_mask": mask.long(), "token_level_rewards": rewards},
+                non_tensors={"uid": uid},
             )
             return ray_trainer.compute_advantage(data, adv_estimator=self.config.algorithm.adv_estimator)
 

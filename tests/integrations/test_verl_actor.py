@@ -81,10 +81,14 @@ def _plain_dataproto() -> DataProto:
     rewards = torch.zeros(n, t)
     rewards[::2, -1] = 1.0
     return DataProto.from_dict(
-        tensors={"responses": torch.randint(3, 9, (n, t)), "response_mask": mask, "token_level_rewards": rewards,
-                 "old_log_probs": -torch.rand(n, t)},
+        tensors={
+            "responses": torch.randint(3, 9, (n, t)),
+            "response_mask": mask,
+            "token_level_rewards": rewards,
+            "old_log_probs": -torch.rand(n, t),
+        },
         non_tensors={"uid": np.array([f"p{i // G}" for i in range(n)], dtype=object)},
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("name", sorted(ACTOR_ESTIMATORS))
@@ -168,12 +172,21 @@ def _cpu_platform() -> None:
     from verl.plugin.platform.platform_base import PlatformBase
 
     cpu_module = types.SimpleNamespace(
-        max_memory_allocated=lambda *a: 0, max_memory_reserved=lambda *a: 0, empty_cache=lambda: None,
-        synchronize=lambda *a: None, is_available=lambda: True, current_device=lambda: "cpu",
-        manual_seed=torch.manual_seed, manual_seed_all=torch.manual_seed, device_count=lambda: 1,
-        set_device=lambda *a: None, memory_allocated=lambda *a: 0, memory_reserved=lambda *a: 0,
-        mem_get_info=lambda *a: (0, 0), get_device_name=lambda *a: "cpu",
-    )  # fmt: skip
+        max_memory_allocated=lambda *a: 0,
+        max_memory_reserved=lambda *a: 0,
+        empty_cache=lambda: None,
+        synchronize=lambda *a: None,
+        is_available=lambda: True,
+        current_device=lambda: "cpu",
+        manual_seed=torch.manual_seed,
+        manual_seed_all=torch.manual_seed,
+        device_count=lambda: 1,
+        set_device=lambda *a: None,
+        memory_allocated=lambda *a: 0,
+        memory_reserved=lambda *a: 0,
+        mem_get_info=lambda *a: (0, 0),
+        get_device_name=lambda *a: "cpu",
+    )
 
     class PlatformCPU(PlatformBase):
         device_name = "cpu"
@@ -282,13 +295,21 @@ def _rollouts(tok: Any) -> tuple[DataProto, torch.Tensor, torch.Tensor, list[lis
     scores = torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 1, 0])
     rewards = torch.zeros(n, t_len).scatter(1, (lengths - 1)[:, None], scores[:, None])
     batch = DataProto.from_dict(
-        tensors={"prompts": prompts, "responses": responses, "input_ids": input_ids, "attention_mask": attention,
-                 "position_ids": position_ids, "response_mask": attention[:, p_len:].clone()},
-        non_tensors={"uid": np.array([f"u{i // G}" for i in range(n)], dtype=object),
-                     # a 1-D object array of message lists (the trailing None stops numpy nesting them)
-                     "raw_prompt": np.array([chats[i // G] for i in range(n)] + [None], dtype=object)[:-1]},
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": input_ids,
+            "attention_mask": attention,
+            "position_ids": position_ids,
+            "response_mask": attention[:, p_len:].clone(),
+        },
+        non_tensors={
+            "uid": np.array([f"u{i // G}" for i in range(n)], dtype=object),
+            # a 1-D object array of message lists (the trailing None stops numpy nesting them)
+            "raw_prompt": np.array([chats[i // G] for i in range(n)] + [None], dtype=object)[:-1],
+        },
         meta_info={"temperature": TEMPERATURE, "global_token_num": attention.sum(-1).tolist()},
-    )  # fmt: skip
+    )
     return batch, rewards, scores, chats
 
 
@@ -345,7 +366,9 @@ def _core_advantages(
     mask = b["response_mask"].bool()
     rb = RolloutBatch(b["responses"], mask, gids, scores, **signals)
     seq = advantages.grpo(scores, gids)
-    by_key = {verl_actor.BATCH_KEYS[s]: v for s, v in signals.items() if s in ("base_log_probs", "neg_log_probs")}
+    by_key = {
+        verl_actor.BATCH_KEYS[s]: v for s, v in signals.items() if s in ("base_log_probs", "neg_log_probs")
+    }
     if method == "delta":
         from tokencredit.credit.delta import discriminate
 
@@ -362,10 +385,16 @@ def _core_advantages(
 def _child(out: Path, packed: bool) -> None:
     if not verl_actor.enabled():
         raise SystemExit(f"run with {verl_actor.SWITCH}=1 in the environment")
-    os.environ.update({
-        "VERL_ENGINE_DEVICE": "cuda", "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-    })  # fmt: skip
+    os.environ.update(
+        {
+            "VERL_ENGINE_DEVICE": "cuda",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(_free_port()),
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+        }
+    )
     torch.set_num_threads(1)
     _cpu_platform()
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
@@ -380,13 +409,21 @@ def _child(out: Path, packed: bool) -> None:
     root.mkdir(exist_ok=True)
     tok = _toy_dirs(root)
     model_config = HFModelConfig(
-        path=str(root / "model"), lora_rank=4, lora_alpha=8, lora_adapter_path=str(root / "adapter"),
-        use_remove_padding=packed, override_config={"attn_implementation": "eager"},
-    )  # fmt: skip
+        path=str(root / "model"),
+        lora_rank=4,
+        lora_alpha=8,
+        lora_adapter_path=str(root / "adapter"),
+        use_remove_padding=packed,
+        override_config={"attn_implementation": "eager"},
+    )
     engine_config = FSDPEngineConfig(
-        strategy="fsdp2", model_dtype="fp32", use_torch_compile=False, use_dynamic_bsz=True, infer_max_token_len_per_gpu=160,
+        strategy="fsdp2",
+        model_dtype="fp32",
+        use_torch_compile=False,
+        use_dynamic_bsz=True,
+        infer_max_token_len_per_gpu=160,
         mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
-    )  # fmt: skip
+    )
     worker = TrainingWorker(
         TrainingWorkerConfig(
             model_type="language_model",
@@ -394,7 +431,7 @@ def _child(out: Path, packed: bool) -> None:
             engine_config=engine_config,
             optimizer_config=FSDPOptimizerConfig(lr=1e-6, total_training_steps=1),
             checkpoint_config=CheckpointConfig(),
-        )  # fmt: skip
+        )
     )
     worker.reset()
     actor = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)

@@ -163,11 +163,15 @@ def _check_arca(records: list[dict]) -> None:
         if trained:
             assert (residual[mask] > 0).all(), f"step {step + 1}: the adapter trained, yet a residual is 0"
         else:
-            assert (residual[mask] == 0).all(), f"step {step + 1}: residual {residual[mask].max()} with an untrained adapter"
+            assert (residual[mask] == 0).all(), (
+                f"step {step + 1}: residual {residual[mask].max()} with an untrained adapter"
+            )
         scores = record["token_level_rewards"].float().sum(-1)
         batch = RolloutBatch(record["responses"], mask, group_ids_from_labels(record["uid"]), scores)
         seq = advantages.estimate(spec.advantage, batch, **spec.advantage_params)
-        want = weighted_advantages(normalize_scores(residual, mask, params["sharpening"]), seq, mask, params["form"])
+        want = weighted_advantages(
+            normalize_scores(residual, mask, params["sharpening"]), seq, mask, params["form"]
+        )
         torch.testing.assert_close(record["advantages"], want, rtol=0, atol=1e-6)
 
 
@@ -186,7 +190,9 @@ def _check_delta_workers(records: list[dict], probe: Path) -> None:
         ranks = [sorted(workers[r], key=lambda w: w["n"])[step] for r in (0, 1)]
         assert all(w["world"] == 2 for w in ranks)
         params = tc_verl.estimator_spec("tc_delta").credit_params  # the recipe's, sent with the request
-        assert all(w["params"] == {k: params[k] for k in ("lam_min", "lam_max", "refine_iters")} for w in ranks)
+        assert all(
+            w["params"] == {k: params[k] for k in ("lam_min", "lam_max", "refine_iters")} for w in ranks
+        )
         mask = record["response_mask"].bool()
         n, t = mask.shape
         h = ranks[0]["hidden"].shape[-1]
@@ -195,7 +201,11 @@ def _check_delta_workers(records: list[dict], probe: Path) -> None:
         for w in ranks:  # verl's dispatch: rank r gets the r-th contiguous chunk of the batch
             rows = slice(start, start + len(w["lens"]))
             width = w["hidden"].shape[1]
-            hidden[rows, :width], old_lp[rows, :width], coef[rows, :width] = w["hidden"], w["old_log_probs"], w["coefficients"]
+            hidden[rows, :width], old_lp[rows, :width], coef[rows, :width] = (
+                w["hidden"],
+                w["old_log_probs"],
+                w["coefficients"],
+            )
             assert torch.equal(w["response_mask"].bool(), mask[rows, : w["response_mask"].shape[1]])
             torch.testing.assert_close(w["seq_adv"], record["tc_seq_adv"][rows], rtol=0, atol=0)
             start = rows.stop
@@ -206,7 +216,9 @@ def _check_delta_workers(records: list[dict], probe: Path) -> None:
         single = discriminate(hidden, scale, record["tc_seq_adv"], mask, **ranks[0]["params"]).coefficients
         torch.testing.assert_close(coef * mask, single, rtol=0, atol=1e-5)
         torch.testing.assert_close(record["tc_delta_coef"], single, rtol=0, atol=1e-5)
-        torch.testing.assert_close(record["advantages"], record["tc_seq_adv"][:, None] * single, rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            record["advantages"], record["tc_seq_adv"][:, None] * single, rtol=0, atol=1e-5
+        )
         record["tc_hidden"] = hidden
         # the layout: balance_batch spreads each prompt's responses over both ranks (and, with this toy
         # model's near-equal lengths, equalises the token counts; unequal counts, ranks padded to different
@@ -214,9 +226,11 @@ def _check_delta_workers(records: list[dict], probe: Path) -> None:
         half = len(ranks[0]["lens"])
         shared = len(set(record["uid"][:half]) & set(record["uid"][half:]))
         split_groups += shared
-        print(f"step {step + 1}: tokens per rank {int(mask[:half].sum())} / {int(mask[half:].sum())}, "
-              f"padded lengths {ranks[0]['hidden'].shape[1]} / {ranks[1]['hidden'].shape[1]}, "
-              f"prompt groups on both ranks {shared} of {len(set(record['uid']))}")  # fmt: skip
+        print(
+            f"step {step + 1}: tokens per rank {int(mask[:half].sum())} / {int(mask[half:].sum())}, "
+            f"padded lengths {ranks[0]['hidden'].shape[1]} / {ranks[1]['hidden'].shape[1]}, "
+            f"prompt groups on both ranks {shared} of {len(set(record['uid']))}"
+        )
     assert split_groups > 0
 
 
@@ -231,11 +245,21 @@ def test_main_ppo_runs_tokencredit_estimators_end_to_end(tmp_path, case):
     env = child_env(
         pythonpath=[entry_point_dir(tmp_path / "ep"), HERE],
         drop=("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS", verl_actor.SWITCH),
-        VERL_USE_EXTERNAL_MODULES="tc_verl_probe", TC_VERL_PROBE_DIR=str(probe), OMP_NUM_THREADS="1",
-        PYTHONWARNINGS="ignore", **extra_env,
-    )  # fmt: skip
-    cmd = [python, "-m", "tokencredit.integrations.verl_local", "--toy", str(tmp_path / "data"), *overrides,
-           f"trainer.default_local_dir={tmp_path / 'ckpt'}"]  # fmt: skip
+        VERL_USE_EXTERNAL_MODULES="tc_verl_probe",
+        TC_VERL_PROBE_DIR=str(probe),
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+        **extra_env,
+    )
+    cmd = [
+        python,
+        "-m",
+        "tokencredit.integrations.verl_local",
+        "--toy",
+        str(tmp_path / "data"),
+        *overrides,
+        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+    ]
     rc, log, seconds = _run(cmd, env, tmp_path)
     print(f"{case}: main_ppo exit {rc} after {seconds:.0f} s")
     assert rc == 0, log[-10000:]

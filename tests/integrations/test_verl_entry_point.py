@@ -50,9 +50,13 @@ def _child(tmp_path, prelude: str = "", **env: str) -> dict:
     path = entry_point_dir(tmp_path / "ep")
     res = subprocess.run(
         [sys.executable, "-c", CHILD.format(prelude=prelude)],
-        env=child_env(pythonpath=[path], drop=("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS"), **env),
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=child_env(
+            pythonpath=[path], drop=("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS"), **env
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-4000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 

@@ -49,10 +49,14 @@ def _batch(dtype: torch.dtype) -> tuple[DataProto, torch.Tensor, torch.Tensor]:
     rewards = torch.zeros(N, T)
     rewards[:, -1] = scores
     data = DataProto.from_dict(
-        tensors={"responses": torch.randint(3, 90, (N, T), generator=torch.Generator().manual_seed(0)),
-                 "response_mask": mask, "token_level_rewards": rewards, "tc_entropy": ent.to(dtype)},
+        tensors={
+            "responses": torch.randint(3, 90, (N, T), generator=torch.Generator().manual_seed(0)),
+            "response_mask": mask,
+            "token_level_rewards": rewards,
+            "tc_entropy": ent.to(dtype),
+        },
         non_tensors={"uid": np.array([f"g{i // G}" for i in range(N)], dtype=object)},
-    )  # fmt: skip
+    )
     return data, ent, scores
 
 

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.extras  # needs tokencredit[verl]: skipped without it, run by `pytest -m extras`
-verl = pytest.importorskip("verl", reason="verl is not installed (extra tokencredit[verl], then pip install --no-deps verl)")
+verl = pytest.importorskip(
+    "verl", reason="verl is not installed (extra tokencredit[verl], then pip install --no-deps verl)"
+)
 yaml = pytest.importorskip("yaml")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "verl" / "run_qwen_math.sh"
@@ -33,7 +35,9 @@ def _has(cfg: dict, dotted: str) -> bool:
 
 
 def test_launch_overrides_exist_in_verl_config():
-    cfg = yaml.safe_load((Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml").read_text())
+    cfg = yaml.safe_load(
+        (Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml").read_text()
+    )
     keys = _overrides(SCRIPT.read_text())
     assert len(keys) > 30 and "algorithm.adv_estimator" in keys and "trainer.use_v1" in keys
     missing = [k for k in keys if not k.startswith("+") and not _has(cfg, k)]
@@ -41,6 +45,8 @@ def test_launch_overrides_exist_in_verl_config():
 
 
 def test_key_check_catches_a_typo():
-    cfg = yaml.safe_load((Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml").read_text())
+    cfg = yaml.safe_load(
+        (Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml").read_text()
+    )
     assert _has(cfg, "actor_rollout_ref.actor.optim.lr")
     assert not _has(cfg, "actor_rollout_ref.actor.optim.learning_rate")

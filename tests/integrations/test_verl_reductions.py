@@ -73,21 +73,35 @@ def _rewards(f: dict) -> torch.Tensor:
 
 
 def _dataproto(f: dict, extra: dict[str, torch.Tensor]) -> DataProto:
-    tensors = {"responses": f["token_ids"], "response_mask": f["mask"].long(), "token_level_rewards": _rewards(f),
-               "tc_entropy": f["entropy"], "old_log_probs": f["old_log_probs"], **extra}  # fmt: skip
+    tensors = {
+        "responses": f["token_ids"],
+        "response_mask": f["mask"].long(),
+        "token_level_rewards": _rewards(f),
+        "tc_entropy": f["entropy"],
+        "old_log_probs": f["old_log_probs"],
+        **extra,
+    }
     return DataProto.from_dict(tensors=tensors, non_tensors={"uid": f["uid"]})
 
 
 def _core_batch(f: dict, mask: torch.Tensor | None = None) -> RolloutBatch:
     m = f["mask"] if mask is None else mask
     return RolloutBatch(
-        f["token_ids"], m, f["gids"], f["scores"], hidden=f["hidden"], base_hidden=f["base_hidden"],
-        old_log_probs=f["old_log_probs"], entropy=f["entropy"],
-    )  # fmt: skip
+        f["token_ids"],
+        m,
+        f["gids"],
+        f["scores"],
+        hidden=f["hidden"],
+        base_hidden=f["base_hidden"],
+        old_log_probs=f["old_log_probs"],
+        entropy=f["entropy"],
+    )
 
 
 def _jagged(padded: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-    return torch.nested.as_nested_tensor([padded[i, : int(n)] for i, n in enumerate(lens)], layout=torch.jagged)
+    return torch.nested.as_nested_tensor(
+        [padded[i, : int(n)] for i, n in enumerate(lens)], layout=torch.jagged
+    )
 
 
 def _advantage(name: str, data: DataProto) -> torch.Tensor:
@@ -100,7 +114,9 @@ def _advantage(name: str, data: DataProto) -> torch.Tensor:
 @pytest.mark.parametrize("sharpening", [1.0, 2.0])
 def test_arca_from_the_workers_residual_norms_equals_the_core(sharpening):
     f = _fixture()
-    rows = reductions.adapter_residual(f["hidden"][f["mask"]], f["base_hidden"][f["mask"]])  # what workers return
+    rows = reductions.adapter_residual(
+        f["hidden"][f["mask"]], f["base_hidden"][f["mask"]]
+    )  # what workers return
     residual = torch.zeros(N, T).masked_scatter(f["mask"], rows)
     name = "tc_arca" if sharpening == 1.0 else "tc_test_arca_sharp2"
     if name != "tc_arca":
@@ -114,7 +130,9 @@ def test_arca_from_the_workers_residual_norms_equals_the_core(sharpening):
         hid = _advantage(name, _dataproto(f, {"tc_hidden": f["hidden"], "tc_base_hidden": f["base_hidden"]}))
         torch.testing.assert_close(got, hid, rtol=0, atol=1e-6)
     finally:
-        if name != "tc_arca":  # leave verl's registry as the plugin made it (test_verl_entry_point.py compares)
+        if (
+            name != "tc_arca"
+        ):  # leave verl's registry as the plugin made it (test_verl_entry_point.py compares)
             tc_verl.ESTIMATORS.pop(name)
             core_algos.ADV_ESTIMATOR_REGISTRY.pop(name)
 
@@ -161,17 +179,33 @@ def test_delta_coefficients_on_two_ranks_equal_one_process(tmp_path):
     cases = {
         "even": {"rows": [perm[:8], perm[8:]], "response_mask": f["mask"], "dtype": torch.float32},
         "uneven": {"rows": [perm[:11], perm[11:]], "response_mask": f["mask"], "dtype": torch.float32},
-        "rank-without-tokens": {"rows": [perm[:10], perm[10:]], "response_mask": no_tokens, "dtype": torch.float32},
+        "rank-without-tokens": {
+            "rows": [perm[:10], perm[10:]],
+            "response_mask": no_tokens,
+            "dtype": torch.float32,
+        },
         "bf16": {"rows": [perm[:8], perm[8:]], "response_mask": f["mask"], "dtype": torch.bfloat16},
     }
     fixture = tmp_path / "fixture.pt"
     tensors = {k: v for k, v in f.items() if isinstance(v, torch.Tensor)}
-    torch.save({**tensors, "seq_adv": seq_adv, "params": params, "cases": cases, "response_mask": f["mask"]}, fixture)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore"}  # fmt: skip
+    torch.save(
+        {**tensors, "seq_adv": seq_adv, "params": params, "cases": cases, "response_mask": f["mask"]}, fixture
+    )
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
     procs = [
-        subprocess.Popen([sys.executable, str(HERE / "tc_verl_ranks.py"), str(fixture), str(tmp_path), str(r), "2"],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, str(HERE / "tc_verl_ranks.py"), str(fixture), str(tmp_path), str(r), "2"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for r in range(2)
     ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -187,8 +221,9 @@ def test_delta_coefficients_on_two_ranks_equal_one_process(tmp_path):
                 got[i, : len(row)] = row
         mask = spec["response_mask"]
         # one process, rows in the ranks' order, hidden states in the same dtype
-        whole = discriminate(f["hidden"][order].to(spec["dtype"]), scale[order], seq_adv[order], mask[order],
-                             **params).coefficients  # fmt: skip
+        whole = discriminate(
+            f["hidden"][order].to(spec["dtype"]), scale[order], seq_adv[order], mask[order], **params
+        ).coefficients
         want = torch.zeros(N, T)
         want[order] = whole
         torch.testing.assert_close(got * mask, want, rtol=0, atol=TOL, msg=case)
@@ -203,9 +238,18 @@ def test_delta_coefficients_on_two_ranks_equal_one_process(tmp_path):
 def test_credit_diagnostics_reach_verl_step_metrics():
     f = _fixture()
     data = _dataproto(f, {})
-    out = ray_trainer.compute_advantage(data, adv_estimator="tc_ktae", config=AlgoConfig(adv_estimator="tc_ktae"))
+    out = ray_trainer.compute_advantage(
+        data, adv_estimator="tc_ktae", config=AlgoConfig(adv_estimator="tc_ktae")
+    )
     metrics = out.meta_info[tc_verl.estimators.METRICS_KEY]
-    names = {"credit_gini", "credit_eff_ratio", "credit_sign_flip", "credit_high_entropy_share", "adv_min", "adv_max"}
+    names = {
+        "credit_gini",
+        "credit_eff_ratio",
+        "credit_sign_flip",
+        "credit_high_entropy_share",
+        "adv_min",
+        "adv_max",
+    }
     assert {f"tokencredit/{n}" for n in names} <= set(metrics)
     adv = out.batch["advantages"][f["mask"]]
     assert metrics["tokencredit/adv_min"] == pytest.approx(float(adv.min()))
@@ -217,7 +261,9 @@ def test_credit_diagnostics_reach_verl_step_metrics():
     step = hooked(batch=out, use_critic=False)
     assert step["verl/x"] == 1.0 and step["tokencredit/credit_gini"] == metrics["tokencredit/credit_gini"]
     assert tc_verl.estimators.METRICS_KEY not in out.meta_info  # consumed once
-    assert hooked(batch=_dataproto(f, {}), use_critic=False) == {"verl/x": 1.0}  # verl's own estimators: unchanged
+    assert hooked(batch=_dataproto(f, {}), use_critic=False) == {
+        "verl/x": 1.0
+    }  # verl's own estimators: unchanged
 
 
 # ---------------------------------------------------------------------------------------------- losses
@@ -239,7 +285,9 @@ def test_losses_under_two_ranks_and_two_micro_batches_equal_one_process(loss_nam
     fn = core_algos.get_policy_loss_fn(loss_name)
 
     def cfg(**info):
-        c = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.28)
+        c = FSDPActorConfig(
+            strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.28
+        )
         c.global_batch_info.update(info)
         return c
 

@@ -120,10 +120,16 @@ def _child(out: Path) -> None:
         reward[-1] = fx["scores"][i]
         uid = f"prompt{i // G}"
         keys.append(f"{uid}_{i % G}_0")
-        rows.append({
-            "uid": uid, "responses": fx["responses"][i, :r], "response_mask": torch.ones(r, dtype=torch.int64),
-            "rm_scores": reward, "entropy": fx["entropy"][i, :r], "old_log_probs": fx["old_log_probs"][i, :r],
-        })  # fmt: skip
+        rows.append(
+            {
+                "uid": uid,
+                "responses": fx["responses"][i, :r],
+                "response_mask": torch.ones(r, dtype=torch.int64),
+                "rm_scores": reward,
+                "entropy": fx["entropy"][i, :r],
+                "old_log_probs": fx["old_log_probs"][i, :r],
+            }
+        )
     batch = tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(rows))
 
     fetched: list[str] = []
@@ -135,11 +141,19 @@ def _child(out: Path) -> None:
 
     trainer = trainer_sync.PPOTrainerSync.__new__(trainer_sync.PPOTrainerSync)  # the synchronous v1 trainer
     trainer.tokenizer = None
-    trainer.config = OmegaConf.create({
-        "algorithm": {"adv_estimator": "tc_strace", "use_kl_in_reward": False, "gamma": 1.0, "lam": 1.0,
-                      "norm_adv_by_std_in_grpo": True, "rollout_correction": None},
-        "actor_rollout_ref": {"rollout": {"n": G}, "actor": {"policy_loss": {"loss_mode": "tc_strace"}}},
-    })  # fmt: skip
+    trainer.config = OmegaConf.create(
+        {
+            "algorithm": {
+                "adv_estimator": "tc_strace",
+                "use_kl_in_reward": False,
+                "gamma": 1.0,
+                "lam": 1.0,
+                "norm_adv_by_std_in_grpo": True,
+                "rollout_correction": None,
+            },
+            "actor_rollout_ref": {"rollout": {"n": G}, "actor": {"policy_loss": {"loss_mode": "tc_strace"}}},
+        }
+    )
     trainer_base.tq.kv_batch_get = kv_batch_get  # only to record which fields were read
     try:
         trainer._compute_advantage(batch, metrics={})
@@ -159,7 +173,7 @@ def _child(out: Path) -> None:
                 "kept_fraction": float((want != 0).float().mean()),
                 "plugin": tc_verl.__name__,
             }
-        )  # fmt: skip
+        )
     )
 
 

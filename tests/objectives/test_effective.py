@@ -50,7 +50,9 @@ def ragged_batch(seed: int = 0, n_groups: int = 3, g: int = 4, t: int = 9, h: in
 
 def test_ptrace_worked_example():
     # docs/spec/strace.md#worked-example: on-policy credit [0.385714, 0.271429, 0.209524, 0.133333] (token-mean over T = 4), x T
-    got = effective_credit(torch.ones(1, 4), ONE_ROW, ObjectiveArgs(kernel="ptrace", kernel_args={"lam": 0.5}))
+    got = effective_credit(
+        torch.ones(1, 4), ONE_ROW, ObjectiveArgs(kernel="ptrace", kernel_args={"lam": 0.5})
+    )
     want = torch.tensor([[0.385714, 0.271429, 0.209524, 0.133333]]) * 4
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
@@ -97,7 +99,9 @@ def test_recipes_with_per_token_kernels_show_their_credit_methods_advantages(nam
     recipe = RECIPES[name]
     b = ragged_batch(2)
     rc = token_credit(recipe, b)
-    a = advantages.estimate(recipe.advantage, b, **recipe.advantage_params)  # A [N], or A [N,T] (REINFORCE++, OTB)
+    a = advantages.estimate(
+        recipe.advantage, b, **recipe.advantage_params
+    )  # A [N], or A [N,T] (REINFORCE++, OTB)
     want = credit.compute(recipe.credit, b, a, **recipe.credit_params)
     torch.testing.assert_close(rc.effective(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(rc.token_advantages, want)

@@ -36,8 +36,12 @@ def naive(log_ratio: torch.Tensor, mask: torch.Tensor, decay: float, trace: str)
 
 
 def test_spec_vectors():
-    torch.testing.assert_close(grpo_lambda_log_weights(L, ONE_ROW, 0.5, "recent"), torch.tensor([[0.02, 0.0, 0.05, 0.025]]))
-    torch.testing.assert_close(grpo_lambda_log_weights(L, ONE_ROW, 0.5, "both"), torch.tensor([[0.02, 0.01, 0.065, 0.04]]))
+    torch.testing.assert_close(
+        grpo_lambda_log_weights(L, ONE_ROW, 0.5, "recent"), torch.tensor([[0.02, 0.0, 0.05, 0.025]])
+    )
+    torch.testing.assert_close(
+        grpo_lambda_log_weights(L, ONE_ROW, 0.5, "both"), torch.tensor([[0.02, 0.01, 0.065, 0.04]])
+    )
 
 
 def test_on_policy_credit_of_recent_trace():
@@ -86,7 +90,9 @@ def test_accumulating_kernel_is_grpo_lambda_recent(gamma, lam, holes):
 def test_matches_double_loop(trace, decay, holes):
     log_ratio, mask = _ragged(3, holes)
     got = grpo_lambda_log_weights(log_ratio, mask, decay, trace)
-    torch.testing.assert_close(got.detach(), naive(log_ratio.detach(), mask, decay, trace), atol=1e-10, rtol=0)
+    torch.testing.assert_close(
+        got.detach(), naive(log_ratio.detach(), mask, decay, trace), atol=1e-10, rtol=0
+    )
     assert bool((got[~mask] == 0).all())
 
 

@@ -46,7 +46,9 @@ def test_per_token_flag_is_the_on_policy_gradient(name):
 def test_every_ratio_loss_composes_with_every_kernel_and_mode(name, kernel, mode):
     log_prob, old, adv = batch(2)
     torch.manual_seed(0)
-    loss, metrics = policy_loss(log_prob, old, adv, MASK, ObjectiveArgs(loss=name, kernel=kernel, loss_agg_mode=mode))
+    loss, metrics = policy_loss(
+        log_prob, old, adv, MASK, ObjectiveArgs(loss=name, kernel=kernel, loss_agg_mode=mode)
+    )
     (grad,) = torch.autograd.grad(loss, log_prob)
     assert bool(torch.isfinite(loss)) and bool(torch.isfinite(grad).all())
     assert bool((grad[~MASK] == 0).all())
@@ -56,7 +58,9 @@ def test_every_ratio_loss_composes_with_every_kernel_and_mode(name, kernel, mode
 def test_gmpo_puts_one_value_on_each_response():
     log_prob, old, adv = batch(3)
     per_tok, _ = get_loss("gmpo").fn(
-        objectives.LossInputs(log_prob, adv, MASK, log_prob - old, log_prob - old, old), eps_low=0.4, eps_high=0.4
+        objectives.LossInputs(log_prob, adv, MASK, log_prob - old, log_prob - old, old),
+        eps_low=0.4,
+        eps_high=0.4,
     )
     for i in range(N):
         row = per_tok[i][MASK[i]]
@@ -72,14 +76,18 @@ def test_clip_cov_is_reproducible_under_a_seed_and_removes_tokens():
     torch.manual_seed(7)
     b, _ = policy_loss(log_prob, old, adv, MASK, args)
     assert torch.equal(a, b) and ma["cov_frac"] > 0
-    plain, _ = policy_loss(log_prob, old, adv, MASK, ObjectiveArgs(loss_params={"eps_low": 0.2, "eps_high": 0.2}))
+    plain, _ = policy_loss(
+        log_prob, old, adv, MASK, ObjectiveArgs(loss_params={"eps_low": 0.2, "eps_high": 0.2})
+    )
     assert not torch.equal(a, plain)
 
 
 def test_vespo_weight_is_one_on_policy_and_small_far_off_policy():
     log_prob, old, adv = batch(5)
     on, _ = policy_loss(old.clone().requires_grad_(True), old, adv, MASK, ObjectiveArgs(loss="vespo"))
-    reinforce, _ = policy_loss(old.clone().requires_grad_(True), None, adv, MASK, ObjectiveArgs(loss="reinforce"))
+    reinforce, _ = policy_loss(
+        old.clone().requires_grad_(True), None, adv, MASK, ObjectiveArgs(loss="reinforce")
+    )
     torch.testing.assert_close(on, reinforce)
     far, _ = policy_loss(old + 3.0, old, adv, MASK, ObjectiveArgs(loss="vespo"))
     assert abs(float(far)) < 1e-6  # w = e^(3 L) >> 1: phi = exp(lambda (1 + log w - w)) ~ 0

@@ -69,7 +69,9 @@ def test_kl_estimators():
 def test_reinforce_is_minus_adv_logp():
     lp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
     m = torch.tensor([[1, 1], [1, 0]]).bool()
-    loss, _ = objectives.policy_loss(lp, None, torch.tensor([2.0, -1.0]), m, objectives.ObjectiveArgs(loss="reinforce"))
+    loss, _ = objectives.policy_loss(
+        lp, None, torch.tensor([2.0, -1.0]), m, objectives.ObjectiveArgs(loss="reinforce")
+    )
     assert loss.item() == pytest.approx((2 * 1 + 2 * 2 + (-1) * 0.5) / 3)
     loss.backward()
     torch.testing.assert_close(lp.grad, torch.tensor([[-2 / 3, -2 / 3], [1 / 3, 0.0]]))
@@ -115,9 +117,11 @@ def _random_case(seed, n=6, t=7):
 def test_microbatch_split_does_not_change_loss_or_grad(seed, parts, mode, kernel):
     logp, old, adv, mask = _random_case(seed)
     args = objectives.ObjectiveArgs(
-        loss_params={"eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0}, kernel=kernel, loss_agg_mode=mode,
+        loss_params={"eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0},
+        kernel=kernel,
+        loss_agg_mode=mode,
         norm_constant=7,
-    )  # fmt: skip
+    )
     full, _ = objectives.policy_loss(logp, old, adv, mask, args)
     (g_full,) = torch.autograd.grad(full, logp)
     n_tok = float(mask.sum())
@@ -157,9 +161,12 @@ def test_gspo_sequence_ratio_value():
     assert objectives.sequence_log_ratio(l, m).item() == pytest.approx(0.015)
     lp = l.clone().requires_grad_(True)
     loss, met = objectives.policy_loss(
-        lp, torch.zeros(1, 4), torch.ones(1), m,
+        lp,
+        torch.zeros(1, 4),
+        torch.ones(1),
+        m,
         objectives.ObjectiveArgs(kernel="gspo", loss_params={"eps_low": 1, "eps_high": 1}),
-    )  # fmt: skip
+    )
     assert met["ratio_mean"] == pytest.approx(1.015113, abs=1e-6)
     loss.backward()  # token-mean of -s: each token's grad = -s/4... times d(mean)/dl_t = 1/4 summed over 4 tokens
     torch.testing.assert_close(lp.grad, torch.full((1, 4), -1.015113 / 4), atol=1e-6, rtol=0)

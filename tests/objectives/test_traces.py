@@ -130,9 +130,12 @@ def test_strace_on_policy_credit_with_kept_normalisation():
     old = torch.tensor([[-1.0, -0.5, -2.0, -0.3]], dtype=torch.float64)
     logp = old.clone().requires_grad_()
     loss, _ = policy_loss(
-        logp, old, torch.ones(1, dtype=torch.float64), mask,
+        logp,
+        old,
+        torch.ones(1, dtype=torch.float64),
+        mask,
         ObjectiveArgs(kernel="strace", kernel_args={"lam": 0.5, "keep": keep}),
-    )  # fmt: skip
+    )
     (grad,) = torch.autograd.grad(loss, logp)
     assert torch.allclose(-grad[0], expected, atol=1e-6)
 
@@ -260,7 +263,9 @@ def test_keep_all_strace_equals_ptrace(seed, decay):
     assert torch.equal(keep, mask)
     clip = {"eps_low": 0.2, "eps_high": 0.28}
     trace = {"lam": 0.95, "decay": decay}
-    got = loss_and_grad(logp, old, adv, mask, loss_params=clip, kernel="strace", kernel_args={**trace, "keep": keep})
+    got = loss_and_grad(
+        logp, old, adv, mask, loss_params=clip, kernel="strace", kernel_args={**trace, "keep": keep}
+    )
     want = loss_and_grad(logp, old, adv, mask, loss_params=clip, kernel="ptrace", kernel_args=trace)
     assert torch.allclose(got[0], want[0], atol=1e-12) and torch.allclose(got[1], want[1], atol=1e-12)
 

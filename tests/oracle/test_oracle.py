@@ -199,9 +199,17 @@ def _credit(adv, se, mask, skipped=None) -> OracleCredit:
     n, t = adv.shape
     z = torch.zeros(n, t + 1)
     return OracleCredit(
-        adv, se, mask, torch.zeros(n, t, dtype=torch.bool) if skipped is None else torch.tensor(skipped),
-        torch.zeros(n, t), z, z, z.bool(), torch.zeros(n), oracle.OracleCost(),
-    )  # fmt: skip
+        adv,
+        se,
+        mask,
+        torch.zeros(n, t, dtype=torch.bool) if skipped is None else torch.tensor(skipped),
+        torch.zeros(n, t),
+        z,
+        z,
+        z.bool(),
+        torch.zeros(n),
+        oracle.OracleCost(),
+    )
 
 
 def test_fidelity_metrics_on_a_hand_made_batch():
@@ -249,9 +257,17 @@ def _random_credit(n: int, t: int, seed: int) -> tuple[torch.Tensor, OracleCredi
 
 def _select(cr: OracleCredit, idx: torch.Tensor) -> OracleCredit:
     return OracleCredit(
-        cr.advantages[idx], cr.stderr[idx], cr.mask[idx], cr.skipped[idx], cr.bound[idx], cr.values[idx],
-        cr.value_stderr[idx], cr.known[idx], cr.rewards[idx], cr.cost,
-    )  # fmt: skip
+        cr.advantages[idx],
+        cr.stderr[idx],
+        cr.mask[idx],
+        cr.skipped[idx],
+        cr.bound[idx],
+        cr.values[idx],
+        cr.value_stderr[idx],
+        cr.known[idx],
+        cr.rewards[idx],
+        cr.cost,
+    )
 
 
 def test_fidelity_stderr_is_the_group_bootstrap_of_fidelity():
@@ -366,7 +382,9 @@ def test_split_halves_leave_a_star_unchanged_and_average_to_it(tree):
     last K/2, with the same states, skips (deterministic from the log-probs) and final rewards."""
     policy, seqs, mask, lp, rewards, _ = tree
     plain = token_advantages(TreeSampler(policy, seqs), mask, lp, rewards, k=8, delta=0.02, seed=3)
-    out = token_advantages(TreeSampler(policy, seqs), mask, lp, rewards, k=8, delta=0.02, seed=3, split_halves=True)
+    out = token_advantages(
+        TreeSampler(policy, seqs), mask, lp, rewards, k=8, delta=0.02, seed=3, split_halves=True
+    )
     assert plain.half_advantages is None
     for name in ("advantages", "stderr", "values", "value_stderr", "known", "skipped", "bound"):
         assert torch.equal(getattr(out, name), getattr(plain, name)), name
@@ -379,7 +397,9 @@ def test_split_halves_leave_a_star_unchanged_and_average_to_it(tree):
     last = mask.sum(1) - 1
     keep = ~out.skipped[torch.arange(len(seqs)), last]
     want = rewards - out.values[torch.arange(len(seqs)), last]
-    torch.testing.assert_close(half.mean(0)[torch.arange(len(seqs)), last][keep], want[keep], rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        half.mean(0)[torch.arange(len(seqs)), last][keep], want[keep], rtol=0, atol=1e-6
+    )
     torch.testing.assert_close(
         oracle.half_means(torch.tensor([[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0]])),
         torch.tensor([[0.5, 0.0], [1.0, 0.5]], dtype=torch.float64),  # [2, M]: first halves, last halves
@@ -539,9 +559,18 @@ def test_model_sampler_values_match_the_models_own_probabilities(tiny_lm, one_th
     ro = generate(model, tok, ["ab", "xyz"], 3, temperature=temperature, max_new_tokens=2, seed=0)
     golds = ["abcdefghijklmnopqrstuvwxyz"] * 6
     out = oracle.oracle_credit(
-        model, tok, ro, golds, _last_char_reward, temperature=temperature, max_new_tokens=2, k=400, delta=0.0,
-        seed=0, batch_size=800,
-    )  # fmt: skip
+        model,
+        tok,
+        ro,
+        golds,
+        _last_char_reward,
+        temperature=temperature,
+        max_new_tokens=2,
+        k=400,
+        delta=0.0,
+        seed=0,
+        batch_size=800,
+    )
     assert isinstance(out, OracleCredit)
     vocab_text = tok.batch_decode([[i] for i in range(len(tok))], skip_special_tokens=True)
     checked = 0
@@ -642,9 +671,16 @@ def test_vine_credit_steps_end_at_line_breaks(tiny_lm, one_thread):
         response_mask = mask
 
     out = oracle.vine_credit(
-        model, tok, Layout(), ["e"], lambda t, g: [float(x.endswith(y)) for x, y in zip(t, g)],
-        temperature=1.0, max_new_tokens=12, k=4, seed=0,
-    )  # fmt: skip
+        model,
+        tok,
+        Layout(),
+        ["e"],
+        lambda t, g: [float(x.endswith(y)) for x, y in zip(t, g)],
+        temperature=1.0,
+        max_new_tokens=12,
+        k=4,
+        seed=0,
+    )
     # values at the prompt and after each line: states 0, 3, 6
     assert out.known[0].nonzero().flatten().tolist() == [0, 3, 6, 8]
     assert out.cost.states == 3 and out.cost.continuations == 12

@@ -6,12 +6,40 @@ from tokencredit.errors import ConfigError
 from tokencredit.recipes import RECIPES, get_recipe, requires_lora, resolve
 
 REQUIRED = [
-    "grpo", "dr-grpo", "rloo", "dapo", "gspo", "entropy-80-20", "grpo+ktae", "dapo+ktae", "delta",
-    "ptrace", "strace", "arca", "surprisal", "entropy-reduction", "policy-divergence", "gcpo",
+    "grpo",
+    "dr-grpo",
+    "rloo",
+    "dapo",
+    "gspo",
+    "entropy-80-20",
+    "grpo+ktae",
+    "dapo+ktae",
+    "delta",
+    "ptrace",
+    "strace",
+    "arca",
+    "surprisal",
+    "entropy-reduction",
+    "policy-divergence",
+    "gcpo",
     # issue 20: verl's and TRL's losses and estimators, GRPO(lambda), two token shapings
-    "cispo", "sapo", "clip-cov", "kl-cov", "gmpo", "gpg", "dppo-kl", "dppo-tv", "reinforce++", "remax", "opo",
-    "grpo-passk", "otb", "grpo-lambda", "entropy-advantage", "advantage-reweighting",
-]  # fmt: skip
+    "cispo",
+    "sapo",
+    "clip-cov",
+    "kl-cov",
+    "gmpo",
+    "gpg",
+    "dppo-kl",
+    "dppo-tv",
+    "reinforce++",
+    "remax",
+    "opo",
+    "grpo-passk",
+    "otb",
+    "grpo-lambda",
+    "entropy-advantage",
+    "advantage-reweighting",
+]
 
 
 def test_every_named_recipe_exists_and_refers_to_registered_pieces():
@@ -44,15 +72,26 @@ def test_unknown_recipe_and_override():
 
 
 def test_new_pieces_declare_what_they_read():
-    assert needs_of(get_recipe("otb")).signals == {"old_log_probs", "sum_sq_probs"}  # before the update: no fusing
-    assert needs_of(get_recipe("remax")).fields == {"baseline_scores"} and not needs_of(get_recipe("grpo")).fields
+    assert needs_of(get_recipe("otb")).signals == {
+        "old_log_probs",
+        "sum_sq_probs",
+    }  # before the update: no fusing
+    assert (
+        needs_of(get_recipe("remax")).fields == {"baseline_scores"}
+        and not needs_of(get_recipe("grpo")).fields
+    )
     assert "entropy" in needs_of(get_recipe("entropy-advantage")).signals
     assert "old_log_probs" in needs_of(get_recipe("advantage-reweighting")).signals
-    assert needs_of(get_recipe("gpg"), objective=True).signals == frozenset()  # REINFORCE loss: no old log-probs
+    assert (
+        needs_of(get_recipe("gpg"), objective=True).signals == frozenset()
+    )  # REINFORCE loss: no old log-probs
 
 
 def test_objective_labels_show_a_clip_only_for_losses_that_clip():
-    assert "clip" not in get_recipe("sapo").objective_label() and "clip" not in get_recipe("vespo").objective_label()
+    assert (
+        "clip" not in get_recipe("sapo").objective_label()
+        and "clip" not in get_recipe("vespo").objective_label()
+    )
     assert "clip 0.4/0.4" in get_recipe("gmpo").objective_label()
     assert get_recipe("grpo-lambda").objective_label().startswith("grpo-lambda, clip 0.2/0.2")
 

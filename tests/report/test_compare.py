@@ -85,23 +85,52 @@ def test_mean_std_and_steps_to_target():
 
 
 # ------------------------------------------------------------------------------------------ fabricated runs
-def fake_run(root, recipe, seed, curve, *, lora=0, steps=20, gini=0.0, lengths=(10.0, 20.0), tps=100.0,
-             rounds=(1, 1), extra_sets=()):  # fmt: skip
+def fake_run(
+    root,
+    recipe,
+    seed,
+    curve,
+    *,
+    lora=0,
+    steps=20,
+    gini=0.0,
+    lengths=(10.0, 20.0),
+    tps=100.0,
+    rounds=(1, 1),
+    extra_sets=(),
+):
     """A run directory as the trainer writes it: `curve` = [(step, greedy accuracy)], the last is the final."""
     d = root / f"{recipe}-s{seed}-lora{lora}"
     d.mkdir(parents=True)
-    cfg = load_config(sets=[f"run.seed={seed}", f"run.steps={steps}", f"model.lora_rank={lora}", *extra_sets],
-                      recipe=recipe)  # fmt: skip
+    cfg = load_config(
+        sets=[f"run.seed={seed}", f"run.steps={steps}", f"model.lora_rank={lora}", *extra_sets], recipe=recipe
+    )
     (d / "config.toml").write_text(dump_toml(cfg))
     (d / "recipe.json").write_text(json.dumps(get_recipe(recipe).to_dict()))
     recs = [{"step": s, "type": "eval", "eval_greedy_accuracy": a, "eval_avg_at_k": a / 2} for s, a in curve]
     for i, (length, g) in enumerate(zip(lengths, (gini, gini + 0.2))):
-        recs.append({"step": i + 1, "response_length": length, "tokens_per_s": tps, "credit_gini": g,
-                     "credit_eff_ratio": 1 - g, "gen_rounds": rounds[i], "reward": 0.5})  # fmt: skip
+        recs.append(
+            {
+                "step": i + 1,
+                "response_length": length,
+                "tokens_per_s": tps,
+                "credit_gini": g,
+                "credit_eff_ratio": 1 - g,
+                "gen_rounds": rounds[i],
+                "reward": 0.5,
+            }
+        )
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     final = recs[len(curve) - 1]
-    summary = {"recipe": recipe, "steps": steps, "seconds": 120.0, "base": recs[0], "final": final,
-               "tokens_per_s": tps, "mean_response_length": lengths[-1]}  # fmt: skip
+    summary = {
+        "recipe": recipe,
+        "steps": steps,
+        "seconds": 120.0,
+        "base": recs[0],
+        "final": final,
+        "tokens_per_s": tps,
+        "mean_response_length": lengths[-1],
+    }
     (d / "summary.json").write_text(json.dumps(summary))
     return d
 
@@ -113,8 +142,18 @@ def fabricated(tmp_path):
     for seed, final in enumerate((0.4, 0.5, 0.6)):
         dirs.append(fake_run(root, "grpo", seed, [(0, 0.3), (10, 0.45), (20, final)]))
     for seed, (mid, final) in enumerate(((0.5, 0.5), (0.3, 0.7), (0.6, 0.6))):
-        dirs.append(fake_run(root, "delta", seed, [(0, 0.3), (10, mid), (20, final)], gini=0.3,
-                             lengths=(30.0, 50.0), tps=200.0, rounds=(1, 3)))  # fmt: skip
+        dirs.append(
+            fake_run(
+                root,
+                "delta",
+                seed,
+                [(0, 0.3), (10, mid), (20, final)],
+                gini=0.3,
+                lengths=(30.0, 50.0),
+                tps=200.0,
+                rounds=(1, 3),
+            )
+        )
     return root, dirs
 
 
@@ -226,7 +265,9 @@ def test_accuracy_intervals_stay_in_range_and_few_seeds_warn(tmp_path, capsys):
         assert d is None or -1.0 <= d["lo"] <= d["hi"] <= 1.0
     assert "[-0.107" not in printed and "1.037]" not in printed
     assert "warning: fewer than 3 seeds for grpo (2), delta (2): the 95% intervals are unreliable" in printed
-    assert "t-interval of the mean over seeds, cut to [0, 1]" in printed  # the table's note says which interval
+    assert (
+        "t-interval of the mean over seeds, cut to [0, 1]" in printed
+    )  # the table's note says which interval
     md = (out / "compare.md").read_text()
     assert "**Warning:** fewer than 3 seeds for grpo (2), delta (2)" in md and "[0.000, 1.000]" in md
     assert "cut to [0, 1]" in res["interval"]
@@ -280,8 +321,9 @@ def test_runs_group_by_their_label(tmp_path):
     ]
     res = aggregate([read_run(d) for d in dirs], baseline="grpo")
     assert [(g["label"], g["recipe"], g["seeds"]) for g in res["recipes"]] == [
-        ("grpo", "grpo", [0, 1]), ("grpo-big", "grpo", [0, 1])
-    ]  # fmt: skip
+        ("grpo", "grpo", [0, 1]),
+        ("grpo-big", "grpo", [0, 1]),
+    ]
     assert res["recipes"][1]["vs_baseline"]["mean_diff"] == pytest.approx(0.15)
     assert "run.label" not in res["differing_settings"]
 
@@ -330,12 +372,24 @@ def test_collect_cli_writes_table_json_and_plots(fabricated, tmp_path, capsys):
 # ------------------------------------------------------------------------------------------ end to end
 def micro_sets(model_dir, steps=2):
     return [
-        f"model.name={model_dir}", f"run.steps={steps}", "run.progress=false", "run.threads=1",
-        "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=12",
-        "data.train_size=40", "data.eval_size=3", "data.difficulty=1", "eval.every=0", "eval.samples=0",
-        "eval.save_groups=1", "checkpoint.every=1", "reward.function=_compare_rewards:has_digit_seven",
-        "optim.lr=1e-2", "optim.warmup_steps=0",
-    ]  # fmt: skip
+        f"model.name={model_dir}",
+        f"run.steps={steps}",
+        "run.progress=false",
+        "run.threads=1",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=12",
+        "data.train_size=40",
+        "data.eval_size=3",
+        "data.difficulty=1",
+        "eval.every=0",
+        "eval.samples=0",
+        "eval.save_groups=1",
+        "checkpoint.every=1",
+        "reward.function=_compare_rewards:has_digit_seven",
+        "optim.lr=1e-2",
+        "optim.warmup_steps=0",
+    ]
 
 
 def compare_argv(model_dir, out, *extra, steps=2):
@@ -460,7 +514,11 @@ def test_terminal_table_fits_the_console_width(tmp_path):
     from tokencredit.report.compare.render import rich_table
 
     root = tmp_path / "r"
-    runs = [fake_run(root, r, s, [(10, 0.4 + 0.01 * s), (20, 0.5 + 0.02 * s)]) for r in ("grpo", "dapo") for s in (0, 1, 2)]
+    runs = [
+        fake_run(root, r, s, [(10, 0.4 + 0.01 * s), (20, 0.5 + 0.02 * s)])
+        for r in ("grpo", "dapo")
+        for s in (0, 1, 2)
+    ]
     res = aggregate([read_run(d) for d in runs], baseline="grpo", target=0.5)
     # no width: every column, and the caption says only which interval the table shows
     assert len(rich_table(res).columns) == 20 and rich_table(res).caption == render.INTERVAL_NOTE
@@ -479,8 +537,13 @@ def test_difference_plot_marks_significant_recipes(tmp_path, monkeypatch):
     root = tmp_path / "r"
     # "gcpo" is 0.1 below grpo in every seed (significant); "dapo" differs by seed noise only.
     runs = [fake_run(root, "grpo", s, [(0, 0.4), (10, 0.5), (20, 0.6 + 0.01 * s)]) for s in range(5)]
-    runs += [fake_run(root, "gcpo", s, [(0, 0.4), (10, 0.4), (20, 0.5 + 0.01 * s + 0.002 * (s % 2))]) for s in range(5)]
-    runs += [fake_run(root, "dapo", s, [(0, 0.4), (10, 0.5), (20, 0.6 + 0.01 * ((s * 3) % 5))]) for s in range(5)]
+    runs += [
+        fake_run(root, "gcpo", s, [(0, 0.4), (10, 0.4), (20, 0.5 + 0.01 * s + 0.002 * (s % 2))])
+        for s in range(5)
+    ]
+    runs += [
+        fake_run(root, "dapo", s, [(0, 0.4), (10, 0.5), (20, 0.6 + 0.01 * ((s * 3) % 5))]) for s in range(5)
+    ]
     res = aggregate([read_run(d) for d in runs], baseline="grpo", target=0.5)
     drawn = []
     real = render._pyplot

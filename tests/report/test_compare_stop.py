@@ -33,12 +33,25 @@ PROGRESS_BAR = re.compile(r"\d+%\|")
 
 def _argv(model_dir: str, out: Path, jobs: int) -> list[str]:
     sets = [
-        f"model.name={model_dir}", f"run.steps={STEPS}", "run.progress=false", "run.threads=1",
-        "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=12", "data.train_size=40",
-        "data.eval_size=3", "data.difficulty=1", "eval.every=0", "eval.samples=0", "eval.at_start=false",
-        "eval.save_groups=1", f"checkpoint.every={EVERY}", "reward.function=_compare_rewards:has_digit_seven",
-        "optim.lr=1e-2", "optim.warmup_steps=0",
-    ]  # fmt: skip
+        f"model.name={model_dir}",
+        f"run.steps={STEPS}",
+        "run.progress=false",
+        "run.threads=1",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=12",
+        "data.train_size=40",
+        "data.eval_size=3",
+        "data.difficulty=1",
+        "eval.every=0",
+        "eval.samples=0",
+        "eval.at_start=false",
+        "eval.save_groups=1",
+        f"checkpoint.every={EVERY}",
+        "reward.function=_compare_rewards:has_digit_seven",
+        "optim.lr=1e-2",
+        "optim.warmup_steps=0",
+    ]
     argv = ["--recipes", "grpo", "--seeds", "0,1", "--target", "0.0", "--out", str(out), "--jobs", str(jobs)]
     return argv + [a for s in sets for a in ("--set", s)]
 
@@ -53,8 +66,11 @@ def _env() -> dict[str, str]:
 def _compare(argv: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tokencredit.cli", "compare", *argv],
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finish(proc: subprocess.Popen[str], what: str) -> str:
@@ -88,7 +104,9 @@ def _figures(out: Path) -> list[dict]:
 def _wait_for_first_checkpoint(proc: subprocess.Popen[str], runs: Path) -> None:
     first, t_end = runs / "grpo-s0" / "checkpoints" / f"step_{EVERY:06d}.json", time.monotonic() + 300
     while not first.exists():
-        assert proc.poll() is None, f"compare exited (code {proc.returncode}) early:\n{proc.communicate()[1][-3000:]}"
+        assert proc.poll() is None, (
+            f"compare exited (code {proc.returncode}) early:\n{proc.communicate()[1][-3000:]}"
+        )
         assert time.monotonic() < t_end, "no checkpoint after 300 s"
         time.sleep(0.01)
 
@@ -142,11 +160,15 @@ def test_sigterm_then_the_same_command_equals_uninterrupted(jobs, tiny_model_dir
     command = compare_cmd.command_line(parsed.parse_args(argv))
     assert re.fullmatch(
         r"tokencredit compare: stopped by SIGTERM \(\d of 2 runs to train finished; .*\); continue with: "
-        + re.escape(command) + r" \(finished runs are skipped, the others resume from their checkpoints\)",
+        + re.escape(command)
+        + r" \(finished runs are skipped, the others resume from their checkpoints\)",
         lines[-1],
-    ), f"seed {seed}: {lines[-3:]}"  # fmt: skip
+    ), f"seed {seed}: {lines[-3:]}"
     assert not (out / "compare.json").exists()
-    for s in (0, 1):  # every unfinished run: whole metrics lines, its last finished step checkpointed and named
+    for s in (
+        0,
+        1,
+    ):  # every unfinished run: whole metrics lines, its last finished step checkpointed and named
         run = out / "runs" / f"grpo-s{s}"
         if not (run / "metrics.jsonl").exists() or (run / "summary.json").exists():
             continue

@@ -35,11 +35,23 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def micro_argv(model_dir: str, out: Path, *extra: str, recipes: str = "grpo", seeds: str = "0") -> list[str]:
     """A comparison of one-step runs on the tiny model, evaluated at the start and the end."""
     sets = [
-        f"model.name={model_dir}", "run.steps=1", "run.progress=false", "run.threads=1",
-        "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "data.train_size=20",
-        "data.eval_size=3", "data.difficulty=1", "eval.every=0", "eval.samples=0", "eval.save_groups=0",
-        "checkpoint.every=1", "reward.function=_compare_rewards:has_digit_seven", "optim.warmup_steps=0",
-    ]  # fmt: skip
+        f"model.name={model_dir}",
+        "run.steps=1",
+        "run.progress=false",
+        "run.threads=1",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "data.train_size=20",
+        "data.eval_size=3",
+        "data.difficulty=1",
+        "eval.every=0",
+        "eval.samples=0",
+        "eval.save_groups=0",
+        "checkpoint.every=1",
+        "reward.function=_compare_rewards:has_digit_seven",
+        "optim.warmup_steps=0",
+    ]
     argv = ["--recipes", recipes, "--seeds", seeds, "--target", "0.0", "--out", str(out)]
     for s in sets:
         argv += ["--set", s]
@@ -110,8 +122,14 @@ def test_a_validation_run_evaluates_the_validation_problems(tiny_model_dir, tmp_
     from tokencredit.train.trainer import Trainer
 
     monkeypatch.syspath_prepend(str(REWARDS_DIR))
-    sets = [f"model.name={tiny_model_dir}", "data.train_size=20", "data.eval_size=3", "data.difficulty=1",
-            "reward.function=_compare_rewards:has_digit_seven", "algo.recipe=grpo"]  # fmt: skip
+    sets = [
+        f"model.name={tiny_model_dir}",
+        "data.train_size=20",
+        "data.eval_size=3",
+        "data.difficulty=1",
+        "reward.function=_compare_rewards:has_digit_seven",
+        "algo.recipe=grpo",
+    ]
     cfg = load_config(sets=[*sets, "data.eval_split=validation"])
     trainer = Trainer(cfg, tmp_path / "run")
     assert trainer.eval_problems == load_problems_for("toy", cfg.data, "validation")
@@ -201,16 +219,23 @@ def test_choose_lrs_means_over_seeds_and_breaks_ties():
     s = TuneScore
     scores = [
         # a: 1e-3 has the highest mean (0.6) though not the best single seed
-        s("a", 1e-4, 0, 0.2), s("a", 1e-4, 1, 0.9), s("a", 1e-3, 0, 0.6), s("a", 1e-3, 1, 0.6),
+        s("a", 1e-4, 0, 0.2),
+        s("a", 1e-4, 1, 0.9),
+        s("a", 1e-3, 0, 0.6),
+        s("a", 1e-3, 1, 0.6),
         # b: equal means; the higher AUC wins
-        s("b", 1e-4, 0, 0.5, 0.30), s("b", 1e-3, 0, 0.5, 0.40),
+        s("b", 1e-4, 0, 0.5, 0.30),
+        s("b", 1e-3, 0, 0.5, 0.40),
         # c: equal means and AUCs: the smaller rate
-        s("c", 2e-4, 0, 0.5, 0.3), s("c", 1e-4, 0, 0.5, 0.3),
+        s("c", 2e-4, 0, 0.5, 0.3),
+        s("c", 1e-4, 0, 0.5, 0.3),
         # d: the best rate failed in one seed: not a candidate
-        s("d", 1e-4, 0, 0.1), s("d", 1e-3, 0, 0.9), s("d", 1e-3, 1, None),
+        s("d", 1e-4, 0, 0.1),
+        s("d", 1e-3, 0, 0.9),
+        s("d", 1e-3, 1, None),
         # e: every rate had a failed run
         s("e", 1e-4, 0, None),
-    ]  # fmt: skip
+    ]
     rows = {r["label"]: r for r in choose_lrs(scores)}
     assert [r for r in rows] == ["a", "b", "c", "d", "e"]
     assert {k: r["chosen"] for k, r in rows.items()} == {
@@ -279,9 +304,7 @@ def test_compare_tune_lr_end_to_end(tiny_model_dir, tmp_path, monkeypatch, capsy
     chosen = res["tune"]["chosen"]["grpo"]
     assert chosen in (1e-3, 1e-2) and res["tune"]["seeds"] == [5]
     # the choice is the pure function's on the tune runs' final validation accuracies
-    finals = {
-        e["lr"]: e["final_accuracy"]["mean"] for e in res["tune"]["rows"][0]["lrs"]
-    }  # fmt: skip
+    finals = {e["lr"]: e["final_accuracy"]["mean"] for e in res["tune"]["rows"][0]["lrs"]}
     assert finals[chosen] == max(finals.values())
     main = tomllib.loads((out / "runs" / "grpo-s0" / "config.toml").read_text())
     assert main["optim"]["lr"] == chosen and main["data"]["eval_split"] == "heldout"

@@ -113,7 +113,9 @@ def test_lenient_reads_say_file_line_and_what_to_do(run):
     with pytest.raises(ConfigError, match=r"unknown key rollout.speculative_decoding"):
         load_config(rd.config_path)
     unknown: list[str] = []
-    assert from_dict({**get_recipe("grpo").to_dict(), "x": 1}, "r", unknown).name == "grpo" and unknown == ["x"]
+    assert from_dict({**get_recipe("grpo").to_dict(), "x": 1}, "r", unknown).name == "grpo" and unknown == [
+        "x"
+    ]
     # an unknown section: skipped with the line of its header
     rd.config_path.write_text(rd.config_path.read_text() + "\n[speculation]\ndraft = 'x'\n")
     skipped = []
@@ -156,7 +158,7 @@ def test_explain_uses_the_groups_a_damaged_rollouts_file_still_has(run, trained,
         f"tokencredit explain: {saved}:{line}: cut-off last line skipped (not JSON: "
     ) and err[0].endswith(
         "; the rest is used (1 group; repair or delete that line, or copy the file again, to silence this)"
-    ), err[0]  # fmt: skip
+    ), err[0]
     assert html.escape(err[0].removeprefix("tokencredit explain: ")) in page  # also in the page's notes
     assert problems[0] in page and problems[1] not in page
     # the first line cut in half (a line in the middle of the file): the second group is shown
@@ -186,12 +188,17 @@ def test_explain_of_a_run_from_a_newer_version(run, tmp_path, capsys):
     assert "strace" in page  # the recipe was still read
 
 
-def test_explain_of_a_lora_run_whose_newest_checkpoint_is_corrupt(tiny_model_dir, tmp_path, toy_rewards, capsys):
+def test_explain_of_a_lora_run_whose_newest_checkpoint_is_corrupt(
+    tiny_model_dir, tmp_path, toy_rewards, capsys
+):
     """ARCA reads the LoRA adapter, restored from the newest checkpoint: a corrupt one is said, and the
     previous one is used."""
     run = tmp_path / "lora"
     sets = _micro_sets(tiny_model_dir, steps=2, **{"model.lora_rank": 4, "checkpoint.keep": 0})
-    assert cli.main(["train", "--recipe", "arca", "--out", str(run), *[a for s in sets for a in ("--set", s)]]) == 0
+    assert (
+        cli.main(["train", "--recipe", "arca", "--out", str(run), *[a for s in sets for a in ("--set", s)]])
+        == 0
+    )
     newest = RunDir(run).checkpoint_path(2)
     newest.write_bytes(newest.read_bytes()[:-10])
     page, err = explain(run, tmp_path / "e.html", capsys, "--methods", "arca")
@@ -219,8 +226,10 @@ def test_compare_collect_uses_what_is_readable(trained, tmp_path, capsys):
     assert res["recipes"][0]["seeds"] == [0, 1] and res["left_out"] == []
     assert [d["run_dir"] for d in res["damaged"]] == [str(a)] * 3
     assert [d["reason"].split(": ")[0] for d in res["damaged"]] == [
-        f"{a}/config.toml:{key_line}", f"{a}/recipe.json:{field_line}", f"{metrics}:{bad}"
-    ]  # fmt: skip
+        f"{a}/config.toml:{key_line}",
+        f"{a}/recipe.json:{field_line}",
+        f"{metrics}:{bad}",
+    ]
     printed, md = capsys.readouterr().out, (out / "compare.md").read_text()
     assert "**Damaged parts skipped (the rest of each run is used):**" in md
     assert all(d["reason"] in md and d["reason"] in printed for d in res["damaged"])
@@ -253,7 +262,18 @@ def test_compare_collect_leaves_out_a_run_whose_summary_is_cut_off(trained, tmp_
 
 # ---- probe --------------------------------------------------------------------------------------------
 
-PROBE = ["--methods", "grpo", "--groups", "2", "--group-size", "2", "--max-new-tokens", "8", "--random-draws", "2"]
+PROBE = [
+    "--methods",
+    "grpo",
+    "--groups",
+    "2",
+    "--group-size",
+    "2",
+    "--max-new-tokens",
+    "8",
+    "--random-draws",
+    "2",
+]
 
 
 def test_probe_all_checkpoints_skips_the_ones_gone_or_corrupt(run, tmp_path, capsys):
@@ -285,11 +305,17 @@ def test_probe_all_checkpoints_skips_the_ones_gone_or_corrupt(run, tmp_path, cap
 @pytest.mark.parametrize(
     "step, expected",
     [
-        (1, "step_000001.pt: no checkpoint at step 1; probe a saved one with --checkpoint step_N (saved: step_2, "
-            "step_3, step_4)"),  # fmt: skip
-        (3, "step_000003.pt: checkpoint step 3 is unusable (digest mismatch (corrupt or truncated)); probe another "
+        (
+            1,
+            "step_000001.pt: no checkpoint at step 1; probe a saved one with --checkpoint step_N (saved: step_2, "
+            "step_3, step_4)",
+        ),
+        (
+            3,
+            "step_000003.pt: checkpoint step 3 is unusable (digest mismatch (corrupt or truncated)); probe another "
             "with --checkpoint step_N (saved: step_2, step_3, step_4) or --all-checkpoints, which skips unusable "
-            "ones"),  # fmt: skip
+            "ones",
+        ),
     ],
 )
 def test_probe_of_a_checkpoint_gone_or_corrupt_says_which_there_are(step, expected, run, capsys):
@@ -298,4 +324,6 @@ def test_probe_of_a_checkpoint_gone_or_corrupt_says_which_there_are(step, expect
     rd.checkpoint_path(3).write_bytes(rd.checkpoint_path(3).read_bytes()[:-10])  # cut short
     capsys.readouterr()
     assert cli.main(["probe", "--model", str(run), "--checkpoint", f"step_{step}", *PROBE]) == 2
-    assert stderr_lines(capsys) == [f"tokencredit probe: configuration error: {rd.checkpoints_dir}/{expected}"]
+    assert stderr_lines(capsys) == [
+        f"tokencredit probe: configuration error: {rd.checkpoints_dir}/{expected}"
+    ]

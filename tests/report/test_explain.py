@@ -124,8 +124,10 @@ METHODS = ["ktae", "delta", "strace", "arca", "uniform", "gspo", "entropy-80-20"
 def offline():
     batch = make_batch()
     seq = advantages.grpo(batch.scores, batch.group_ids)
-    tokens = [[f"<t{int(x)}>" if j % 4 else f"w{int(x)} " for j, x in enumerate(row[m])] for row, m in
-              zip(batch.token_ids, batch.mask)]  # fmt: skip
+    tokens = [
+        [f"<t{int(x)}>" if j % 4 else f"w{int(x)} " for j, x in enumerate(row[m])]
+        for row, m in zip(batch.token_ids, batch.mask)
+    ]
     tokens[0][1] = "<script>alert(1)</script>"
     tokens[0][2] = "\n"
     specs = resolve_methods(METHODS)
@@ -288,8 +290,10 @@ def test_jsonl_group_ids_and_run_schema_lines(tmp_path):
     assert (
         b.token_ids.tolist() == [[5, 6]] and b.entropy.tolist() == [[0.5, 0.25]] and b.old_log_probs is None
     )
-    f.write_text('{"prompt": "p", "completions": ["a"], "rewards": [1]}\n{"group": 0, "prompt": "q", '
-                 '"completions": ["b"], "rewards": [1]}\n')  # fmt: skip
+    f.write_text(
+        '{"prompt": "p", "completions": ["a"], "rewards": [1]}\n{"group": 0, "prompt": "q", '
+        '"completions": ["b"], "rewards": [1]}\n'
+    )
     with pytest.raises(DataError, match="repeats"):
         load_jsonl(f)
 
@@ -301,10 +305,17 @@ def tiny_model_dir(tmp_path_factory):
 
     tok = build_toy_tokenizer()
     model = build_toy_model(
-        {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-         "num_key_value_heads": 2, "head_dim": 16},
-        seed=0, tokenizer=tok,
-    )  # fmt: skip
+        {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+        },
+        seed=0,
+        tokenizer=tok,
+    )
     d = tmp_path_factory.mktemp("tiny") / "model"
     model.save_pretrained(d)
     tok.save_pretrained(d)
@@ -322,10 +333,17 @@ def test_cli_jsonl_recomputes_signals_with_the_model(tmp_path, tiny_model_dir):
 
     f = tmp_path / "in.jsonl"
     f.write_text(
-        json.dumps({"problem": "What is 12+30?", "completions": ["12+30=42 \\boxed{42}", "\\boxed{41}", "4"],
-                    "rewards": [1.0, 0.0, 0.0]}) + "\n"
-        + json.dumps({"prompt": "Say hi.\n", "completions": ["hi", "ho"], "rewards": [1.0, 0.0]}) + "\n"
-    )  # fmt: skip
+        json.dumps(
+            {
+                "problem": "What is 12+30?",
+                "completions": ["12+30=42 \\boxed{42}", "\\boxed{41}", "4"],
+                "rewards": [1.0, 0.0, 0.0],
+            }
+        )
+        + "\n"
+        + json.dumps({"prompt": "Say hi.\n", "completions": ["hi", "ho"], "rewards": [1.0, 0.0]})
+        + "\n"
+    )
     out = tmp_path / "report.html"
     assert (
         _explain(
@@ -380,20 +398,44 @@ def _write_run(
             for k in range(4):
                 n = int(torch.randint(2, 9, (1,), generator=gen))
                 ids = torch.randint(4, 60, (n,), generator=gen).tolist()
-                comps.append({
-                    "text": "x" * n, "token_ids": ids, "tokens": [chr(i + 29) for i in ids],
-                    "score": float(k % 2 == 0 or gid == 2), "correct": k % 2 == 0, "advantage": 0.0,
-                    "token_advantages": [0.0] * n,
-                    "entropy": [round(float(x), 5) for x in torch.rand(n, generator=gen) * 3],
-                    "old_log_probs": [round(float(x), 5) for x in -torch.rand(n, generator=gen) * 4],
-                    "truncated": False,
-                    **({"mc_advantages": [round(float(x), 6) for x in torch.randn(n, generator=gen)],
-                        "mc_step_advantages": [round(float(x), 6) for x in torch.randn(n, generator=gen)]}
-                       if mc else {}),
-                })  # fmt: skip
-            lines.append(json.dumps({"step": step, "recipe": "strace", "credit": "uniform", "group": gid * 10,
-                                     "id": f"p{gid}", "problem": f"Compute {gid} + {step}.", "answer": str(gid + step),
-                                     "completions": comps}))  # fmt: skip
+                comps.append(
+                    {
+                        "text": "x" * n,
+                        "token_ids": ids,
+                        "tokens": [chr(i + 29) for i in ids],
+                        "score": float(k % 2 == 0 or gid == 2),
+                        "correct": k % 2 == 0,
+                        "advantage": 0.0,
+                        "token_advantages": [0.0] * n,
+                        "entropy": [round(float(x), 5) for x in torch.rand(n, generator=gen) * 3],
+                        "old_log_probs": [round(float(x), 5) for x in -torch.rand(n, generator=gen) * 4],
+                        "truncated": False,
+                        **(
+                            {
+                                "mc_advantages": [round(float(x), 6) for x in torch.randn(n, generator=gen)],
+                                "mc_step_advantages": [
+                                    round(float(x), 6) for x in torch.randn(n, generator=gen)
+                                ],
+                            }
+                            if mc
+                            else {}
+                        ),
+                    }
+                )
+            lines.append(
+                json.dumps(
+                    {
+                        "step": step,
+                        "recipe": "strace",
+                        "credit": "uniform",
+                        "group": gid * 10,
+                        "id": f"p{gid}",
+                        "problem": f"Compute {gid} + {step}.",
+                        "answer": str(gid + step),
+                        "completions": comps,
+                    }
+                )
+            )
         (run / "rollouts" / f"step_{step:06d}.jsonl").write_text("\n".join(lines) + "\n")
     if model_dir is not None:
         shutil.copytree(model_dir, run / "final")
@@ -503,9 +545,16 @@ def test_cli_jsonl_samples_the_oracles_values_with_the_model(tmp_path, tiny_mode
     # unrewarded one's to -V0 <= 0; the random tiny model almost never answers right, so V0 is near 0
     f = tmp_path / "in.jsonl"
     f.write_text(
-        json.dumps({"problem": "What is 12+30?", "answer": "42",
-                    "completions": ["12+30=42 \\boxed{42}", "\\boxed{41}"], "rewards": [1.0, 0.0]}) + "\n"
-    )  # fmt: skip
+        json.dumps(
+            {
+                "problem": "What is 12+30?",
+                "answer": "42",
+                "completions": ["12+30=42 \\boxed{42}", "\\boxed{41}"],
+                "rewards": [1.0, 0.0],
+            }
+        )
+        + "\n"
+    )
     out = tmp_path / "o.html"
     assert _explain("--jsonl", f, "--model", tiny_model_dir, "--methods", "oracle", "--out", out) == 0
     text = out.read_text()
@@ -547,10 +596,21 @@ def test_screenshot_with_headless_chromium(tmp_path, offline):
     page.write_text(offline[5])
     png = tmp_path / "shot.png"
     subprocess.run(
-        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--hide-scrollbars", "--window-size=1440,900", f"--screenshot={png}", page.as_uri()],
-        capture_output=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            exe,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--hide-scrollbars",
+            "--window-size=1440,900",
+            f"--screenshot={png}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert png.is_file(), "Chromium wrote no screenshot"
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
@@ -573,8 +633,21 @@ def test_cli_png_draws_each_methods_credit_of_the_first_group(tmp_path, tiny_mod
         + "\n"
     )
     png = tmp_path / "credit.png"
-    assert _explain("--jsonl", f, "--model", tiny_model_dir, "--methods", "ktae,uniform", "--out", tmp_path / "r.html",
-                    "--png", png) == 0  # fmt: skip
+    assert (
+        _explain(
+            "--jsonl",
+            f,
+            "--model",
+            tiny_model_dir,
+            "--methods",
+            "ktae,uniform",
+            "--out",
+            tmp_path / "r.html",
+            "--png",
+            png,
+        )
+        == 0
+    )
     img = Image.open(png).convert("RGB")
     # 1 group x 2 responses x 2 methods: coloured token boxes, some red (the wrong answer) and some blue
     pixels = list(img.getdata())
@@ -605,8 +678,15 @@ def test_bidi_controls_are_shown_visibly_and_never_written_raw(offline):
 def test_cut_completion_cuts_every_per_token_list():
     from tokencredit.report.explain.inputs import CompletionInput, cut_completion
 
-    c = CompletionInput(text="abcd", score=1.0, token_ids=[1, 2, 3, 4], entropy=[0.1, 0.2, 0.3, 0.4],
-                        old_log_probs=[-1.0] * 4, tokens=list("abcd"), token_advantages=[1.0, 2.0, 3.0, 4.0])  # fmt: skip
+    c = CompletionInput(
+        text="abcd",
+        score=1.0,
+        token_ids=[1, 2, 3, 4],
+        entropy=[0.1, 0.2, 0.3, 0.4],
+        old_log_probs=[-1.0] * 4,
+        tokens=list("abcd"),
+        token_advantages=[1.0, 2.0, 3.0, 4.0],
+    )
     assert cut_completion(c, 9) == 4 and not c.truncated and c.full_length is None
     assert cut_completion(c, 2) == 4
     assert c.token_ids == [1, 2] and c.entropy == [0.1, 0.2] and c.old_log_probs == [-1.0, -1.0]
@@ -643,12 +723,22 @@ def test_page_size_estimate_is_close_to_the_page(tmp_path, tiny_model_dir):
     from tokencredit.report.explain.pipeline import estimate_page_bytes
 
     f = tmp_path / "in.jsonl"
-    lines = [{"problem": f"What is {k}+1?", "completions": ["1234 + 5678 = 6912\n" * 3] * 4, "rewards": [1, 0, 1, 0]}
-             for k in range(6)]  # fmt: skip
+    lines = [
+        {
+            "problem": f"What is {k}+1?",
+            "completions": ["1234 + 5678 = 6912\n" * 3] * 4,
+            "rewards": [1, 0, 1, 0],
+        }
+        for k in range(6)
+    ]
     f.write_text("".join(json.dumps(x) + "\n" for x in lines))
     said: list[str] = []
-    result = write_report(ExplainOptions(jsonl=f, model=tiny_model_dir, methods="ktae,delta,uniform", groups=6,
-                                         out=tmp_path / "p.html"), warn=said.append)  # fmt: skip
+    result = write_report(
+        ExplainOptions(
+            jsonl=f, model=tiny_model_dir, methods="ktae,delta,uniform", groups=6, out=tmp_path / "p.html"
+        ),
+        warn=said.append,
+    )
     assert said == [] and result.warnings == []
     groups = load_jsonl(f)
     for g in groups:

@@ -137,16 +137,25 @@ def test_right_answer_through_a_wrong_step_is_flagged_and_counted(toy_tokenizer)
     tok = toy_tokenizer
     groups = [
         _group(0, PROBLEM, [RIGHT, SLIP, LUCKY], [1.0, 0.0, 1.0], tok),
-        _group(1, "Compute 9 + 4.", ["9 + 4 = 03\nThe answer is \\boxed{13}.", "9 + 4 = 13\nThe answer is \\boxed{13}."],
-               [1.0, 1.0], tok),
-    ]  # fmt: skip
+        _group(
+            1,
+            "Compute 9 + 4.",
+            ["9 + 4 = 03\nThe answer is \\boxed{13}.", "9 + 4 = 13\nThe answer is \\boxed{13}."],
+            [1.0, 1.0],
+            tok,
+        ),
+    ]
     html, _, shown = _page(groups, tok)
     page = Marks(html)
     flagged = {r for r, a in page.meta.items() if a.get("data-wrong-step") == "1"}
     assert flagged == {2, 3}  # the lucky one and "9 + 4 = 03" with 13 boxed; not the slip (wrong answer)
     assert [r.check.right_answer_wrong_step for g in shown for r in g.responses] == [
-        False, False, True, True, False,
-    ]  # fmt: skip
+        False,
+        False,
+        True,
+        True,
+        False,
+    ]
     assert page.checker is not None
     assert page.checker["data-wrong-steps"] == "2" and page.checker["data-checked"] == "5"
     assert html.count('class="badge rw"') == 2 + 1  # two badges and the header's legend
@@ -207,7 +216,9 @@ def test_select_groups_errors(kwargs, match):
 
 def test_a_kind_no_group_has_is_an_error_with_the_counts():
     groups = _kinds()[:2]
-    with pytest.raises(ConfigError, match=r"none of the 2 groups is all-right \(mixed 1, all-wrong 1, all-right 0\)"):
+    with pytest.raises(
+        ConfigError, match=r"none of the 2 groups is all-right \(mixed 1, all-wrong 1, all-right 0\)"
+    ):
         select_groups(groups, kind="all-right")
 
 
@@ -233,7 +244,11 @@ def _write_run(run: Path, tok) -> None:
     """A run directory holding only saved rollouts: group k (id 10k) of each kind, on the synthetic task."""
     texts_scores = [
         [(RIGHT, 1.0), (SLIP, 0.0), (LUCKY, 1.0)],  # index 0: mixed
-        [(SLIP, 0.0), (SLIP, 0.0), ("48 + 7 = 55\n55 - 3 = 51\nThe answer is \\boxed{51}.", 0.0)],  # 1: all-wrong
+        [
+            (SLIP, 0.0),
+            (SLIP, 0.0),
+            ("48 + 7 = 55\n55 - 3 = 51\nThe answer is \\boxed{51}.", 0.0),
+        ],  # 1: all-wrong
         [(RIGHT, 1.0), (LUCKY, 1.0), (RIGHT, 1.0)],  # 2: all-right
         [(SLIP, 0.0), (RIGHT, 1.0), (RIGHT, 1.0)],  # 3: mixed
     ]
@@ -273,8 +288,12 @@ def test_cli_selects_marks_and_draws(tmp_path, toy_tokenizer, capsys):
     assert page.groups == [30, 10] and "those at indices 3, 1 (--group-index)" in text
     assert "index 3" in text  # each group's header says its index
     # the shown rows are batch rows 9..11 (index 3) and 3..5 (index 1); the slips are marked at their "45"
-    assert page.fw == {("uniform", 9, FIRST_WRONG), ("uniform", 3, FIRST_WRONG), ("uniform", 4, FIRST_WRONG),
-                       ("uniform", 5, len("48 + 7 = 55\n55 - 3 = 5"))}  # fmt: skip
+    assert page.fw == {
+        ("uniform", 9, FIRST_WRONG),
+        ("uniform", 3, FIRST_WRONG),
+        ("uniform", 4, FIRST_WRONG),
+        ("uniform", 5, len("48 + 7 = 55\n55 - 3 = 5")),
+    }
     assert page.checker is not None and page.checker["data-wrong-steps"] == "0"
     # the picture boxes the first wrong token in orange (absent from the blue/white/red credit scale)
     assert _has_orange(Image.open(png))

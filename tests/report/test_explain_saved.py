@@ -60,7 +60,17 @@ def test_saved_is_explains_column_and_probe_rejects_it():
 
 
 def test_probe_cli_rejects_saved(tiny_model_dir, tmp_path, capsys):
-    argv = ["probe", "--model", tiny_model_dir, "--groups", "1", "--group-size", "2", "--methods", "saved,grpo"]  # fmt: skip
+    argv = [
+        "probe",
+        "--model",
+        tiny_model_dir,
+        "--groups",
+        "1",
+        "--group-size",
+        "2",
+        "--methods",
+        "saved,grpo",
+    ]
     assert cli.main(argv + ["--out", str(tmp_path / "p.json")]) == 2
     assert "'saved' is explain's column" in capsys.readouterr().err
     assert not (tmp_path / "p.json").exists()
@@ -68,8 +78,12 @@ def test_probe_cli_rejects_saved(tiny_model_dir, tmp_path, capsys):
 
 def test_a_shown_row_without_saved_credit_is_skipped_with_a_note():
     mask = torch.tensor([[True, True, False], [True, True, True]])
-    batch = RolloutBatch(token_ids=torch.ones(2, 3, dtype=torch.int64), mask=mask,
-                         group_ids=torch.tensor([0, 0]), scores=torch.tensor([1.0, 0.0]))  # fmt: skip
+    batch = RolloutBatch(
+        token_ids=torch.ones(2, 3, dtype=torch.int64),
+        mask=mask,
+        group_ids=torch.tensor([0, 0]),
+        scores=torch.tensor([1.0, 0.0]),
+    )
     seq = advantages.grpo(batch.scores, batch.group_ids)
     groups = make_groups(batch, [["a", "b"], ["c", "d", "e"]], seq)
     hat = torch.tensor([[0.5, -1.0, 0.0], [0.25, 2.0, -3.0]])
@@ -94,20 +108,36 @@ def _write_rollouts(path: Path, model_dir: str, *, missing: bool = False) -> Non
     gen = torch.Generator().manual_seed(3)
     lines = []
     for g, (problem, texts, rewards) in enumerate(
-        [("What is 12+30?", ["12+30=42 \\boxed{42}", "\\boxed{41}"], [1.0, 0.0]), ("Say 7.", ["7", "six"], [1.0, 0.0])]
+        [
+            ("What is 12+30?", ["12+30=42 \\boxed{42}", "\\boxed{41}"], [1.0, 0.0]),
+            ("Say 7.", ["7", "six"], [1.0, 0.0]),
+        ]
     ):
         comps = []
         for text, r in zip(texts, rewards):
             ids = tok(text, add_special_tokens=False)["input_ids"]
             hat = torch.randn(len(ids), generator=gen)
-            comps.append(records.completion_record(
-                text=text, token_ids=ids, score=r, advantage=r - 0.5, token_advantages=hat,
-            ))  # fmt: skip
+            comps.append(
+                records.completion_record(
+                    text=text,
+                    token_ids=ids,
+                    score=r,
+                    advantage=r - 0.5,
+                    token_advantages=hat,
+                )
+            )
         if missing and g == 1:
             del comps[1]["token_advantages"]
-        lines.append(records.group_record(
-            step=3, recipe="grpo+ktae", credit="ktae", group=g, completions=comps, problem=problem,
-        ))  # fmt: skip
+        lines.append(
+            records.group_record(
+                step=3,
+                recipe="grpo+ktae",
+                credit="ktae",
+                group=g,
+                completions=comps,
+                problem=problem,
+            )
+        )
     path.write_text(records.jsonl_text(lines))
 
 
@@ -123,7 +153,12 @@ def test_jsonl_saved_column_shows_the_files_numbers(tmp_path, tiny_model_dir, mo
     real_draw = explain_pipeline.draw_png
     monkeypatch.setattr(explain_pipeline, "draw_png", draw)
     out, png = tmp_path / "r.html", tmp_path / "r.png"
-    assert _explain("--jsonl", f, "--model", tiny_model_dir, "--methods", "saved,grpo", "--out", out, "--png", png) == 0
+    assert (
+        _explain(
+            "--jsonl", f, "--model", tiny_model_dir, "--methods", "saved,grpo", "--out", out, "--png", png
+        )
+        == 0
+    )
     text = out.read_text()
     page = Page(text)
     hats = _file_hats(f)
@@ -140,7 +175,9 @@ def test_jsonl_saved_column_shows_the_files_numbers(tmp_path, tiny_model_dir, mo
     assert ("saved", "grpo") in page.corr
     # the PNG draws the same numbers on a line labelled "saved" per response
     assert png.is_file() and len(drawn) == 1
-    lines = [toks for g in drawn[0].groups[:1] for label, toks in _lines(g, drawn[0].methods) if label == "saved"]
+    lines = [
+        toks for g in drawn[0].groups[:1] for label, toks in _lines(g, drawn[0].methods) if label == "saved"
+    ]
     assert [[v for _, v, _ in toks] for toks in lines] == [pytest.approx(hats[r], abs=1e-6) for r in (0, 1)]
 
 
@@ -151,11 +188,27 @@ def test_saved_without_token_advantages_is_an_error_naming_the_group(tmp_path, t
     opts = ExplainOptions(jsonl=f, model=tmp_path / "no-model", methods="grpo,saved", out=tmp_path / "x.html")
     with pytest.raises(ConfigError, match=rf"{f}:2 \(group 1\): completions\[1\] has no token_advantages"):
         write_report(opts)
-    assert _explain("--jsonl", f, "--model", tiny_model_dir, "--methods", "saved", "--out", tmp_path / "x.html") == 2
+    assert (
+        _explain("--jsonl", f, "--model", tiny_model_dir, "--methods", "saved", "--out", tmp_path / "x.html")
+        == 2
+    )
     assert "has no token_advantages" in capsys.readouterr().err
     # only the shown groups need it: group 0 alone is explained
-    assert _explain("--jsonl", f, "--model", tiny_model_dir, "--methods", "saved,grpo", "--group-index", "0",
-                    "--out", tmp_path / "g0.html") == 0  # fmt: skip
+    assert (
+        _explain(
+            "--jsonl",
+            f,
+            "--model",
+            tiny_model_dir,
+            "--methods",
+            "saved,grpo",
+            "--group-index",
+            "0",
+            "--out",
+            tmp_path / "g0.html",
+        )
+        == 0
+    )
     assert set(_page_rows(Page((tmp_path / "g0.html").read_text()), "saved")) == {0, 1}
     # a short-form line (texts and rewards) has no Â at all
     f.write_text(json.dumps({"prompt": "p", "completions": ["a", "b"], "rewards": [1, 0]}) + "\n")
@@ -164,7 +217,9 @@ def test_saved_without_token_advantages_is_an_error_naming_the_group(tmp_path, t
 
 
 # ------------------------------------------------------------------------------------------ a real run, round trip
-RECIPE = "grpo+ktae"  # per-token (its column is Â itself) and read from the token ids only: nothing recomputed
+RECIPE = (
+    "grpo+ktae"  # per-token (its column is Â itself) and read from the token ids only: nothing recomputed
+)
 
 
 @pytest.fixture(scope="module")
@@ -175,10 +230,18 @@ def trained_run(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -
     (root / "_parity_reward.py").write_text(
         "def odd_length(completions, golds, **_):\n    return [float(len(c) % 2) for c in completions]\n"
     )
-    sets = _micro_sets(tiny_model_dir, steps=2, **{"eval.save_groups": 2, "reward.function": "_parity_reward:odd_length"})
+    sets = _micro_sets(
+        tiny_model_dir, steps=2, **{"eval.save_groups": 2, "reward.function": "_parity_reward:odd_length"}
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(root))
-        assert cli.main(["train", "--recipe", RECIPE, "--out", str(root / "run")] + [a for s in sets for a in ("--set", s)]) == 0
+        assert (
+            cli.main(
+                ["train", "--recipe", RECIPE, "--out", str(root / "run")]
+                + [a for s in sets for a in ("--set", s)]
+            )
+            == 0
+        )
     return root / "run"
 
 

@@ -578,10 +578,26 @@ def test_probe_config_data_toy_hard_and_oracle_options(tmp_path):
     assert toy.synthetic and toy.oracle_delta == DEFAULT_DELTA
     flat = toy.record()  # the JSON "config": flat, as before the sampling was grouped
     assert list(flat) == [
-        "groups", "group_size", "seed", "difficulty", "digits", "operand_digits", "template", "temperature",
-        "max_new_tokens", "advantage", "advantage_params", "ks", "random_draws", "batch_size", "data", "oracle_k",
-        "oracle_delta", "bootstrap", "grad_batches",
-    ]  # fmt: skip
+        "groups",
+        "group_size",
+        "seed",
+        "difficulty",
+        "digits",
+        "operand_digits",
+        "template",
+        "temperature",
+        "max_new_tokens",
+        "advantage",
+        "advantage_params",
+        "ks",
+        "random_draws",
+        "batch_size",
+        "data",
+        "oracle_k",
+        "oracle_delta",
+        "bootstrap",
+        "grad_batches",
+    ]
     assert (flat["temperature"], flat["max_new_tokens"], flat["batch_size"]) == (1.0, 96, 8)
     hard = probe.probe_config(None, None, model="toy-hard", **kw)
     budget = TOY_VARIANTS["toy-hard"].max_new_tokens
@@ -730,9 +746,15 @@ def test_user_strings_are_escaped_in_the_markdown():
         "label": f"model {model}",
         "source": f"model directory {model}",
         "step": None,
-        "rollouts": {"rollouts": 4, "groups": 2, "accuracy": 0.5, "mixed_groups": 1, "mixed_rollouts": 2,
-                     "mean_length": 3.0},
-    }  # fmt: skip
+        "rollouts": {
+            "rollouts": 4,
+            "groups": 2,
+            "accuracy": 0.5,
+            "mixed_groups": 1,
+            "mixed_rollouts": 2,
+            "mean_length": 3.0,
+        },
+    }
     result = {
         "command": f"tokencredit probe --model {model} --data d_*x*.jsonl",
         "ks": [1],

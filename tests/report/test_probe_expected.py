@@ -49,9 +49,9 @@ def test_undefined_below_two_batches_or_without_a_shared_direction():
     assert ex.signal_share(opposite) == pytest.approx(-1.0)  # reported: a share <= 0 says "noise only"
     assert ex.signal_share([[0.0, 0.0], [0.0, 0.0]]) is None
     # not clamped: an estimate past 1 stays visible (with its SE it says "cannot tell apart")
-    assert ex.cross_batch_cosine([[1.0, 2.0], [2.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]], [[0.0, 2.0], [2.0, 0.0]]) == (
-        pytest.approx(4 / math.sqrt(8))
-    )
+    assert ex.cross_batch_cosine(
+        [[1.0, 2.0], [2.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]], [[0.0, 2.0], [2.0, 0.0]]
+    ) == (pytest.approx(4 / math.sqrt(8)))
 
 
 def test_jackknife_by_hand():
@@ -81,7 +81,9 @@ def test_expected_gradients_structure_and_headroom():
     def grams(vs):
         return {"self": _gram(vs, vs), **{r: _gram(vs, w) for r, w in refs.items()}}
 
-    out = ex.expected_gradients({r: grams(v) for r, v in refs.items()}, {n: grams(v) for n, v in creds.items()})
+    out = ex.expected_gradients(
+        {r: grams(v) for r, v in refs.items()}, {n: grams(v) for n, v in creds.items()}
+    )
     assert out["batches"] == b and set(out["credits"]) == {"same", "neg"}
     assert out["grams"]["credits"]["neg"]["self"] == _gram(creds["neg"], creds["neg"])  # the inputs, kept
     assert out["credits"]["same"]["cos_oracle"]["mean"] == pytest.approx(1.0)

@@ -112,8 +112,9 @@ def test_cosines_self_negation_scaling_and_reuse(model, layout):
     # per batch: 2 references + negated, doubled, other; "same" reuses the oracle's, "zero" needs no pass
     assert passes == 2 * 5
     # a batch's cosine is that batch's gradient's: the explicit gradients of batch 1 give the same number
-    rows = PromptResponseLayout(*(t[3:] for t in (layout.prompt_ids, layout.prompt_mask, layout.response_ids,
-                                                  layout.response_mask)))  # fmt: skip
+    rows = PromptResponseLayout(
+        *(t[3:] for t in (layout.prompt_ids, layout.prompt_mask, layout.response_ids, layout.response_mask))
+    )
     g_other, g_star = (probe.policy_gradient(model, rows, x[3:], params) for x in (credits["other"], star))
     assert c["other"]["oracle"][1] == pytest.approx(probe.cosine(g_other, g_star), abs=1e-6)
 
@@ -157,8 +158,22 @@ def test_probe_config_grad_batches():
         probe.probe_config(None, None, grad_batches=1, **kw)
 
 
-TOY = ["--model", "toy", "--groups", "4", "--group-size", "4", "--random-draws", "2", "--threads", "1",
-       "--methods", "grpo,gspo,surprisal,arca", "--oracle", "2"]  # fmt: skip
+TOY = [
+    "--model",
+    "toy",
+    "--groups",
+    "4",
+    "--group-size",
+    "4",
+    "--random-draws",
+    "2",
+    "--threads",
+    "1",
+    "--methods",
+    "grpo,gspo,surprisal,arca",
+    "--oracle",
+    "2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -199,14 +214,22 @@ def test_cli_gradient_columns_and_headroom(toy_runs):
     lines = md.split("### Credit fidelity")[1].splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("|"))
     table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[first:]))  # the fidelity table
-    assert table[0].endswith("| cos(g, g*) | corrected | cos(g, g_GRPO) |")  # K = 2 is even: the noise ceiling
+    assert table[0].endswith(
+        "| cos(g, g*) | corrected | cos(g, g_GRPO) |"
+    )  # K = 2 is even: the noise ceiling
     assert all(line.count("|") == 3 + 6 + 3 for line in table if not line.startswith("|---"))
     assert table[-1].startswith("| *Monte-Carlo oracle (K=2)* | cost: ") and table[-1].endswith(
         f"| 1.000 ± 0.000 | – | {star['cos_grpo']['mean']:.3f} ± {star['cos_grpo']['se']:.3f} |"
     )
     s = sec["methods"]["surprisal"]
-    assert f"| {s['grad_cos_oracle']:.3f} ± {s['grad_cos_oracle_se']:.3f} | {s['grad_cos_oracle_corrected']:.3f} ± " in md
-    assert f"**Headroom index 1 - cos(g_GRPO, g*) = {head['mean']:.3f} ± {head['se']:.3f}** (noise-corrected " in md
+    assert (
+        f"| {s['grad_cos_oracle']:.3f} ± {s['grad_cos_oracle_se']:.3f} | {s['grad_cos_oracle_corrected']:.3f} ± "
+        in md
+    )
+    assert (
+        f"**Headroom index 1 - cos(g_GRPO, g*) = {head['mean']:.3f} ± {head['se']:.3f}** (noise-corrected "
+        in md
+    )
     assert "at ratio 1" in md and f"{grads['backward_passes']} backward passes" in md
     # the expected gradients of two batches: estimates, no jackknife SE (below 3 batches), and their table
     e = grads["expected"]
@@ -227,7 +250,9 @@ def test_cli_grad_batches_0_turns_it_off(toy_runs):
     def cells(md):  # the fidelity table: the first block of table lines after its heading
         lines = md.split("### Credit fidelity")[1].splitlines()
         first = next(i for i, line in enumerate(lines) if line.startswith("|"))
-        return [line.split("|")[1:-1] for line in itertools.takewhile(lambda x: x.startswith("|"), lines[first:])]
+        return [
+            line.split("|")[1:-1] for line in itertools.takewhile(lambda x: x.startswith("|"), lines[first:])
+        ]
 
     table_on, table_off = cells(md_on), cells(md_off)
     assert len(table_on) == len(table_off) > 4
@@ -239,7 +264,11 @@ def test_cli_grad_batches_0_turns_it_off(toy_runs):
 def test_spearman_brown_and_disattenuation():
     assert probe.spearman_brown(0.5) == pytest.approx(2 / 3) and probe.spearman_brown(1.0) == 1.0
     assert probe.spearman_brown(0.2) == pytest.approx(0.4 / 1.2)
-    assert [probe.spearman_brown(r) for r in (0.0, -0.3, None)] == [None, None, None]  # undefined, not divided
+    assert [probe.spearman_brown(r) for r in (0.0, -0.3, None)] == [
+        None,
+        None,
+        None,
+    ]  # undefined, not divided
     assert probe.disattenuated(0.6, 0.64) == (pytest.approx(0.75), False)
     assert probe.disattenuated(0.9, 0.64) == (1.0, True) and probe.disattenuated(-0.9, 0.64) == (-1.0, True)
     assert probe.disattenuated(None, 0.5) == (None, False) and probe.disattenuated(0.5, None) == (None, False)
@@ -259,18 +288,32 @@ def test_noise_ceiling_per_batch_and_where_it_is_undefined():
     mean, se = probe.mean_and_stderr(want)
     assert (c["credits"]["m"]["mean"], c["credits"]["m"]["se"]) == (pytest.approx(mean), pytest.approx(se))
     head = c["headroom_corrected"]
-    assert head["per_batch"] == pytest.approx([1 - 0.6 / math.sqrt(r_k[0]), None, None, 1 - 0.7 / math.sqrt(r_k[1])])
+    assert head["per_batch"] == pytest.approx(
+        [1 - 0.6 / math.sqrt(r_k[0]), None, None, 1 - 0.7 / math.sqrt(r_k[1])]
+    )
     assert head["mean"] == pytest.approx(probe.mean_and_stderr(head["per_batch"])[0]) and head["capped"] == 0
     none = probe.noise_ceiling([0.0, -0.1], {"m": [0.4, 0.3]}, [0.5, 0.5])
     assert none["reliability"]["status"] == "undefined" and none["headroom_corrected"]["mean"] is None
     assert none["credits"]["m"] == {"mean": None, "se": None, "per_batch": [None, None], "capped": 0}
     # the Markdown says so instead of printing a number
-    grads = {"status": "ok", "parameters": "θ", "batches": 2, "groups_per_batch": [1, 1], "rollouts_per_batch": [2, 2],
-             "backward_passes": 8, "seconds": 0.1, "headroom": {"mean": 0.5, "se": 0.0},
-             "reliability": {**none["reliability"], "k_half": 2}, "headroom_corrected": none["headroom_corrected"],
-             "credits": {"m": {"cos_oracle_corrected": none["credits"]["m"]}}}  # fmt: skip
+    grads = {
+        "status": "ok",
+        "parameters": "θ",
+        "batches": 2,
+        "groups_per_batch": [1, 1],
+        "rollouts_per_batch": [2, 2],
+        "backward_passes": 8,
+        "seconds": 0.1,
+        "headroom": {"mean": 0.5, "se": 0.0},
+        "reliability": {**none["reliability"], "k_half": 2},
+        "headroom_corrected": none["headroom_corrected"],
+        "credits": {"m": {"cos_oracle_corrected": none["credits"]["m"]}},
+    }
     line = probe.gradient_line(grads)
-    assert "(noise-corrected n/a; split-half reliability of g* n/a, from cos(g*_a, g*_b) = -0.050 ± 0.050)" in line
+    assert (
+        "(noise-corrected n/a; split-half reliability of g* n/a, from cos(g*_a, g*_b) = -0.050 ± 0.050)"
+        in line
+    )
     assert "Undefined (null) on batch(es) 0, 1: split-half cosine <= 0" in line
 
 
@@ -279,18 +322,32 @@ def _ceiling_on(model, rows, t, n_batches, sigma, same_noise, seed=0):
     of `rows` random rows x t tokens: (its corrected and uncorrected cosines with g*, r_half), mean over batches."""
     g = torch.Generator().manual_seed(seed)
     n = rows * n_batches
-    lay = PromptResponseLayout(torch.randint(2, VOCAB, (n, P), generator=g), torch.ones(n, P, dtype=torch.bool),
-                               torch.randint(2, VOCAB, (n, t), generator=g), torch.ones(n, t, dtype=torch.bool))  # fmt: skip
+    lay = PromptResponseLayout(
+        torch.randint(2, VOCAB, (n, P), generator=g),
+        torch.ones(n, P, dtype=torch.bool),
+        torch.randint(2, VOCAB, (n, t), generator=g),
+        torch.ones(n, t, dtype=torch.bool),
+    )
     signal, noise_a, noise_b = (torch.randn(n, t, generator=g) for _ in range(3))
     a, b = signal + sigma * noise_a, signal + sigma * (noise_a if same_noise else noise_b)
     params, _ = probe.trainable_parameters(model)
     cos, _ = probe.gradient_cosines(
-        model, lay, {"signal": signal}, {"oracle": (a + b) / 2}, list(torch.arange(n).split(rows)), params,
-        micro_batch_size=rows, halves=(a, b),
-    )  # fmt: skip
+        model,
+        lay,
+        {"signal": signal},
+        {"oracle": (a + b) / 2},
+        list(torch.arange(n).split(rows)),
+        params,
+        micro_batch_size=rows,
+        halves=(a, b),
+    )
     raw = cos["credits"]["signal"]["oracle"]
     c = probe.noise_ceiling(cos["split_half"], {"signal": raw}, raw)
-    return c["credits"]["signal"]["mean"], probe.mean_and_stderr(raw)[0], c["reliability"]["split_half"]["mean"]
+    return (
+        c["credits"]["signal"]["mean"],
+        probe.mean_and_stderr(raw)[0],
+        c["reliability"]["split_half"]["mean"],
+    )
 
 
 def test_noise_ceiling_recovers_the_signal_and_not_when_the_halves_share_their_noise(model):
@@ -331,10 +388,18 @@ def _hand_oracle(k, half=None):
     adv = torch.where(mask, _credit(6) if half is None else half.mean(0), 0.0)
     zero = torch.zeros(N, T)
     credit = OracleCredit(
-        advantages=adv, stderr=zero, mask=mask, skipped=torch.zeros_like(mask), bound=zero,
-        values=torch.zeros(N, T + 1), value_stderr=torch.zeros(N, T + 1), known=torch.zeros(N, T + 1, dtype=torch.bool),
-        rewards=torch.zeros(N), cost=OracleCost(), half_advantages=half,
-    )  # fmt: skip
+        advantages=adv,
+        stderr=zero,
+        mask=mask,
+        skipped=torch.zeros_like(mask),
+        bound=zero,
+        values=torch.zeros(N, T + 1),
+        value_stderr=torch.zeros(N, T + 1),
+        known=torch.zeros(N, T + 1, dtype=torch.bool),
+        rewards=torch.zeros(N),
+        cost=OracleCost(),
+        half_advantages=half,
+    )
     groups = torch.tensor([0, 0, 1, 1, 2, 2])
     return probe.ProbeOracle(torch.arange(N), credit, torch.full((N,), -1), groups=groups)
 
@@ -359,27 +424,40 @@ def test_gradient_fidelity_split_half_columns_and_odd_k(model, layout):
         sub = _rows_layout(layout, rows)
         g_a, g_b = (probe.policy_gradient(model, sub, torch.where(mask, h, 0.0)[rows], params) for h in half)
         assert rel["split_half"]["per_batch"][i] == pytest.approx(probe.cosine(g_a, g_b), abs=1e-6)
-    assert rel["full_k"]["per_batch"] == pytest.approx([probe.spearman_brown(r) for r in rel["split_half"]["per_batch"]])
+    assert rel["full_k"]["per_batch"] == pytest.approx(
+        [probe.spearman_brown(r) for r in rel["split_half"]["per_batch"]]
+    )
     corrected = res["credits"]["m"]["cos_oracle_corrected"]
-    want = [probe.disattenuated(c, r)[0] for c, r in
-            zip(res["credits"]["m"]["cos_oracle"]["per_batch"], rel["full_k"]["per_batch"])]  # fmt: skip
+    want = [
+        probe.disattenuated(c, r)[0]
+        for c, r in zip(res["credits"]["m"]["cos_oracle"]["per_batch"], rel["full_k"]["per_batch"])
+    ]
     assert corrected["per_batch"] == pytest.approx(want)
     row = probe.with_gradient_columns({"methods": {"m": {}}}, res)["methods"]["m"]
-    assert row["grad_cos_oracle_corrected"] == corrected["mean"] and row["grad_cos_oracle_corrected_se"] == corrected["se"]
+    assert (
+        row["grad_cos_oracle_corrected"] == corrected["mean"]
+        and row["grad_cos_oracle_corrected_se"] == corrected["se"]
+    )
     # K odd: no ceiling, the reason instead, every other number the same
-    odd = probe.gradient_fidelity(model, layout, _hand_oracle(3, half), got, grpo, probe.ProbeConfig(oracle_k=3, grad_batches=3))
+    odd = probe.gradient_fidelity(
+        model, layout, _hand_oracle(3, half), got, grpo, probe.ProbeConfig(oracle_k=3, grad_batches=3)
+    )
     assert odd["reliability"] == {"status": "n/a", "reason": odd["reliability"]["reason"]}
     assert "K = 3 is odd" in odd["reliability"]["reason"] and "headroom_corrected" not in odd
     assert "cos_oracle_corrected" not in odd["credits"]["m"] and odd["headroom"] == res["headroom"]
     assert odd["credits"]["m"]["cos_oracle"] == res["credits"]["m"]["cos_oracle"]
-    assert "grad_cos_oracle_corrected" not in probe.with_gradient_columns({"methods": {"m": {}}}, odd)["methods"]["m"]
+    assert (
+        "grad_cos_oracle_corrected"
+        not in probe.with_gradient_columns({"methods": {"m": {}}}, odd)["methods"]["m"]
+    )
     assert "No noise correction: K = 3 is odd" in probe.gradient_line(odd)
     assert res["backward_passes"] == odd["backward_passes"] + 2 * 3  # two more passes per batch, no more
 
 
 def _rows_layout(layout, rows):
-    return PromptResponseLayout(*(t[rows] for t in (layout.prompt_ids, layout.prompt_mask, layout.response_ids,
-                                                     layout.response_mask)))  # fmt: skip
+    return PromptResponseLayout(
+        *(t[rows] for t in (layout.prompt_ids, layout.prompt_mask, layout.response_ids, layout.response_mask))
+    )
 
 
 def test_oracle_halves_on_a_toy_probe_leave_a_star_unchanged():
@@ -388,8 +466,17 @@ def test_oracle_halves_on_a_toy_probe_leave_a_star_unchanged():
     from tokencredit import models
 
     model, tok = models.load_model("toy")
-    kw = dict(groups=3, group_size=4, seed=0, max_new_tokens=None, random_draws=1, batch_size=64, ks="1",
-              model="toy", oracle=4)  # fmt: skip
+    kw = dict(
+        groups=3,
+        group_size=4,
+        seed=0,
+        max_new_tokens=None,
+        random_draws=1,
+        batch_size=64,
+        ks="1",
+        model="toy",
+        oracle=4,
+    )
     on, off = (probe.probe_config(None, None, grad_batches=b, **kw) for b in (2, 0))
     assert probe.split_halves(on) and not probe.split_halves(off)
     problems = probe.probe_problems(on)
@@ -398,7 +485,9 @@ def test_oracle_halves_on_a_toy_probe_leave_a_star_unchanged():
     every = torch.ones(len(rows), dtype=torch.bool)
     a, b = (probe.run_oracle(model, tok, ro, rows, probe.checker_reward, every, c) for c in (on, off))
     assert b.credit.half_advantages is None
-    assert torch.equal(a.credit.advantages, b.credit.advantages) and torch.equal(a.credit.stderr, b.credit.stderr)
+    assert torch.equal(a.credit.advantages, b.credit.advantages) and torch.equal(
+        a.credit.stderr, b.credit.stderr
+    )
     half = a.credit.half_advantages
     assert half.shape == (2, *a.credit.advantages.shape) and half.dtype == torch.float32
     torch.testing.assert_close(half.mean(0), a.credit.advantages, rtol=0, atol=1e-6)
@@ -413,15 +502,20 @@ def test_cli_noise_ceiling_keys(toy_runs):
     assert rel["status"] == "ok" and rel["k_half"] == 1  # --oracle 2: halves of one continuation each
     for part in ("split_half", "full_k"):
         assert set(rel[part]) == {"mean", "se", "per_batch"} and len(rel[part]["per_batch"]) == 2
-    assert rel["full_k"]["per_batch"] == pytest.approx([probe.spearman_brown(r) for r in rel["split_half"]["per_batch"]])
+    assert rel["full_k"]["per_batch"] == pytest.approx(
+        [probe.spearman_brown(r) for r in rel["split_half"]["per_batch"]]
+    )
     head = grads["headroom_corrected"]
     assert set(head) == {"mean", "se", "per_batch", "capped"} and len(head["per_batch"]) == 2
     for name, row in data["points"][0]["oracle"]["methods"].items():
         if name in grads["credits"]:
             c = grads["credits"][name]["cos_oracle_corrected"]
-            assert row["grad_cos_oracle_corrected"] == c["mean"] and row["grad_cos_oracle_corrected_se"] == c["se"]
+            assert (
+                row["grad_cos_oracle_corrected"] == c["mean"]
+                and row["grad_cos_oracle_corrected_se"] == c["se"]
+            )
             assert all(x is None or -1.0 <= x <= 1.0 for x in c["per_batch"])
-    assert "split-half reliability of g*" in md and "Noise-corrected (column \"corrected\")" in md
+    assert "split-half reliability of g*" in md and 'Noise-corrected (column "corrected")' in md
 
 
 # ------------------------------------------------------------------------ expected gradients (cross-batch)
@@ -431,7 +525,14 @@ def test_gradient_cosines_keeps_the_dot_products_of_every_pair_of_batches(model,
     batches = [torch.tensor([0, 1]), torch.tensor([2, 3]), torch.tensor([4, 5])]
     refs = {"oracle": star, "grpo": uniform}
     cos, passes = probe.gradient_cosines(
-        model, layout, {"other": other, "grpo": uniform}, refs, batches, params, micro_batch_size=N, grams=True
+        model,
+        layout,
+        {"other": other, "grpo": uniform},
+        refs,
+        batches,
+        params,
+        micro_batch_size=N,
+        grams=True,
     )
     plain, plain_passes = probe.gradient_cosines(
         model, layout, {"other": other, "grpo": uniform}, refs, batches, params, micro_batch_size=N
@@ -443,13 +544,19 @@ def test_gradient_cosines_keeps_the_dot_products_of_every_pair_of_batches(model,
     got = cos["grams"]["credits"]["other"]
     for i in range(3):
         for j in range(3):
-            assert got["self"][i][j] == pytest.approx(float(g_other[i].double() @ g_other[j].double()), rel=1e-5)
-            assert got["oracle"][i][j] == pytest.approx(float(g_other[i].double() @ g_star[j].double()), rel=1e-5)
+            assert got["self"][i][j] == pytest.approx(
+                float(g_other[i].double() @ g_other[j].double()), rel=1e-5
+            )
+            assert got["oracle"][i][j] == pytest.approx(
+                float(g_other[i].double() @ g_star[j].double()), rel=1e-5
+            )
     # a credit equal to a reference (GRPO's) keeps the reference's gradients: the same dot products
     assert cos["grams"]["credits"]["grpo"] == cos["grams"]["references"]["grpo"]
 
 
-def test_gradient_fidelity_reports_expected_gradients_and_n_a_over_the_memory_limit(model, layout, monkeypatch):
+def test_gradient_fidelity_reports_expected_gradients_and_n_a_over_the_memory_limit(
+    model, layout, monkeypatch
+):
     got = {"m": _method(_credit(9))}
     grpo = _method(torch.ones(N, T))
     cfg = probe.ProbeConfig(oracle_k=4, grad_batches=3)
@@ -457,7 +564,9 @@ def test_gradient_fidelity_reports_expected_gradients_and_n_a_over_the_memory_li
     e = res["expected"]
     assert e["status"] == "ok" and e["batches"] == 3 and set(e["credits"]) == {"m"}
     assert set(e["references"]) == {"oracle", "grpo"} and set(e["grams"]["credits"]) == {"m"}
-    star = e["references"]["oracle"]["cos_oracle"]["mean"]  # random credits: the batches may share no direction
+    star = e["references"]["oracle"]["cos_oracle"][
+        "mean"
+    ]  # random credits: the batches may share no direction
     assert star is None or star == pytest.approx(1.0)
     grams = e["grams"]["references"]["oracle"]
     assert grams["self"] == grams["oracle"] and len(grams["self"]) == 3  # A* with itself: one matrix

@@ -23,7 +23,11 @@ SMOLLM2 = [
     ("The final answer to this arithmetic problem is 11.", "11", "11"),
     ("The answer to the given arithmetic problem is 6.", "6", "6"),
     ("To solve this arithmetic problem, we need to add 1 to 6. 6 + 1 = 7. So, the answer is 7.", "7", "7"),
-    ("To solve this problem, we need to find the sum of 0 and 5.\n\nThe answer is 15.\n\nThe final answer is 15.", "15", "15"),
+    (
+        "To solve this problem, we need to find the sum of 0 and 5.\n\nThe answer is 15.\n\nThe final answer is 15.",
+        "15",
+        "15",
+    ),
     # an intermediate statement, then the final one: the last wins
     ("The answer is 3.\n\nLet me check: 4 - 1 = 3, then 3 + 2 = 5.\n\nThe final answer is 5", "5", "5"),
     ("First, the answer is 12.\nThen we add 9.\nAnswer: 21", "21", "21"),
@@ -50,7 +54,9 @@ SMOLLM2 = [
 ]
 
 
-@pytest.mark.parametrize("text, plain, lenient", SMOLLM2, ids=lambda x: repr(x)[:40] if isinstance(x, str) else None)
+@pytest.mark.parametrize(
+    "text, plain, lenient", SMOLLM2, ids=lambda x: repr(x)[:40] if isinstance(x, str) else None
+)
 def test_instruct_model_answers(text, plain, lenient):
     assert extract_answer(text) == plain
     assert extract_answer(text, allow_last_number=True) == lenient

@@ -98,8 +98,14 @@ def test_start_up_check_names_the_function_and_what_it_returned(user_module):
     }
     for name, what in cases.items():
         spec = f"{user_module}:{name}"
-        with pytest.raises(ConfigError, match=rf"reward\.function = '{spec}' failed its start-up check \(called "
-                           rf"on 2 completions of training problem 'p-1'\): .*{what}"), Reward(spec) as r:  # fmt: skip
+        with (
+            pytest.raises(
+                ConfigError,
+                match=rf"reward\.function = '{spec}' failed its start-up check \(called "
+                rf"on 2 completions of training problem 'p-1'\): .*{what}",
+            ),
+            Reward(spec) as r,
+        ):
             r.check(problem)
     # a good function passes, seeing the problem's gold (a list of golds: the first is boxed)
     Reward(f"{user_module}:boxed_gold").check(problem)
@@ -122,26 +128,54 @@ def test_start_up_check_names_the_function_and_what_it_returned(user_module):
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"a": 1.0, "b": 0.0}, r"returned \{'a': 1\.0, 'b': 0\.0\} \(dict\), expected a list of 2 floats \(a dict's keys"),
+        (
+            {"a": 1.0, "b": 0.0},
+            r"returned \{'a': 1\.0, 'b': 0\.0\} \(dict\), expected a list of 2 floats \(a dict's keys",
+        ),
         ({1.0: "x", 0.0: "y"}, r"\(dict\), expected a list of 2 floats"),  # numeric keys are refused too
         ("10", r"returned '10' \(str\), expected a list of 2 floats"),
         (None, r"returned None \(NoneType\), expected a list of 2 floats"),
         ((x for x in [1.0, 0.0]), r"\(generator\), expected a list of 2 floats"),
         ({1.0, 0.0}, r"\(set\), expected a list of 2 floats"),
         (iter([1.0, 0.0]), r"\(list_iterator\), expected a list of 2 floats"),
-        (["1.0", 0.0], r"returned '1\.0' \(str\) for completion 0 \(rollout 0\), expected a real number .*numeric one"),
-        ([0.0, True], r"returned True \(bool\) for completion 1 \(rollout 1\), expected a real number .*a bool is not"),
+        (
+            ["1.0", 0.0],
+            r"returned '1\.0' \(str\) for completion 0 \(rollout 0\), expected a real number .*numeric one",
+        ),
+        (
+            [0.0, True],
+            r"returned True \(bool\) for completion 1 \(rollout 1\), expected a real number .*a bool is not",
+        ),
         ([0.0, 1j], r"returned 1j \(complex\) for completion 1 \(rollout 1\), expected a real number"),
         ([[1.0], 0.0], r"returned \[1\.0\] \(list\) for completion 0 \(rollout 0\), expected a real number"),
         ([0.0, float("nan")], r"returned nan for completion 1 \(rollout 1\); rewards must be finite"),
         ([float("-inf"), 0.0], r"returned -inf for completion 0 \(rollout 0\); rewards must be finite"),
-        ([1e39, 0.0], r"returned 1e\+39 \(float\) for completion 0 \(rollout 0\): beyond 3\.40282e\+38, the largest float32"),
+        (
+            [1e39, 0.0],
+            r"returned 1e\+39 \(float\) for completion 0 \(rollout 0\): beyond 3\.40282e\+38, the largest float32",
+        ),
         ([0.0, -(10**400)], r"returned -1000.* \(int\) for completion 1 \(rollout 1\): beyond 3\.40282e\+38"),
         ([1.0, 2.0, 3.0], r"returned 3 values for 2 completions"),
     ],
-    ids=["dict", "dict-of-numbers", "str", "None", "generator", "set", "iterator", "numeric-str", "bool", "complex",
-         "nested", "nan", "inf", "1e39", "huge-int", "too-many"],
-)  # fmt: skip
+    ids=[
+        "dict",
+        "dict-of-numbers",
+        "str",
+        "None",
+        "generator",
+        "set",
+        "iterator",
+        "numeric-str",
+        "bool",
+        "complex",
+        "nested",
+        "nan",
+        "inf",
+        "1e39",
+        "huge-int",
+        "too-many",
+    ],
+)
 def test_check_rewards_refuses_what_is_not_one_real_number_per_completion(values, message):
     with pytest.raises(RewardError, match=r"^reward function m:f .*" + message):
         check_rewards(values, 2, "m:f")
@@ -224,7 +258,9 @@ def test_arguments_and_keywords_reach_the_function_as_they_are(worker_module):
     with Reward("worker_rewards_mod:echo_kwargs") as r:
         assert r.verify(["a", "b"], ["1", "2"], weight=0.5).scores == [0.5, 1.0]
         assert r.verify(["a"], ["1"]).scores == [-1.0]
-        with pytest.raises(RewardError, match=r"echo_kwargs: its arguments cannot be sent to its worker process"):
+        with pytest.raises(
+            RewardError, match=r"echo_kwargs: its arguments cannot be sent to its worker process"
+        ):
             r.verify(["a"], ["1"], weight=lambda: 1.0)
     with Reward("worker_rewards_mod:gold_types") as r:  # a list of golds stays a list (pickled, not JSON)
         assert r(["a", "b"], [["1", "one"], "2"]) == [3.0, 2.0]
@@ -233,16 +269,22 @@ def test_arguments_and_keywords_reach_the_function_as_they_are(worker_module):
 @pytest.mark.parametrize(
     ("how", "message"),
     [
-        ("exit", r"raised SystemExit\(0\) \(sys\.exit or exit\(\) in a reward; it cannot end training\) "
-                 r"\(at worker_rewards_mod\.py:\d+ in misbehaves\) when called on 2 completions \(rollouts 0-1\)$"),
+        (
+            "exit",
+            r"raised SystemExit\(0\) \(sys\.exit or exit\(\) in a reward; it cannot end training\) "
+            r"\(at worker_rewards_mod\.py:\d+ in misbehaves\) when called on 2 completions \(rollouts 0-1\)$",
+        ),
         ("exit-code", r"raised SystemExit\('bye'\)"),
         ("interrupt", r"raised KeyboardInterrupt \(at worker_rewards_mod\.py:\d+ in misbehaves\)"),
         ("input", r"raised EOFError"),  # stdin is not the protocol's: input() sees an empty stream
-        ("hard-exit", r"ended its worker process \(exit code 3\) when called on 2 completions \(rollouts 0-1\); "
-                      r"a reward must return its values, not exit$"),
+        (
+            "hard-exit",
+            r"ended its worker process \(exit code 3\) when called on 2 completions \(rollouts 0-1\); "
+            r"a reward must return its values, not exit$",
+        ),
         ("kill", r"ended its worker process \(killed by SIGKILL\)"),
     ],
-)  # fmt: skip
+)
 def test_nothing_the_function_does_ends_this_process(worker_module, how, message):
     with Reward("worker_rewards_mod:misbehaves") as r:
         with pytest.raises(RewardError, match=r"^reward function worker_rewards_mod:misbehaves " + message):
@@ -258,11 +300,20 @@ def test_nothing_the_function_does_ends_this_process(worker_module, how, message
 
 
 BROKEN_MODULES = {
-    "raises_at_import": ("raise RuntimeError('no GPU here')", r"cannot import module 'raises_at_import' \(RuntimeError: no GPU here\)"),
-    "exits_at_import": ("import sys; sys.exit(5)", r"cannot import module 'exits_at_import' \(SystemExit: 5\)"),
-    "hard_exit_at_import": ("import os; os._exit(4)", r"reward function hard_exit_at_import:f worker exited during start-up \(exit code 4\)"),
+    "raises_at_import": (
+        "raise RuntimeError('no GPU here')",
+        r"cannot import module 'raises_at_import' \(RuntimeError: no GPU here\)",
+    ),
+    "exits_at_import": (
+        "import sys; sys.exit(5)",
+        r"cannot import module 'exits_at_import' \(SystemExit: 5\)",
+    ),
+    "hard_exit_at_import": (
+        "import os; os._exit(4)",
+        r"reward function hard_exit_at_import:f worker exited during start-up \(exit code 4\)",
+    ),
     "not_callable": ("f = 3", r"reward function 'not_callable:f' is not callable"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN_MODULES))

@@ -34,11 +34,58 @@ TIMEOUT = 1.5  # the verifier's per-answer limit in these tests
 # Pieces that stress the extractor: boxes (closed, open, spaced), braces (escaped or not), answer
 # tags, GSM8K markers, blanks, huge and odd numbers, unicode digits / spaces / ligatures, NUL.
 PIECES = [
-    "\\boxed{", "\\boxed ", "\\fbox{", "{", "}", "\\{", "\\}", "\\", "$", "**", "####", "#### ", "\n", " ", "\t",
-    "<answer>", "</answer>", "<think>", "</think>", "\\frac{1}{2}", "^{", "9^9^9^9", "\\sqrt{", "\\left(", "\\right)",
-    "1e308", "-0", "0.50", "1,000", "9" * 300, "\\infty", "nan", "\\text{", "١٢٣", "²", "∞", "√", "\u3000", "\u00a0",
-    "ﬀ", "\x00", "\u202e", "😀", "answer", "The final answer is: ", "Answer:", " is ", " to ", "=", ". ", ", which",
-]  # fmt: skip
+    "\\boxed{",
+    "\\boxed ",
+    "\\fbox{",
+    "{",
+    "}",
+    "\\{",
+    "\\}",
+    "\\",
+    "$",
+    "**",
+    "####",
+    "#### ",
+    "\n",
+    " ",
+    "\t",
+    "<answer>",
+    "</answer>",
+    "<think>",
+    "</think>",
+    "\\frac{1}{2}",
+    "^{",
+    "9^9^9^9",
+    "\\sqrt{",
+    "\\left(",
+    "\\right)",
+    "1e308",
+    "-0",
+    "0.50",
+    "1,000",
+    "9" * 300,
+    "\\infty",
+    "nan",
+    "\\text{",
+    "١٢٣",
+    "²",
+    "∞",
+    "√",
+    "\u3000",
+    "\u00a0",
+    "ﬀ",
+    "\x00",
+    "\u202e",
+    "😀",
+    "answer",
+    "The final answer is: ",
+    "Answer:",
+    " is ",
+    " to ",
+    "=",
+    ". ",
+    ", which",
+]
 GOLDS = ["1", "0.5", "\\frac{1}{2}", "72", "(1,2)", "x^2+1", "10^{100}", "-3", "\\{1,2\\}"]
 
 
@@ -99,9 +146,15 @@ def test_extractor_never_raises_and_is_fast(data, marker):
 
 
 @settings(max_examples=200, deadline=None)
-@given(prefix=st.text(alphabet=st.characters(blacklist_characters="\\{}"), max_size=50),
-       inner=st.recursive(st.text(alphabet="0123456789+-x^ ", max_size=5), lambda s: s.map(lambda x: "{" + x + "}"), max_leaves=10),
-       suffix=st.text(alphabet=st.characters(blacklist_characters="\\{}"), max_size=50))  # fmt: skip
+@given(
+    prefix=st.text(alphabet=st.characters(blacklist_characters="\\{}"), max_size=50),
+    inner=st.recursive(
+        st.text(alphabet="0123456789+-x^ ", max_size=5),
+        lambda s: s.map(lambda x: "{" + x + "}"),
+        max_leaves=10,
+    ),
+    suffix=st.text(alphabet=st.characters(blacklist_characters="\\{}"), max_size=50),
+)
 def test_last_closed_box_is_found_exactly(prefix, inner, suffix):
     # balanced braces without backslashes: the box content comes back verbatim, whatever surrounds it
     assert last_boxed(f"{prefix}\\boxed{{{inner}}}{suffix}") == inner
@@ -110,9 +163,30 @@ def test_last_closed_box_is_found_exactly(prefix, inner, suffix):
 # The regexes the linear code replaced: the specification it must agree with.
 OLD_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 OLD_GSM8K = re.compile(r"^[ \t]*####[ \t]*(.+?)[ \t]*$", re.MULTILINE)
-OLD_THINK_ANSWER = re.compile(r"^\s*(?:<think>)?(?:(?!<think>).)*?</think>\s*<answer>(.+?)</answer>\s*$", re.DOTALL)
-SHORT = st.lists(st.sampled_from(["<answer>", "</answer>", "<think>", "</think>", "####", "#", " ", "\t", "\n", "\r", "a", "7", "\u3000", "\x0b"]),
-                 max_size=14).map("".join)  # fmt: skip
+OLD_THINK_ANSWER = re.compile(
+    r"^\s*(?:<think>)?(?:(?!<think>).)*?</think>\s*<answer>(.+?)</answer>\s*$", re.DOTALL
+)
+SHORT = st.lists(
+    st.sampled_from(
+        [
+            "<answer>",
+            "</answer>",
+            "<think>",
+            "</think>",
+            "####",
+            "#",
+            " ",
+            "\t",
+            "\n",
+            "\r",
+            "a",
+            "7",
+            "\u3000",
+            "\x0b",
+        ]
+    ),
+    max_size=14,
+).map("".join)
 
 
 @settings(max_examples=300, deadline=None)
@@ -190,9 +264,13 @@ def test_math_reward_never_raises_and_respects_the_limit(data, reward, marker):
 def test_payloads_reach_the_workers_and_execute_nothing(reward, marker):
     """Every payload, boxed and bare, goes through math-verify's parsers: still 0 and nothing created."""
     before = reward.verifier.stats["verified"]
-    texts = [p if p.startswith(("\\boxed", "<answer>", "####")) else f"\\boxed{{{p}}}" for p in payloads(marker)]
+    texts = [
+        p if p.startswith(("\\boxed", "<answer>", "####")) else f"\\boxed{{{p}}}" for p in payloads(marker)
+    ]
     # wrong answers; a boxed one gets the format bonus only
-    assert reward(texts, ["1"] * len(texts)) == [0.0 if t.startswith(("<answer>", "####")) else 0.1 for t in texts]
+    assert reward(texts, ["1"] * len(texts)) == [
+        0.0 if t.startswith(("<answer>", "####")) else 0.1 for t in texts
+    ]
     assert reward.verifier.stats["verified"] > before
     assert not marker.exists()
 

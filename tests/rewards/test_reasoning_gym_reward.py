@@ -23,7 +23,9 @@ from tokencredit.rewards import reasoning_gym as rgr
 
 def needs_gym(test):
     """Needs tokencredit[reasoning-gym]: skipped without it, run by `pytest -m extras`."""
-    skip = pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None, reason="needs tokencredit[reasoning-gym]")
+    skip = pytest.mark.skipif(
+        importlib.util.find_spec("reasoning_gym") is None, reason="needs tokencredit[reasoning-gym]"
+    )
     return pytest.mark.extras(skip(test))
 
 
@@ -56,7 +58,11 @@ def test_the_checker_judges_the_extracted_answer(verifier, problems):
     assert verifier.score(wrong, golds) == [0.0] * len(golds)
     # SmolLM2's own style: bold, a box, an equation, an intermediate statement before the final one
     g = golds[0]
-    styles = [f"So, the answer is **{g}**.", f"\\boxed{{{g}}}", f"The answer is {int(g) + 3}.\nAfter checking, Answer: {g}"]
+    styles = [
+        f"So, the answer is **{g}**.",
+        f"\\boxed{{{g}}}",
+        f"The answer is {int(g) + 3}.\nAfter checking, Answer: {g}",
+    ]
     assert verifier.score(styles, [g] * 3) == [1.0, 1.0, 1.0]
 
 
@@ -65,9 +71,14 @@ def test_no_answer_scores_zero_without_a_worker_and_the_cache(verifier, problems
     g = problems[1].answer
     before = dict(verifier.stats)
     assert verifier.score(["I do not know", ""], [g, g]) == [0.0, 0.0]
-    assert verifier.stats["verified"] == before["verified"] and verifier.stats["no_answer"] == before["no_answer"] + 2
+    assert (
+        verifier.stats["verified"] == before["verified"]
+        and verifier.stats["no_answer"] == before["no_answer"] + 2
+    )
     assert verifier.score([said(g)] * 8, [g] * 8) == [1.0] * 8
-    assert verifier.stats["verified"] <= before["verified"] + 1  # one job for the 8 identical answers (or a cache hit)
+    assert (
+        verifier.stats["verified"] <= before["verified"] + 1
+    )  # one job for the 8 identical answers (or a cache hit)
     assert verifier.score([said(g)], [g]) == [1.0]
     assert verifier.stats["cache_hits"] > before["cache_hits"]
 
@@ -76,14 +87,19 @@ def test_no_answer_scores_zero_without_a_worker_and_the_cache(verifier, problems
 def test_partial_credit_and_last_number(problems):
     g = problems[2].answer
     gold_len = len(str(g))
-    with ReasoningGymVerifier(timeout=TIMEOUT, num_workers=1, partial_credit=True, allow_last_number=True) as v:
+    with ReasoningGymVerifier(
+        timeout=TIMEOUT, num_workers=1, partial_credit=True, allow_last_number=True
+    ) as v:
         # chain_sum's checker: a wrong number that contains the gold gets len(gold) / len(answer)
         (s,) = v.score([said(f"9{g}")], [g])
         assert s == pytest.approx(gold_len / (gold_len + 1))
         assert v.score([f"12 + 9 = {g}"], [g]) == [1.0]  # the last number, allowed here
         assert v.checker_scores([str(g), None], [g, g]) == [1.0, 0.0]
     with ReasoningGymVerifier(timeout=TIMEOUT, num_workers=1) as v:
-        assert v.score([said(f"9{g}"), f"12 + 9 = {g}"], [g, g]) == [0.0, 0.0]  # full marks only; no last number
+        assert v.score([said(f"9{g}"), f"12 + 9 = {g}"], [g, g]) == [
+            0.0,
+            0.0,
+        ]  # full marks only; no last number
 
 
 @needs_gym
@@ -117,11 +133,15 @@ def test_reward_names_and_the_auto_reward(problems):
     with Reward("auto", timeout=TIMEOUT, num_workers=1) as r:
         assert isinstance(r.verifier, AutoVerifier)
         # one batch: a reasoning-gym problem by its checker, a math problem by math-verify
-        v = r.verify([said(gym), "\\boxed{\\frac{1}{2}}", said("999"), "\\boxed{0.4}"], [gym, "0.5", gym, "0.5"])
+        v = r.verify(
+            [said(gym), "\\boxed{\\frac{1}{2}}", said("999"), "\\boxed{0.4}"], [gym, "0.5", gym, "0.5"]
+        )
         assert v.scores == [1.0, 1.0, 0.0, 0.0] and v.timed_out == [False] * 4
         assert r.verifier.stats["answers"] == 4
-    for bad, msg in [("reasoning-gym?partial=true", "unknown option 'partial'.*partial_credit"),
-                     ("reasoning-gym?partial_credit=maybe", "expected true/false")]:  # fmt: skip
+    for bad, msg in [
+        ("reasoning-gym?partial=true", "unknown option 'partial'.*partial_credit"),
+        ("reasoning-gym?partial_credit=maybe", "expected true/false"),
+    ]:
         with pytest.raises(ConfigError, match=msg):
             Reward(bad)
 
@@ -130,7 +150,9 @@ def test_missing_package_names_the_extra(monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "reasoning_gym" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "reasoning_gym" else real(name, *a)
+    )
     with pytest.raises(ConfigError, match=r"pip install 'tokencredit\[reasoning-gym\]'"):
         Reward("reasoning-gym")
 
@@ -152,7 +174,10 @@ def test_run_config_records_the_reward_it_uses():
     assert cfg.data.train == SPEC and cfg.reward.function == "reasoning-gym"
     assert 'function = "reasoning-gym"' in dump_toml(cfg)
     assert load_config(sets=[f"data.train={SPEC}", "data.eval=math500"]).reward.function == "auto"
-    assert load_config(sets=[f"data.train={SPEC}", f"data.eval={SPEC}", "reward.function=math"]).reward.function == "math"
+    assert (
+        load_config(sets=[f"data.train={SPEC}", f"data.eval={SPEC}", "reward.function=math"]).reward.function
+        == "math"
+    )
 
 
 def test_worker_script_is_standalone():

@@ -63,7 +63,9 @@ def test_extraction_order():
     assert extract_answer("<think>x</think> <answer>42</answer>") == "42"
     assert extract_answer("so\n#### 1,234") == "1,234"
     assert extract_answer("I think it is 17") is None
-    assert extract_answer("the answer is 17") == "17"  # an answer statement (issue 30), before the last number
+    assert (
+        extract_answer("the answer is 17") == "17"
+    )  # an answer statement (issue 30), before the last number
     assert extract_answer("the answer is 17\n\\boxed{18}") == "18"  # an explicit box wins
     assert extract_answer("the answer is 17.", allow_last_number=True) == "17"
     assert extract_answer("The answer is **\\boxed{73}**") == "73"

@@ -89,8 +89,10 @@ def test_reward_passes_the_retry_option_and_reports_timeouts(sleepy_worker):
 
 def test_a_failed_self_check_is_a_clear_error(tmp_path, monkeypatch):
     script = tmp_path / "bad_worker.py"
-    script.write_text('import sys\nsys.stdout.write(\'{"ready": true, "self_check": false, "failed": "a vs b"}\\n\')\n'
-                      "sys.stdout.flush()\nsys.stdin.read()\n")  # fmt: skip
+    script.write_text(
+        'import sys\nsys.stdout.write(\'{"ready": true, "self_check": false, "failed": "a vs b"}\\n\')\n'
+        "sys.stdout.flush()\nsys.stdin.read()\n"
+    )
     monkeypatch.setattr(pool_mod, "_WORKER_SCRIPT", str(script))
     v = MathVerifier(timeout=1.0, num_workers=1)
     with pytest.raises(RuntimeError, match=r"failed its start-up self-check \(a vs b judged not equal\)"):
@@ -199,8 +201,11 @@ def test_every_verdict_right_while_every_core_is_busy():
             p.kill()
         for p in neighbours:
             p.wait()
-    print(f"{n} busy neighbours; {len(cases)} answers judged in {elapsed:.1f} s; workers ready after "
-          + ", ".join(f"{s:.1f}" for s in v.pool.ready_seconds) + " s")  # fmt: skip
+    print(
+        f"{n} busy neighbours; {len(cases)} answers judged in {elapsed:.1f} s; workers ready after "
+        + ", ".join(f"{s:.1f}" for s in v.pool.ready_seconds)
+        + " s"
+    )
     assert res.timed_out == [False] * len(cases)
     assert res.scores == [1.0] * len(EQUIVALENT) + [0.0] * len(WRONG)
     assert elapsed < 60

@@ -275,9 +275,17 @@ def test_same_tokens_as_model_generate_tiny_qwen3(tiny, kw, dtype, prompts):
         # Rows that share nothing (n = 1, no common beginning) take plain generate's path: exact too.
         exact = dtype == torch.float32 or kw["temperature"] == 0 or (n == 1 and prompts is PROMPTS)
         run = functools.partial(
-            generate, model, tok, prompts, n, max_new_tokens=12, seed=seed, eos_token_id=stops, batch_size=batch_size,
+            generate,
+            model,
+            tok,
+            prompts,
+            n,
+            max_new_tokens=12,
+            seed=seed,
+            eos_token_id=stops,
+            batch_size=batch_size,
             **kw,
-        )  # fmt: skip
+        )
         r, steps, ours = decoding_logits(model, run)
         # Rows with a common beginning, or in equal groups of a shared prompt, decode in our loop (the
         # cascade); the others (no sharing, or groups split across calls) in generate.
@@ -299,7 +307,9 @@ def test_same_tokens_as_model_generate_tiny_qwen3(tiny, kw, dtype, prompts):
                     break  # the hook's steps of later chunks follow; the first chunk suffices
                 for t, logits in enumerate(chunk_steps):
                     live = r.response_mask[rows, t]
-                    torch.testing.assert_close(logits[live], full[rows][live, p + t - 1], atol=8e-3, rtol=0)  # 2 ulps
+                    torch.testing.assert_close(
+                        logits[live], full[rows][live, p + t - 1], atol=8e-3, rtol=0
+                    )  # 2 ulps
         if kw["temperature"] > 0 and n > 1:
             # The comparison covers EOS and truncation: rows end at different lengths, some truncated.
             lengths = r.response_lengths
@@ -341,7 +351,12 @@ def test_lora_wrapped_model(tiny):
         LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
     ).eval()
     stops = frequent_stops(tok)
-    for temperature, prompts, n in ((1.0, TEMPLATED, 3), (0.0, TEMPLATED, 1), (1.0, PROMPTS, 3), (0.0, PROMPTS, 3)):
+    for temperature, prompts, n in (
+        (1.0, TEMPLATED, 3),
+        (0.0, TEMPLATED, 1),
+        (1.0, PROMPTS, 3),
+        (0.0, PROMPTS, 3),
+    ):
         ref = reference(model, tok, prompts, n, temperature=temperature, max_new_tokens=10, seed=2, eos=stops)
         r = generate(
             model, tok, prompts, n, temperature=temperature, max_new_tokens=10, seed=2, eos_token_id=stops

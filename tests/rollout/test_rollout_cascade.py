@@ -17,7 +17,7 @@ from tokencredit.rollout.cascade import (
     cascade_decoding,
     cascade_supported,
     shared_prefix_attention,
-)  # fmt: skip
+)
 from tokencredit.signals.prefix import common_prefix
 
 PROMPTS = ["Hi", "Hello", "A long prompt."]
@@ -36,7 +36,13 @@ def _case(u=3, g=4, h=4, hk=2, p=7, t=5, d=8, dtype=torch.float32, seed=0, commo
     the levels, where `prefill_common` puts it)."""
     gen = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=gen).to(dtype)  # noqa: E731
-    pk, pv, k, v, q = r(u, hk, p, d), r(u, hk, p, d), r(u * g, hk, t, d), r(u * g, hk, t, d), r(u * g, h, 1, d)
+    pk, pv, k, v, q = (
+        r(u, hk, p, d),
+        r(u, hk, p, d),
+        r(u * g, hk, t, d),
+        r(u * g, hk, t, d),
+        r(u * g, h, 1, d),
+    )
     prompt_mask = torch.ones(u, p, dtype=torch.bool)
     prompt_mask[0, :3] = False  # left padding of prompt 0
     prompt_mask[2, :1] = False
@@ -72,8 +78,10 @@ def test_same_attention_as_sdpa_over_repeated_rows(dtype, tol, h, hk, common):
     no_pad = torch.ones_like(mask)
     torch.testing.assert_close(
         shared_prefix_attention(q, layer, k, v, None, q.shape[-1] ** -0.5).float(),
-        _reference(q, levels, k, v, no_pad).float(), atol=tol, rtol=tol,
-    )  # fmt: skip
+        _reference(q, levels, k, v, no_pad).float(),
+        atol=tol,
+        rtol=tol,
+    )
     additive = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, float("-inf"))
     torch.testing.assert_close(shared_prefix_attention(q, layer, k, v, additive, q.shape[-1] ** -0.5), out)
 
@@ -110,7 +118,10 @@ def test_layer_counts_the_levels_and_flattens_to_plain_rows():
 def test_outside_a_cascade_it_is_sdpa_itself():
     q, levels, k, v, mask, _ = _case()
     pk, pv, _ = levels[0]
-    keys, values = torch.cat([pk.repeat_interleave(4, 0), k], 2), torch.cat([pv.repeat_interleave(4, 0), v], 2)
+    keys, values = (
+        torch.cat([pk.repeat_interleave(4, 0), k], 2),
+        torch.cat([pv.repeat_interleave(4, 0), v], 2),
+    )
     module = torch.nn.Module()
     module.layer_idx, module.num_key_value_groups = 0, 2
     got = _attention(module, q, keys, values, mask, scaling=0.3)[0]
@@ -207,8 +218,17 @@ def test_switched_off_keeps_repeated_rows(tiny):
     )
     try:
         outs = [
-            generate_ids(model, enc["input_ids"], enc["attention_mask"], 4, eos_ids=[BYTE_EOS], pad_id=0,
-                         sampling=SamplingSettings(max_new_tokens=6), seed=3, shared_attention=shared)  # fmt: skip
+            generate_ids(
+                model,
+                enc["input_ids"],
+                enc["attention_mask"],
+                4,
+                eos_ids=[BYTE_EOS],
+                pad_id=0,
+                sampling=SamplingSettings(max_new_tokens=6),
+                seed=3,
+                shared_attention=shared,
+            )
             for shared in (False, True)
         ]
     finally:

@@ -11,8 +11,14 @@ from conftest import BYTE_EOS, byte_tokenizer, tiny_qwen3
 from tokencredit.rollout import decode as decode_module
 from tokencredit.rollout import generate, generation_config
 
-SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 
 
 def tiny(arch: str, vocab: int):

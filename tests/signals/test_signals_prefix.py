@@ -167,7 +167,9 @@ def test_common_beginning_with_lora_and_uneven_rests(monkeypatch, dtype):
     """Prompts that share a 20-token beginning and differ after it by 1 to 6 tokens (so the rests are
     left-padded to different lengths), LoRA on: values and gradients as the plain forward's."""
     model = tiny_qwen3(VOCAB, max_position_embeddings=64, tie_word_embeddings=False)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]))
+    model = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+    )
     for name, q in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(q, std=0.2, generator=torch.Generator().manual_seed(len(name)))
@@ -185,14 +187,18 @@ def test_common_beginning_with_lora_and_uneven_rests(monkeypatch, dtype):
     seq = torch.cat([prompts[rows], torch.randint(1, VOCAB, (8, 5), generator=g).masked_fill(~rm, 0)], 1)
     am = torch.cat([(prompts[rows] != 0).long(), rm.long()], 1)
     if dtype == torch.float32:
-        assert_same_training_forward(model, seq, am, width, rm, monkeypatch, rtol=1e-5, atol=1e-6, shared_calls=3)
+        assert_same_training_forward(
+            model, seq, am, width, rm, monkeypatch, rtol=1e-5, atol=1e-6, shared_calls=3
+        )
         return
     shared = training_forward(model, seq, am, width, rm, shared=True, monkeypatch=monkeypatch)
     plain = training_forward(model, seq, am, width, rm, shared=False, monkeypatch=monkeypatch)
     assert (shared[4], plain[4]) == (3, 1)
     torch.testing.assert_close(shared[0], plain[0], rtol=0.02, atol=0.05)  # as in the bf16 test above
     for name, grad in plain[3].items():
-        cos = torch.nn.functional.cosine_similarity(shared[3][name].float().flatten(), grad.float().flatten(), dim=0)
+        cos = torch.nn.functional.cosine_similarity(
+            shared[3][name].float().flatten(), grad.float().flatten(), dim=0
+        )
         assert float(cos) > 0.99, name
 
 
@@ -251,8 +257,14 @@ def test_dropout_and_gradient_checkpointing_keep_the_plain_forward():
 
 def test_sliding_window_layers_and_unshared_prompts_keep_the_plain_forward():
     seq, am, rm = grouped_batch()
-    sliding = tiny_qwen3(VOCAB, max_position_embeddings=64, use_sliding_window=True, sliding_window=4,
-                         max_window_layers=0, layer_types=["sliding_attention", "sliding_attention"])  # fmt: skip
+    sliding = tiny_qwen3(
+        VOCAB,
+        max_position_embeddings=64,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=0,
+        layer_types=["sliding_attention", "sliding_attention"],
+    )
     with torch.no_grad(), CountForwards(sliding) as calls:
         token_log_probs(sliding, seq, am, P, response_mask=rm)
     assert calls.n == 1

@@ -26,7 +26,9 @@ def test_sum_sq_probs_matches_the_full_softmax(chunk_size, with_others):
     needs = {"sum_sq_probs"} | ({"old_log_probs", "entropy"} if with_others else set())
     for temperature in (1.0, 0.7):
         with CountForwards(model) as c:
-            got = compute_signals(model, seq, am, P, rm, needs, temperature=temperature, chunk_size=chunk_size)
+            got = compute_signals(
+                model, seq, am, P, rm, needs, temperature=temperature, chunk_size=chunk_size
+            )
         assert c.n == 1  # one old-policy forward for all of them
         assert set(got) == needs
         v = got["sum_sq_probs"]

@@ -83,5 +83,8 @@ def test_temp_files_of_a_killed_writer_are_removed(tmp_path):
     ck.save_checkpoint(tmp_path, 2, model, opt, sched)
     assert not stale.exists()
     assert sorted(p.name for p in ckdir.iterdir()) == [
-        "step_000001.json", "step_000001.pt", "step_000002.json", "step_000002.pt",
-    ]  # fmt: skip
+        "step_000001.json",
+        "step_000001.pt",
+        "step_000002.json",
+        "step_000002.pt",
+    ]

@@ -35,8 +35,9 @@ def problems(text: str) -> list[str]:
     out += [f"{key} is no config key" for key in doc if key not in keys]
     out += [
         f"{key}: default {doc[key][1]} in the page, {k.default} in the config"
-        for key, k in keys.items() if key in doc and doc[key][1] != k.default
-    ]  # fmt: skip
+        for key, k in keys.items()
+        if key in doc and doc[key][1] != k.default
+    ]
     return out
 
 
@@ -47,12 +48,16 @@ def test_the_doc_lists_every_key_with_its_default():
 
 def test_the_doc_reference_is_current():
     text = DOC.read_text(encoding="utf-8")
-    assert ref.replace_block(text, ref.reference(), str(DOC)) == text, f"the config reference is out of date: run {REGENERATE}"
+    assert ref.replace_block(text, ref.reference(), str(DOC)) == text, (
+        f"the config reference is out of date: run {REGENERATE}"
+    )
 
 
 def test_every_config_key_has_a_description():
     missing = [k.key for _, _, keys in ref.config_keys() for k in keys if not k.description]
-    assert not missing, f"config keys without a description (a comment after the field in train/config.py): {missing}"
+    assert not missing, (
+        f"config keys without a description (a comment after the field in train/config.py): {missing}"
+    )
 
 
 def test_the_checks_catch_a_missing_key_and_a_changed_default():
@@ -97,7 +102,7 @@ def test_descriptions_are_the_comments_read_as_tokens():
 
 def test_the_table_escapes_what_markdown_would_read():
     table = ref.reference()
-    assert "| `run.device` | `str` | `\"auto\"` | auto \\| cpu \\| cuda |" in table
+    assert '| `run.device` | `str` | `"auto"` | auto \\| cpu \\| cuda |' in table
     assert "10\\*\\*digits" in table and "\\<recipe>" in table  # no emphasis, no HTML tag
     assert "| `algo.overrides` | `dict[str, Any]` | `{}` |" in table
 

@@ -43,8 +43,11 @@ def _env(toy_rewards: str) -> dict[str, str]:
 def _train(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tokencredit.cli", "train", *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _finish(proc: subprocess.Popen[str], what: str) -> str:
@@ -65,7 +68,9 @@ def _strip(records: list[dict]) -> list[dict]:
 def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 180.0) -> None:
     t_end = time.monotonic() + timeout
     while not path.exists():
-        assert proc.poll() is None, f"trainer exited (code {proc.returncode}) before {path.name}:\n{proc.communicate()[0][-3000:]}"
+        assert proc.poll() is None, (
+            f"trainer exited (code {proc.returncode}) before {path.name}:\n{proc.communicate()[0][-3000:]}"
+        )
         assert time.monotonic() < t_end, f"no {path.name} after {timeout:.0f} s"
         time.sleep(0.01)
 
@@ -73,14 +78,19 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 180.0) -
 def _sets(model_dir: str) -> list[str]:
     # S-trace (its own pre-update signals pass); one thread: the toy ops are too small to split.
     extra = {"run.threads": 1, "checkpoint.every": EVERY}
-    return ["--recipe", "strace"] + [a for s in _micro_sets(model_dir, steps=STEPS, **extra) for a in ("--set", s)]
+    return ["--recipe", "strace"] + [
+        a for s in _micro_sets(model_dir, steps=STEPS, **extra) for a in ("--set", s)
+    ]
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], float]:
     """(records, seconds per step) of the uninterrupted run every interrupted one must equal."""
     ref_dir = tmp_path_factory.mktemp("crash") / "uninterrupted"
-    _finish(_train(["--out", str(ref_dir), *_sets(tiny_model_dir)], _env(str(TOY_REWARDS_DIR))), "uninterrupted run")
+    _finish(
+        _train(["--out", str(ref_dir), *_sets(tiny_model_dir)], _env(str(TOY_REWARDS_DIR))),
+        "uninterrupted run",
+    )
     ref = _records(ref_dir)
     step_times = [r["wall_time"] for r in ref if r.get("type") != "eval"]
     return ref, (step_times[-1] - step_times[0]) / (len(step_times) - 1)
@@ -101,7 +111,9 @@ def test_sigkill_then_resume_equals_uninterrupted(tiny_model_dir, toy_rewards, r
 
     proc = _train(["--out", str(run), *sets], env)
     ckdir = run / "checkpoints"
-    _wait_for(ckdir / f"step_{EVERY:06d}.json", proc)  # the first checkpoint is complete (digest written last)
+    _wait_for(
+        ckdir / f"step_{EVERY:06d}.json", proc
+    )  # the first checkpoint is complete (digest written last)
     # A random moment from here to about one step before the end; the checkpoint of step STEPS-1
     # appearing ends the wait early, so the kill always lands before the run has finished.
     deadline = time.monotonic() + rng.uniform(0.0, per_step * (STEPS - EVERY - 1))
@@ -145,7 +157,9 @@ def _stop_at_random(proc: subprocess.Popen[str], run: Path, signum: int, delay: 
 def _check_resume(run: Path, env: dict[str, str], ref: list[dict], newest: int, seed: int) -> None:
     out = _finish(_train(["--resume", str(run)], env), f"seed {seed}: resume")
     assert re.search(rf"resumed \S+\s+at\s+step {newest}\b", out), out[-2000:]
-    assert _strip(_records(run)) == _strip(ref), f"seed {seed}: resumed run differs from the uninterrupted one"
+    assert _strip(_records(run)) == _strip(ref), (
+        f"seed {seed}: resumed run differs from the uninterrupted one"
+    )
     assert json.loads((run / "summary.json").read_text())["steps"] == STEPS
 
 
@@ -158,7 +172,9 @@ def _newest_checkpoint(run: Path) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_stop_signal_then_resume_equals_uninterrupted(signum, tiny_model_dir, toy_rewards, reference, tmp_path):
+def test_stop_signal_then_resume_equals_uninterrupted(
+    signum, tiny_model_dir, toy_rewards, reference, tmp_path
+):
     """SIGTERM / Ctrl-C at a random moment: the step in progress finishes and is checkpointed, exit
     128 + the signal with the resume command; --resume then equals the uninterrupted run."""
     seed = _seed()
@@ -170,8 +186,13 @@ def test_stop_signal_then_resume_equals_uninterrupted(signum, tiny_model_dir, to
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, f"seed {seed}: exit {proc.returncode}\n{out[-3000:]}"
     done = [r["step"] for r in _records(run) if r.get("type") != "eval"]  # every line whole
-    assert done == list(range(1, done[-1] + 1)) and _newest_checkpoint(run) == done[-1]  # the last finished step, saved
-    assert f"stopped by {signal.Signals(signum).name} after step {done[-1]}; continue with: tokencredit train --resume {run}" in out
+    assert (
+        done == list(range(1, done[-1] + 1)) and _newest_checkpoint(run) == done[-1]
+    )  # the last finished step, saved
+    assert (
+        f"stopped by {signal.Signals(signum).name} after step {done[-1]}; continue with: tokencredit train --resume {run}"
+        in out
+    )
     print(f"seed {seed}: {signal.Signals(signum).name} after step {done[-1]}")
     _check_resume(run, env, ref, done[-1], seed)
 
@@ -198,7 +219,9 @@ def has_digit_seven(completions, golds, **_):
 
 
 @pytest.mark.slow
-def test_ctrl_c_twice_abandons_the_step_and_resume_equals_uninterrupted(tiny_model_dir, toy_rewards, reference, tmp_path):
+def test_ctrl_c_twice_abandons_the_step_and_resume_equals_uninterrupted(
+    tiny_model_dir, toy_rewards, reference, tmp_path
+):
     """The second Ctrl-C stops at once (here while a step's rollouts are scored, a random step): that
     step is abandoned, exit 130, and --resume from the newest checkpoint equals the uninterrupted run."""
     seed = _seed()
@@ -213,8 +236,10 @@ def test_ctrl_c_twice_abandons_the_step_and_resume_equals_uninterrupted(tiny_mod
     assert proc.returncode == 130, f"seed {seed}: exit {proc.returncode}\n{out[-3000:]}"
     newest = _newest_checkpoint(run)
     assert newest == (at - 1) // EVERY * EVERY
-    assert (f"stopped by SIGINT during step {at}, which is abandoned (the newest checkpoint is step {newest}); "
-            f"continue with: tokencredit train --resume {run}") in out, out[-2000:]  # fmt: skip
+    assert (
+        f"stopped by SIGINT during step {at}, which is abandoned (the newest checkpoint is step {newest}); "
+        f"continue with: tokencredit train --resume {run}"
+    ) in out, out[-2000:]
     assert [r["step"] for r in _records(run) if r.get("type") != "eval"] == list(range(1, at))
     _check_resume(run, env, reference[0], newest, seed)
 

@@ -22,7 +22,9 @@ def test_atomic_write_keeps_the_old_file_and_removes_its_temporary(tmp_path, ful
     path = tmp_path / "summary.json"
     path.write_text('{"old": true}')
     full_disk(tmp_path, "summary.json", partial=4)
-    with pytest.raises(DiskFullError, match=rf"disk full while writing {path} \(No space left on device\)") as e:
+    with pytest.raises(
+        DiskFullError, match=rf"disk full while writing {path} \(No space left on device\)"
+    ) as e:
         atomic_write_text(path, json.dumps({"new": "x" * 100}))
     assert e.value.path == str(path)
     assert path.read_text() == '{"old": true}' and _leftovers(tmp_path) == []
@@ -46,7 +48,9 @@ def _save(root, step):
 
 
 @pytest.mark.parametrize("target", ["step_000002.pt", "step_000002.json"])
-def test_a_checkpoint_cut_by_a_full_disk_leaves_the_previous_one_newest(target, tmp_path, full_disk, monkeypatch):
+def test_a_checkpoint_cut_by_a_full_disk_leaves_the_previous_one_newest(
+    target, tmp_path, full_disk, monkeypatch
+):
     _save(tmp_path, 1)
     disk = full_disk(tmp_path, target, partial=100)
     with pytest.raises(DiskFullError, match=target):
@@ -59,7 +63,9 @@ def test_a_checkpoint_cut_by_a_full_disk_leaves_the_previous_one_newest(target, 
     assert ck.load_latest_checkpoint(tmp_path, log=pytest.fail)["step"] == 2
 
 
-def test_final_model_export_on_a_full_disk_leaves_no_half_written_directory(tiny_model_dir, micro_sets, tmp_path, monkeypatch, capsys):
+def test_final_model_export_on_a_full_disk_leaves_no_half_written_directory(
+    tiny_model_dir, micro_sets, tmp_path, monkeypatch, capsys
+):
     """The final export is written by safetensors and the tokenizer, not through the run directory's
     writers: a full disk there also names the directory, removes the partial export, and resumes."""
     import errno

@@ -11,9 +11,18 @@ from tokencredit.train.progress import StepProgress
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 REC = {
-    "step": 3, "reward": 0.5, "accuracy": 0.375, "response_length": 61.2, "entropy": 0.31, "clip_frac": 0.012,
-    "credit_gini": 0.204, "verify_timeouts": 2, "mc_continuations": 96, "mc_generated_tokens": 4100, "mc_seconds": 75.0,
-}  # fmt: skip
+    "step": 3,
+    "reward": 0.5,
+    "accuracy": 0.375,
+    "response_length": 61.2,
+    "entropy": 0.31,
+    "clip_frac": 0.012,
+    "credit_gini": 0.204,
+    "verify_timeouts": 2,
+    "mc_continuations": 96,
+    "mc_generated_tokens": 4100,
+    "mc_seconds": 75.0,
+}
 
 
 class Clock:

@@ -127,10 +127,15 @@ def test_a_second_writer_stops_naming_the_holder(finished, capsys):
     pid; once the holder is killed with SIGKILL the OS has released the lock and the resume goes on."""
     run, _ = finished
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from tokencredit.train.lock import RunLock; "
-         f"lock = RunLock({str(run)!r}); print('locked', flush=True); time.sleep(120)"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from tokencredit.train.lock import RunLock; "
+            f"lock = RunLock({str(run)!r}); print('locked', flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         before = _snapshot(run)
@@ -230,7 +235,9 @@ def test_saved_rollouts_that_are_not_utf8_are_named_not_guessed(tmp_path):
     )  # U+2028 inside a string is JSON
     skipped: list[str] = []
     assert run.read_rollouts(3, skipped) == [(2, {"problem": "ok \u2028 sep"})]
-    assert skipped == [f"{path}:1: damaged group skipped (not UTF-8 text: byte 0xe9 at byte 17 of the line); "
-                       "the rest is used (1 group; repair or delete that line, or copy the file again, to silence this)"]  # fmt: skip
+    assert skipped == [
+        f"{path}:1: damaged group skipped (not UTF-8 text: byte 0xe9 at byte 17 of the line); "
+        "the rest is used (1 group; repair or delete that line, or copy the file again, to silence this)"
+    ]
     with pytest.raises(ConfigError, match=rf"{path}:1: damaged saved rollouts \(not UTF-8 text"):
         run.read_rollouts(3)

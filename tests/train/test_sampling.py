@@ -10,13 +10,19 @@ def _round(scores: list[list[float]], timed_out: list[list[bool]], offset: int) 
     n = sum(len(g) for g in scores)
     flat_to = [t for g in timed_out for t in g]
     return StepRollouts(
-        problems=[None] * n, prompt_ids=torch.ones(n, 2, dtype=torch.long), prompt_mask=torch.ones(n, 2, dtype=torch.bool),
-        response_ids=torch.ones(n, 3, dtype=torch.long), response_mask=torch.ones(n, 3, dtype=torch.bool),
-        truncated=torch.zeros(n, dtype=torch.bool), texts=[""] * n,
+        problems=[None] * n,
+        prompt_ids=torch.ones(n, 2, dtype=torch.long),
+        prompt_mask=torch.ones(n, 2, dtype=torch.bool),
+        response_ids=torch.ones(n, 3, dtype=torch.long),
+        response_mask=torch.ones(n, 3, dtype=torch.bool),
+        truncated=torch.zeros(n, dtype=torch.bool),
+        texts=[""] * n,
         group_ids=torch.tensor([offset + g for g, grp in enumerate(scores) for _ in grp]),
-        scores=torch.tensor([s for g in scores for s in g]), correct=torch.tensor([s > 0 for g in scores for s in g]),
-        timed_out=torch.tensor(flat_to), verify_timeouts=sum(flat_to),
-    )  # fmt: skip
+        scores=torch.tensor([s for g in scores for s in g]),
+        correct=torch.tensor([s > 0 for g in scores for s in g]),
+        timed_out=torch.tensor(flat_to),
+        verify_timeouts=sum(flat_to),
+    )
 
 
 def test_collect_counts_timeouts_of_every_round():

@@ -41,7 +41,9 @@ def _expected(run_dir):
 
 
 def _train(tiny_model_dir, micro_sets, run_dir, report_to, steps=2, *, console=None, **extra):
-    cfg = load_config(sets=micro_sets(tiny_model_dir, steps, **{"run.report_to": report_to, **extra}), recipe="grpo")
+    cfg = load_config(
+        sets=micro_sets(tiny_model_dir, steps, **{"run.report_to": report_to, **extra}), recipe="grpo"
+    )
     trainer = Trainer(cfg, run_dir, console=console or Console(file=io.StringIO()))
     trainer.fit()
     return trainer
@@ -50,9 +52,16 @@ def _train(tiny_model_dir, micro_sets, run_dir, report_to, steps=2, *, console=N
 # ---------------------------------------------------------------------- the option
 @pytest.mark.parametrize(
     ("value", "names"),
-    [("none", []), ("tensorboard", ["tensorboard"]), ("tensorboard, WandB", ["tensorboard", "wandb"]),
-     (["wandb", "mlflow", "wandb"], ["wandb", "mlflow"]), (["none"], []), ([], []), ("all", ["all"])],
-)  # fmt: skip
+    [
+        ("none", []),
+        ("tensorboard", ["tensorboard"]),
+        ("tensorboard, WandB", ["tensorboard", "wandb"]),
+        (["wandb", "mlflow", "wandb"], ["wandb", "mlflow"]),
+        (["none"], []),
+        ([], []),
+        ("all", ["all"]),
+    ],
+)
 def test_report_to_takes_trl_values(value, names):
     assert parse_report_to(value) == names
 
@@ -62,16 +71,23 @@ def test_report_to_from_set_and_toml(tmp_path):
     assert load_config(sets=["run.report_to=tensorboard"]).run.report_to == ["tensorboard"]
     assert load_config(sets=["run.report_to=tensorboard,wandb"]).run.report_to == ["tensorboard", "wandb"]
     assert load_config(sets=['run.report_to=["wandb", "mlflow"]']).run.report_to == ["wandb", "mlflow"]
-    for text, want in (('report_to = "wandb"', ["wandb"]), ('report_to = ["tensorboard", "mlflow"]', ["tensorboard", "mlflow"])):
+    for text, want in (
+        ('report_to = "wandb"', ["wandb"]),
+        ('report_to = ["tensorboard", "mlflow"]', ["tensorboard", "mlflow"]),
+    ):
         (tmp_path / "c.toml").write_text(f"[run]\n{text}\n")
         assert load_config(tmp_path / "c.toml").run.report_to == want
 
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [("tensorbord", r"unknown tracker 'tensorbord' \(closest: tensorboard\)"), ("wandbb", r"\(closest: wandb\)"),
-     ("comet_ml", "a TRL tracker this trainer does not log to"), ("none,wandb", "'none' and 'all' stand alone")],
-)  # fmt: skip
+    [
+        ("tensorbord", r"unknown tracker 'tensorbord' \(closest: tensorboard\)"),
+        ("wandbb", r"\(closest: wandb\)"),
+        ("comet_ml", "a TRL tracker this trainer does not log to"),
+        ("none,wandb", "'none' and 'all' stand alone"),
+    ],
+)
 def test_unknown_tracker_is_an_error_naming_the_closest(value, message):
     with pytest.raises(ConfigError, match=message):
         validate_config(load_config(sets=[f"run.report_to={value}"]))
@@ -80,7 +96,10 @@ def test_unknown_tracker_is_an_error_naming_the_closest(value, message):
 @pytest.mark.parametrize(("name", "module"), sorted(trackers.TRACKERS.items()))
 def test_a_missing_library_names_the_extra(name, module, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, module, None)  # import fails as when it is not installed
-    with pytest.raises(ConfigError, match=rf'run.report_to={name}: {name} is not installed .*pip install "tokencredit\[{name}\]"'):
+    with pytest.raises(
+        ConfigError,
+        match=rf'run.report_to={name}: {name} is not installed .*pip install "tokencredit\[{name}\]"',
+    ):
         require([name])
     # at start-up: before the data, the model or the run directory
     with pytest.raises(ConfigError, match=rf"tokencredit\[{name}\]"):
@@ -96,14 +115,36 @@ def test_all_with_no_tracker_installed_is_an_error(monkeypatch):
 
 # ---------------------------------------------------------------------- metric names
 def test_metric_names():
-    assert [metric_name(k) for k in ("credit_gini", "credit_q_pos_high", "eval_greedy_accuracy", "eval_avg@2",
-                                     "time_generate", "wall_time", "tokens_per_s", "reward", "pg_loss")] == [
-        "credit/gini", "credit/q_pos_high", "eval/greedy_accuracy", "eval/avg@2", "time/generate", "time/wall",
-        "time/tokens_per_s", "train/reward", "train/pg_loss",
-    ]  # fmt: skip
+    assert [
+        metric_name(k)
+        for k in (
+            "credit_gini",
+            "credit_q_pos_high",
+            "eval_greedy_accuracy",
+            "eval_avg@2",
+            "time_generate",
+            "wall_time",
+            "tokens_per_s",
+            "reward",
+            "pg_loss",
+        )
+    ] == [
+        "credit/gini",
+        "credit/q_pos_high",
+        "eval/greedy_accuracy",
+        "eval/avg@2",
+        "time/generate",
+        "time/wall",
+        "time/tokens_per_s",
+        "train/reward",
+        "train/pg_loss",
+    ]
     assert mlflow_key("eval/avg@2") == "eval/avg_at_2" and mlflow_key("credit/gini") == "credit/gini"
     step = {"step": 3, "reward": 0.5, "rollouts": 8, "credit_gini": 0.25, "wall_time": 1.5}
-    assert tracker_metrics(step) == (3, {"train/reward": 0.5, "train/rollouts": 8.0, "credit/gini": 0.25, "time/wall": 1.5})
+    assert tracker_metrics(step) == (
+        3,
+        {"train/reward": 0.5, "train/rollouts": 8.0, "credit/gini": 0.25, "time/wall": 1.5},
+    )
     evaluation = {"step": 4, "type": "eval", "eval_greedy_accuracy": 0.75, "wall_time": 2.0}
     assert tracker_metrics(evaluation) == (4, {"eval/greedy_accuracy": 0.75})  # the wall time is the step's
     skipped = {"step": 5, "rollouts": 0, "skipped": "no informative group after dynamic sampling"}
@@ -154,14 +195,20 @@ def test_a_tracker_that_cannot_start_stops_the_run_before_training(monkeypatch, 
 
     monkeypatch.setitem(trackers._BACKENDS, "tensorboard", lambda run, **kw: opened)
     monkeypatch.setitem(trackers._BACKENDS, "mlflow", Unreachable)
-    with pytest.raises(ConfigError, match=r"run.report_to=mlflow: mlflow could not start \(ConnectionError: no route"):
-        Trackers.start(["tensorboard", "mlflow"], RunDir(tmp_path), {}, first_step=0, resume=False, warn=print)
+    with pytest.raises(
+        ConfigError, match=r"run.report_to=mlflow: mlflow could not start \(ConnectionError: no route"
+    ):
+        Trackers.start(
+            ["tensorboard", "mlflow"], RunDir(tmp_path), {}, first_step=0, resume=False, warn=print
+        )
     assert opened.calls == ["close 1"]  # the one already open is closed
 
 
 def test_a_tracker_failing_mid_run_loses_nothing(tiny_model_dir, micro_sets, monkeypatch, tmp_path):
     failing = _Recorder("tensorboard", fail_at=1)
-    monkeypatch.setitem(trackers.TRACKERS, "tensorboard", "json")  # no library needed: the tracker is a stand-in
+    monkeypatch.setitem(
+        trackers.TRACKERS, "tensorboard", "json"
+    )  # no library needed: the tracker is a stand-in
     monkeypatch.setitem(trackers._BACKENDS, "tensorboard", lambda run, **kw: failing)
     out = io.StringIO()
     _train(tiny_model_dir, micro_sets, tmp_path / "run", "tensorboard", console=Console(file=out, width=200))
@@ -177,8 +224,12 @@ def test_tensorboard_logs_every_record_and_a_resumed_run_once(tiny_model_dir, mi
     pytest.importorskip("tensorboard", reason="TensorBoard is not installed (extra tokencredit[tensorboard])")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg = load_config(sets=micro_sets(tiny_model_dir, 4, **{"run.report_to": "tensorboard", "eval.every": 1,
-                                                            "checkpoint.every": 2}), recipe="grpo")  # fmt: skip
+    cfg = load_config(
+        sets=micro_sets(
+            tiny_model_dir, 4, **{"run.report_to": "tensorboard", "eval.every": 1, "checkpoint.every": 2}
+        ),
+        recipe="grpo",
+    )
     quiet = Console(file=io.StringIO())
     first = Trainer(cfg, tmp_path / "run", console=quiet)
     real_step = first.step
@@ -197,7 +248,9 @@ def test_tensorboard_logs_every_record_and_a_resumed_run_once(tiny_model_dir, mi
     events.Reload()
     got = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
     want = _expected(tmp_path / "run")
-    assert {"credit/gini", "credit/sign_flip", "train/reward", "eval/greedy_accuracy", "time/wall"} <= set(want)
+    assert {"credit/gini", "credit/sign_flip", "train/reward", "eval/greedy_accuracy", "time/wall"} <= set(
+        want
+    )
     assert set(got) == set(want)
     for tag, points in want.items():  # step 3 of the first session hidden (purge_step): one point per step
         assert [s for s, _ in got[tag]] == [s for s, _ in points], tag
@@ -241,7 +294,10 @@ def _wandb_history(run_file):
     for record in _wandb_records(run_file):
         kind = record.WhichOneof("record_type")
         if kind == "history":
-            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            row = {
+                item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                for item in record.history.item
+            }
             for key, value in row.items():
                 if not key.startswith("_") and key != trackers.STEP_METRIC:
                     history.setdefault(key, []).append((row[trackers.STEP_METRIC], value))
@@ -251,13 +307,19 @@ def _wandb_history(run_file):
 
 
 @pytest.mark.extras
-def test_wandb_offline_logs_every_record_and_resumes_the_same_run(tiny_model_dir, micro_sets, monkeypatch, tmp_path):
+def test_wandb_offline_logs_every_record_and_resumes_the_same_run(
+    tiny_model_dir, micro_sets, monkeypatch, tmp_path
+):
     pytest.importorskip("wandb", reason="wandb is not installed (extra tokencredit[wandb])")
     monkeypatch.setenv("WANDB_MODE", "offline")  # no network
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_CONSOLE", "off")
     monkeypatch.delenv("WANDB_DIR", raising=False)  # the default: the run directory
-    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # nothing written to the home directory
+    for var in (
+        "WANDB_CONFIG_DIR",
+        "WANDB_CACHE_DIR",
+        "WANDB_DATA_DIR",
+    ):  # nothing written to the home directory
         monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
     run_dir = tmp_path / "run"
     _train(tiny_model_dir, micro_sets, run_dir, "wandb")
@@ -281,7 +343,9 @@ def test_mlflow_logs_every_record_to_a_file_store(tiny_model_dir, micro_sets, mo
     from mlflow.tracking import MlflowClient
 
     for var in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_ALLOW_FILE_STORE"):
-        monkeypatch.delenv(var, raising=False)  # the defaults (the run sets MLFLOW_ALLOW_FILE_STORE; undone after)
+        monkeypatch.delenv(
+            var, raising=False
+        )  # the defaults (the run sets MLFLOW_ALLOW_FILE_STORE; undone after)
     run_dir = tmp_path / "run"
     _train(tiny_model_dir, micro_sets, run_dir, "mlflow", **{"eval.samples": 2})
     run_id = json.loads((run_dir / "trackers.json").read_text())["mlflow"]

@@ -62,7 +62,9 @@ def _strip(records):
 
 
 def test_resume_equals_uninterrupted(tiny_model_dir, tmp_path):
-    cfg = micro_config(tiny_model_dir, "dapo", steps=4, **{"checkpoint.every": 2, "eval.every": 2, "eval.samples": 2})
+    cfg = micro_config(
+        tiny_model_dir, "dapo", steps=4, **{"checkpoint.every": 2, "eval.every": 2, "eval.samples": 2}
+    )
     Trainer(cfg, tmp_path / "a").fit()
     full = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
 
@@ -111,7 +113,10 @@ def test_training_forward_reuse_is_exact(recipe, tiny_model_dir, tmp_path):
         cfg = micro_config(tiny_model_dir, recipe, **{"optim.reuse_training_forward": reuse})
         t = Trainer(cfg, tmp_path / f"r{reuse}")
         t.fit()
-        runs[reuse] = (t, [json.loads(x) for x in (tmp_path / f"r{reuse}" / "metrics.jsonl").read_text().splitlines()])
+        runs[reuse] = (
+            t,
+            [json.loads(x) for x in (tmp_path / f"r{reuse}" / "metrics.jsonl").read_text().splitlines()],
+        )
     fast, slow = runs[True][0], runs[False][0]
     # strace's kept set needs entropy before the update, so it must keep the separate pass
     assert fast.fused_old is (recipe != "strace") and not slow.fused_old
@@ -133,8 +138,11 @@ def test_training_forward_reuse_is_exact(recipe, tiny_model_dir, tmp_path):
 
 @pytest.mark.parametrize("retry", [True, False])
 def test_the_math_verifier_gets_the_configured_limit_and_retry(retry, tiny_model_dir, tmp_path):
-    cfg = micro_config(tiny_model_dir, "grpo", **{"reward.function": "math", "reward.timeout": 2.5,
-                                                  "reward.retry_timeouts": retry})  # fmt: skip
+    cfg = micro_config(
+        tiny_model_dir,
+        "grpo",
+        **{"reward.function": "math", "reward.timeout": 2.5, "reward.retry_timeouts": retry},
+    )
     v = Trainer(cfg, tmp_path / "run").reward_fn.verifier
     assert (v.timeout, v.retry_timeouts) == (2.5, retry)
     cfg.reward.retry_timeouts = "yes"  # only a bool passes
@@ -153,8 +161,14 @@ def test_remax_baseline_is_the_greedy_rollouts_score(tiny_model_dir, tmp_path):
     gids = torch.unique(ro.group_ids).tolist()
     firsts = [int((ro.group_ids == g).nonzero()[0]) for g in gids]
     prompts = [trainer._prompt_text(ro.problems[i].problem) for i in firsts]
-    greedy = generate(trainer.model, trainer.tokenizer, prompts, 1, temperature=0.0,
-                      max_new_tokens=trainer.cfg.rollout.max_new_tokens)  # fmt: skip
+    greedy = generate(
+        trainer.model,
+        trainer.tokenizer,
+        prompts,
+        1,
+        temperature=0.0,
+        max_new_tokens=trainer.cfg.rollout.max_new_tokens,
+    )
     want = torch.tensor(trainer.reward_fn(greedy.texts, [ro.problems[i].answer for i in firsts]))
     for g, w in zip(gids, want):
         assert torch.all(ro.baseline_scores[ro.group_ids == g] == w)
@@ -177,7 +191,9 @@ def test_eval_batch_size_sets_the_generate_chunks(tiny_model_dir, tmp_path, monk
     monkeypatch.setattr(rollout, "generate", spy)
     results = {}
     for size in (3, 256):
-        cfg = micro_config(tiny_model_dir, "grpo", **{"eval.batch_size": size, "data.eval_size": 7, "eval.samples": 0})
+        cfg = micro_config(
+            tiny_model_dir, "grpo", **{"eval.batch_size": size, "data.eval_size": 7, "eval.samples": 0}
+        )
         calls.clear()
         results[size] = Trainer(cfg, tmp_path / f"run{size}").evaluate(0)
         assert max(calls) <= size and sum(calls) == 7

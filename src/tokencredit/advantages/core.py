@@ -74,7 +74,9 @@ def _warn_singletons(cnt: Tensor) -> None:
     if not _warned_singleton and bool((cnt == 1).any()):
         _warned_singleton = True
         warnings.warn(
-            "a group of size 1 has no baseline; its advantage is set to 0 (warned once)", RuntimeWarning, stacklevel=3
+            "a group of size 1 has no baseline; its advantage is set to 0 (warned once)",
+            RuntimeWarning,
+            stacklevel=3,
         )
 
 
@@ -142,8 +144,12 @@ class Estimator:
     fields: frozenset[str] = frozenset()  # optional RolloutBatch fields an engine must fill (baseline_scores)
     token_level: bool = False  # A [N,T]: only credit methods that take token advantages accept it
     paper: str = ""
-    scores_fn: Callable[..., Tensor] | None = field(default=None, repr=False)  # fn(scores, group_ids, **params)
-    sharded: bool = False  # fn reduces its batch statistics over `batch.shard` itself (tokencredit.distributed)
+    scores_fn: Callable[..., Tensor] | None = field(
+        default=None, repr=False
+    )  # fn(scores, group_ids, **params)
+    sharded: bool = (
+        False  # fn reduces its batch statistics over `batch.shard` itself (tokencredit.distributed)
+    )
 
 
 ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
@@ -175,7 +181,13 @@ def register_estimator(
     def deco(fn: EstimatorFn) -> EstimatorFn:
         ESTIMATORS.add(
             Estimator(
-                name, fn, keyword_defaults(fn, skip=1), frozenset(needs), frozenset(fields), token_level, paper,
+                name,
+                fn,
+                keyword_defaults(fn, skip=1),
+                frozenset(needs),
+                frozenset(fields),
+                token_level,
+                paper,
                 sharded=sharded,
             )
         )
@@ -252,7 +264,9 @@ def _sharded(est: Estimator, name: str, batch: RolloutBatch, params: Mapping[str
     whole batch's gathered scores and prompt ids; one that reads more must say it reduces over the ranks
     itself (`register_estimator(..., sharded=True)`), any other is refused."""
     if est.scores_fn is not None:
-        return on_whole_batch(batch, lambda s, g: est.scores_fn(s, g, **params), batch.scores, batch.group_ids).float()
+        return on_whole_batch(
+            batch, lambda s, g: est.scores_fn(s, g, **params), batch.scores, batch.group_ids
+        ).float()
     if not est.sharded:
         raise ConfigError(
             f"advantage estimator {name!r} reads more than scores and prompt ids and does not reduce its statistics "
@@ -276,7 +290,9 @@ def estimate(name: str, batch: RolloutBatch, **params: Any) -> Tensor:
             "engine did not supply"
         )
     with torch.no_grad():
-        out = _sharded(est, name, batch, params) if batch.shard is not None else est.fn(batch, **params).float()
+        out = (
+            _sharded(est, name, batch, params) if batch.shard is not None else est.fn(batch, **params).float()
+        )
     want = tuple(batch.mask.shape) if est.token_level else (batch.num_rollouts,)
     if tuple(out.shape) != want:
         raise ValueError(f"advantage estimator {name!r} returned shape {tuple(out.shape)}, expected {want}")
@@ -288,4 +304,3 @@ def estimate(name: str, batch: RolloutBatch, **params: Any) -> Tensor:
         at = f"rollout {where[0]}" + (f", token {where[1]}" if len(where) > 1 else "")
         raise FloatingPointError(f"advantage estimator {name!r} produced a non-finite advantage at {at}")
     return out.detach()
-

@@ -43,7 +43,15 @@ from tokencredit.batch import BatchValidationError, RolloutBatch
 from tokencredit.distributed import Shard, all_max, all_sum, sum_by_key
 from tokencredit.errors import ConfigError
 
-__all__ = ["gpg", "grpo_passk", "opo", "optimal_token_baseline", "reinforce_pp", "reinforce_pp_baseline", "remax"]
+__all__ = [
+    "gpg",
+    "grpo_passk",
+    "opo",
+    "optimal_token_baseline",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "remax",
+]
 
 
 def _whiten(values: Tensor, weights: Tensor, eps: float, shard: Shard | None) -> Tensor:
@@ -65,7 +73,9 @@ def _check_eps(name: str, eps: float) -> None:
         raise ConfigError(f"advantage estimator {name!r}: eps must be >= 0, got {eps}")
 
 
-@register_estimator("reinforce++", token_level=True, sharded=True, paper="Hu et al. 2025, REINFORCE++ (arXiv 2501.03262)")
+@register_estimator(
+    "reinforce++", token_level=True, sharded=True, paper="Hu et al. 2025, REINFORCE++ (arXiv 2501.03262)"
+)
 def reinforce_pp(batch: RolloutBatch, gamma: float = 1.0, eps: float = 1e-8) -> Tensor:
     """A [N,T]: the discounted return of the outcome reward, G_t = gamma^(valid tokens after t) r_i
     (masked positions neither discount nor earn), whitened over every valid token of the batch."""
@@ -78,7 +88,9 @@ def reinforce_pp(batch: RolloutBatch, gamma: float = 1.0, eps: float = 1e-8) -> 
     return _whiten(returns, m, eps, batch.shard)
 
 
-@register_estimator("reinforce++-baseline", sharded=True, paper="Hu et al. 2025, REINFORCE++ (arXiv 2501.03262)")
+@register_estimator(
+    "reinforce++-baseline", sharded=True, paper="Hu et al. 2025, REINFORCE++ (arXiv 2501.03262)"
+)
 def reinforce_pp_baseline(batch: RolloutBatch, eps: float = 1e-8) -> Tensor:
     """A [N]: r_i - mean_g, then whitened over all valid tokens of the batch (row i weighted by L_i)."""
     _check_eps("reinforce++-baseline", eps)
@@ -86,7 +98,9 @@ def reinforce_pp_baseline(batch: RolloutBatch, eps: float = 1e-8) -> Tensor:
     return _whiten(centred, batch.lengths, eps, batch.shard)
 
 
-@register_estimator("remax", fields=("baseline_scores",), sharded=True, paper="Li et al. 2024, ReMax (arXiv 2310.10505)")
+@register_estimator(
+    "remax", fields=("baseline_scores",), sharded=True, paper="Li et al. 2024, ReMax (arXiv 2310.10505)"
+)
 def remax(batch: RolloutBatch) -> Tensor:
     """A [N] = r_i - b_i, b_i the reward of one greedy rollout of i's prompt (`batch.baseline_scores`)."""
     assert batch.baseline_scores is not None  # estimate() checks the declared field
@@ -125,7 +139,9 @@ def gpg(batch: RolloutBatch, f_norm: float = 1.0) -> Tensor:
     return on_whole_batch(batch, whole, batch.scores, batch.group_ids)
 
 
-@register_estimator("grpo-passk", sharded=True, paper="Pass@k training as in verl's grpo_passk (arXiv 2503.19595)")
+@register_estimator(
+    "grpo-passk", sharded=True, paper="Pass@k training as in verl's grpo_passk (arXiv 2503.19595)"
+)
 def grpo_passk(batch: RolloutBatch, eps: float = 1e-6, norm_adv_by_std_in_grpo: bool = True) -> Tensor:
     """A [N]: only each group's best response gets r_max - r_second (divided by std_g + eps, std unbiased,
     when norm_adv_by_std_in_grpo); every other response gets 0. Groups need at least two responses."""
@@ -140,7 +156,9 @@ def _grpo_passk(scores: Tensor, group_ids: Tensor, eps: float, norm_adv_by_std_i
     small = cnt[inv] < 2
     if bool(small.any()):
         i = int(small.nonzero()[0])
-        raise BatchValidationError(f"grpo-passk needs at least 2 responses per group; rollout {i} is alone in its group")
+        raise BatchValidationError(
+            f"grpo-passk needs at least 2 responses per group; rollout {i} is alone in its group"
+        )
     s = scores.double()
     order = torch.argsort(s, descending=True, stable=True)
     order = order[torch.argsort(inv[order], stable=True)]  # grouped, best first within each group
@@ -155,9 +173,12 @@ def _grpo_passk(scores: Tensor, group_ids: Tensor, eps: float, norm_adv_by_std_i
 
 
 @register_estimator(
-    "otb", needs=("old_log_probs", "sum_sq_probs"), token_level=True, sharded=True,
+    "otb",
+    needs=("old_log_probs", "sum_sq_probs"),
+    token_level=True,
+    sharded=True,
     paper="Optimal token baseline, as in verl 0.9.1's optimal_token_baseline",
-)  # fmt: skip
+)
 def optimal_token_baseline(batch: RolloutBatch, handle_zero_tail: bool = True, eps: float = 1e-8) -> Tensor:
     """A [N,T] = r_i - B_t with the per-step group baseline B_t = sum_g r W_t / (sum_g W_t + eps) over the rows
     valid at t, W_t = sum_{j<=t} ||s_j||^2 and ||s_j||^2 = 1 - 2 pi_old(y_j) + sum_v pi_old(v)^2 (the
@@ -205,10 +226,14 @@ def _zero_tail(lengths: Tensor, group_ids: Tensor) -> Tensor:
     _, inv = torch.unique(group_ids, return_inverse=True)
     n_groups = int(inv.max()) + 1 if inv.numel() else 0
     length = lengths.long()
-    longest = torch.zeros(n_groups, dtype=torch.long, device=length.device).scatter_reduce(0, inv, length, "amax")
+    longest = torch.zeros(n_groups, dtype=torch.long, device=length.device).scatter_reduce(
+        0, inv, length, "amax"
+    )
     at_max = length == longest[inv]
     n_at_max = torch.zeros(n_groups, dtype=torch.long, device=length.device).index_add_(0, inv, at_max.long())
     shorter = torch.where(at_max, torch.full_like(length, -1), length)
-    second = torch.full((n_groups,), -1, dtype=torch.long, device=length.device).scatter_reduce(0, inv, shorter, "amax")
+    second = torch.full((n_groups,), -1, dtype=torch.long, device=length.device).scatter_reduce(
+        0, inv, shorter, "amax"
+    )
     tail = at_max & (n_at_max[inv] == 1) & (second[inv] >= 0)
     return torch.stack([tail.long(), second[inv]], 1)

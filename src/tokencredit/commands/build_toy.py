@@ -36,10 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--eval", type=int, default=200, help="held-out problems to score after the build (0 = skip)"
     )
     parser.add_argument(
-        "--set", action="append", default=[], metavar="FIELD=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
         help="override a warm-start setting of the variant, e.g. phrasings=4 or forget_rate=0.6 (repeatable; "
         "a variant built so is not the shipped one: give --out)",
-    )  # fmt: skip
+    )
 
 
 def _overrides(assignments: list[str]) -> dict[str, object]:

@@ -45,19 +45,24 @@ from tokencredit.train.lock import RunLock
 def _add_fair_arguments(parser: argparse.ArgumentParser) -> None:
     """--arm (rows with their own overrides) and --tune-lr / --tune-seeds (a learning rate per row)."""
     parser.add_argument(
-        "--arm", action="append", default=[], metavar="NAME=RECIPE:KEY=VALUE[,KEY=VALUE...]",
+        "--arm",
+        action="append",
+        default=[],
+        metavar="NAME=RECIPE:KEY=VALUE[,KEY=VALUE...]",
         help="a row NAME that trains RECIPE with these trainer overrides after --set (repeatable), e.g. "
         "grpo-matched=grpo:rollout.group_size=96",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--tune-lr", metavar="LR,LR,...",
+        "--tune-lr",
+        metavar="LR,LR,...",
         help="choose a learning rate per row among these on the validation split (data.eval_split=validation, "
         "tune runs in OUT/tune/runs) before the main runs, which then train with it",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--tune-seeds", metavar="SEED,SEED,...",
+        "--tune-seeds",
+        metavar="SEED,SEED,...",
         help=f"seeds of the --tune-lr runs, none of --seeds (default: the first two from {DEFAULT_TUNE_SEED} not in --seeds)",
-    )  # fmt: skip
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,36 +80,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="held-out accuracy for the 'steps to target' column (default 0.5)",
     )
     parser.add_argument(
-        "--metric", choices=sorted(METRICS), default="greedy",
+        "--metric",
+        choices=sorted(METRICS),
+        default="greedy",
         help="held-out accuracy: greedy (eval_greedy_accuracy, default) or avg (avg@k of eval.samples samples)",
-    )  # fmt: skip
+    )
     parser.add_argument("--config", help="TOML trainer config shared by every run (see `tokencredit train`)")
     parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="trainer config override for every run, e.g. run.steps=40 (repeatable; algo.<field>=... "
         "overrides that field of every recipe)",
-    )  # fmt: skip
+    )
     _add_fair_arguments(parser)
     parser.add_argument(
-        "--lora-rank", type=int,
+        "--lora-rank",
+        type=int,
         help="train every recipe with a LoRA adapter of this rank (0 = full fine-tuning; default: the config's)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--lora-only-rank", type=int, default=8,
+        "--lora-only-rank",
+        type=int,
+        default=8,
         help="LoRA rank for recipes that need an adapter (arca, policy-divergence) when the others run "
         "without one (default 8)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--jobs", type=int, default=1,
+        "--jobs",
+        type=int,
+        default=1,
         help="runs in parallel, as subprocesses with run.threads = cores / jobs (default 1: one after another)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--out", default="runs/compare", help="output directory (default runs/compare); runs go to OUT/runs"
     )
     parser.add_argument(
-        "--collect", nargs="+", metavar="RUN_DIR",
+        "--collect",
+        nargs="+",
+        metavar="RUN_DIR",
         help="only aggregate existing run directories (or directories of them), grouped by recipe",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--band",
         choices=("std", "ci", "minmax"),

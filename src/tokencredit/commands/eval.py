@@ -35,20 +35,26 @@ from tokencredit.train.sampling import run_eval_settings
 
 # The value of each option left out, without a run directory (with one: the run's own, `_run_defaults`).
 _DEFAULTS: dict[str, Any] = {
-    "samples": 4, "temperature": DEFAULT_EVAL_SAMPLING.temperature, "top_p": DEFAULT_EVAL_SAMPLING.top_p,
-    "max_new_tokens": DEFAULT_EVAL_SAMPLING.max_new_tokens, "batch_size": DEFAULT_EVAL_SAMPLING.batch_size,
-    "seed": "0", "template": "qwen-math", "dtype": "auto",
-}  # fmt: skip
+    "samples": 4,
+    "temperature": DEFAULT_EVAL_SAMPLING.temperature,
+    "top_p": DEFAULT_EVAL_SAMPLING.top_p,
+    "max_new_tokens": DEFAULT_EVAL_SAMPLING.max_new_tokens,
+    "batch_size": DEFAULT_EVAL_SAMPLING.batch_size,
+    "seed": "0",
+    "template": "qwen-math",
+    "dtype": "auto",
+}
 _RUN = " (a run directory: the run's own)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", required=True,
+        "--model",
+        required=True,
         help="'toy', 'toy-hard', 'toy-free', 'smollm2', a model directory, a .gguf file, a cached hub id ORG/NAME, or a run "
         "directory of `tokencredit train` (its final model; by default on the run's own evaluation data and "
         "settings from its config.toml: data.eval, eval.*, the template, max_new_tokens, dtype)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--bench",
         default=None,
@@ -57,28 +63,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "its held-out split) or data files (.jsonl / .parquet / datasets directory); default math500, or a run "
         "directory's data.eval",
     )
-    parser.add_argument("--samples", type=int, default=None, help="samples per problem K (pass@k for k=1,2,4..<=K); default 4" + _RUN)
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="samples per problem K (pass@k for k=1,2,4..<=K); default 4" + _RUN,
+    )
     parser.add_argument("--temperature", type=float, default=None, help="default 0.6" + _RUN)
     parser.add_argument("--top-p", type=float, default=None, help="default 0.95" + _RUN)
     parser.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 1024" + _RUN)
     parser.add_argument("--limit", type=int, default=None, help="first L problems of each benchmark")
     parser.add_argument(
-        "--seed", default=None, help="seed, or comma-separated seeds (mean and std reported); default 0" + _RUN
+        "--seed",
+        default=None,
+        help="seed, or comma-separated seeds (mean and std reported); default 0" + _RUN,
     )
     parser.add_argument(
-        "--template", default=None, help="qwen-math (default), r1-zero, chat, or a string with {problem}" + _RUN
+        "--template",
+        default=None,
+        help="qwen-math (default), r1-zero, chat, or a string with {problem}" + _RUN,
     )
-    parser.add_argument("--batch-size", type=int, default=None, help="sequences per generate call; default 64" + _RUN)
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="sequences per generate call; default 64" + _RUN
+    )
     parser.add_argument("--no-greedy", action="store_true", help="skip the greedy (temperature 0) pass")
     parser.add_argument("--timeout", type=float, default=5.0, help="verifier seconds per answer")
-    parser.add_argument("--retry-timeouts", action=argparse.BooleanOptionalAction, default=True,
-                        help="judge an answer that timed out once more with 4x the limit (default: on)")
+    parser.add_argument(
+        "--retry-timeouts",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="judge an answer that timed out once more with 4x the limit (default: on)",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     parser.add_argument(
-        "--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"],
+        "--dtype",
+        default=None,
+        choices=["auto", "float32", "bfloat16", "float16"],
         help="default auto (bfloat16 on CUDA, else float32)" + _RUN,
-    )  # fmt: skip
+    )
     parser.add_argument("--out", default=None, help="write the results as JSON to this file")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -116,21 +139,33 @@ def _run_defaults(cfg: TrainConfig) -> dict[str, Any]:
     """The options' defaults for a run directory: the settings of the trainer's own evaluations."""
     s = run_eval_settings(cfg)
     return {
-        "samples": s.samples, "temperature": s.sampling.temperature, "top_p": s.sampling.top_p,
-        "max_new_tokens": s.sampling.max_new_tokens, "batch_size": s.sampling.batch_size, "seed": str(s.seed),
-        "template": s.template, "dtype": cfg.model.dtype,
-    }  # fmt: skip
+        "samples": s.samples,
+        "temperature": s.sampling.temperature,
+        "top_p": s.sampling.top_p,
+        "max_new_tokens": s.sampling.max_new_tokens,
+        "batch_size": s.sampling.batch_size,
+        "seed": str(s.seed),
+        "template": s.template,
+        "dtype": cfg.model.dtype,
+    }
 
 
 def _settings(args: argparse.Namespace) -> EvalSettings:
     """The evaluation settings of the command line (ConfigError naming the option when one is out of range)."""
     try:
         sampling = SamplingSettings(
-            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size,
-        )  # fmt: skip
+        )
         return EvalSettings(
-            samples=args.samples, sampling=sampling, template=args.template, seed=None, greedy=not args.no_greedy
+            samples=args.samples,
+            sampling=sampling,
+            template=args.template,
+            seed=None,
+            greedy=not args.no_greedy,
         )
     except ValueError as e:
         raise ConfigError(f"--{str(e).replace('_', '-')}") from None
@@ -154,7 +189,9 @@ def _benchmarks(args: argparse.Namespace, target: tuple[RunDir, TrainConfig] | N
     benches = [b.strip() for b in (args.bench or "math500").split(",") if b.strip()]
     if not benches:
         raise ConfigError("--bench names no benchmark")
-    data = target[1].data if target is not None else DataConfig()  # toy / toy-hard: the run's difficulty and digits
+    data = (
+        target[1].data if target is not None else DataConfig()
+    )  # toy / toy-hard: the run's difficulty and digits
     return {b: load_benchmark(b, args.limit, data) for b in benches}
 
 
@@ -194,7 +231,9 @@ def run(args: argparse.Namespace) -> int:
     data = _benchmarks(args, target)
     device = resolve_device(args.device, "--device")
     _set_threads(args.model, target[1] if target is not None else None)
-    dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if args.dtype == "auto" else args.dtype
+    dtype = (
+        (torch.bfloat16 if device.type == "cuda" else torch.float32) if args.dtype == "auto" else args.dtype
+    )
     model_path = str(target[0].final_dir) if target is not None else args.model
     with _reward(target, args) as reward:
         verifier = reward.verifier
@@ -220,7 +259,11 @@ def timeout_line(results: dict, timeout: float, retry: bool) -> str:
 def _report(args: argparse.Namespace, results: dict, seeds: list[int], run: RunDir | None) -> None:
     table = markdown_table(results)
     footer = (
-        (f"run {run.path}: its final model; what the command line leaves out is the run's ({run.config_path})\n" if run else "")
+        (
+            f"run {run.path}: its final model; what the command line leaves out is the run's ({run.config_path})\n"
+            if run
+            else ""
+        )
         + f"template={args.template} temperature={args.temperature} top_p={args.top_p} top_k={args.top_k} "
         f"max_new_tokens={args.max_new_tokens} samples={args.samples} seeds={','.join(map(str, seeds))}"
         + ("" if len(seeds) == 1 else " (mean ± std over seeds)")
@@ -238,12 +281,22 @@ def _report(args: argparse.Namespace, results: dict, seeds: list[int], run: RunD
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         settings = {
-            "model": args.model, "samples": args.samples, "temperature": args.temperature, "top_p": args.top_p,
-            "top_k": args.top_k, "max_new_tokens": args.max_new_tokens, "template": args.template, "seeds": seeds,
-            "limit": args.limit, "timeout": args.timeout, "retry_timeouts": args.retry_timeouts,
-            "benchmarks": list(results), "run": str(run.path) if run else None, "dtype": args.dtype,
+            "model": args.model,
+            "samples": args.samples,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "top_k": args.top_k,
+            "max_new_tokens": args.max_new_tokens,
+            "template": args.template,
+            "seeds": seeds,
+            "limit": args.limit,
+            "timeout": args.timeout,
+            "retry_timeouts": args.retry_timeouts,
+            "benchmarks": list(results),
+            "run": str(run.path) if run else None,
+            "dtype": args.dtype,
             "batch_size": args.batch_size,
-        }  # fmt: skip
+        }
         payload = {"settings": settings, "results": results, "markdown": f"{table}\n\n{footer}\n{timeouts}\n"}
         out.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
         print(f"wrote {out}", file=sys.stderr)

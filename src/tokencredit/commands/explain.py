@@ -92,14 +92,25 @@ def _say(line: str) -> None:
 def run(args: argparse.Namespace) -> int:
     result = write_report(
         ExplainOptions(
-            run_dir=args.run_dir, jsonl=args.jsonl, model=args.model, step=args.step, methods=args.methods,
-            groups=args.groups, select=args.select, group_index=args.group_index, out=args.out,
-            advantage=args.advantage, template=args.template,
-            temperature=args.temperature, device=args.device, batch_size=args.batch_size, png=args.png,
+            run_dir=args.run_dir,
+            jsonl=args.jsonl,
+            model=args.model,
+            step=args.step,
+            methods=args.methods,
+            groups=args.groups,
+            select=args.select,
+            group_index=args.group_index,
+            out=args.out,
+            advantage=args.advantage,
+            template=args.template,
+            temperature=args.temperature,
+            device=args.device,
+            batch_size=args.batch_size,
+            png=args.png,
             max_tokens=args.max_tokens,
         ),
         warn=_say,  # a large page or a completion cut: said before the model loads or scores
-    )  # fmt: skip
+    )
     for line in result.damaged:  # what of a damaged run directory was left out (also on the page)
         _say(line)
     skipped = f" (skipped: {', '.join(result.skipped)}; reasons on the page)" if result.skipped else ""

@@ -81,7 +81,9 @@ def _add_data_and_oracle_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", required=True, help="'toy' (the shipped warm start), 'smollm2', a model directory, a .gguf file, a cached hub id, or a RUN_DIR"
+        "--model",
+        required=True,
+        help="'toy' (the shipped warm start), 'smollm2', a model directory, a .gguf file, a cached hub id, or a RUN_DIR",
     )
     parser.add_argument(
         "--checkpoint", help="with a RUN_DIR: probe checkpoint step_N (default: RUN_DIR/final)"

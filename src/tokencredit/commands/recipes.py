@@ -61,7 +61,10 @@ def toml_value(value: Any, where: str) -> str:
         # a JSON string is a TOML basic string, but for DEL, which TOML wants escaped
         return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
     if isinstance(value, dict):
-        items = [f"{k if _BARE_KEY.fullmatch(k) else json.dumps(k)} = {toml_value(v, f'{where}.{k}')}" for k, v in value.items()]
+        items = [
+            f"{k if _BARE_KEY.fullmatch(k) else json.dumps(k)} = {toml_value(v, f'{where}.{k}')}"
+            for k, v in value.items()
+        ]
         return "{ " + ", ".join(items) + " }" if items else "{}"
     if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_value(v, where) for v in value) + "]"
@@ -88,10 +91,18 @@ def unread_fields(recipe: Recipe) -> list[str]:
 def recipe_toml(recipe: Recipe) -> str:
     """The recipe as a trainer config's ``[algo]`` table: its name, and every hyperparameter as an
     override with the recipe's own value (a field left unset, None, as a comment: TOML has no null)."""
-    about = [f"{_config_name(recipe)}: {recipe.paper}", recipe.notes,
-             "For a trainer config file (tokencredit train --config FILE). The values are the recipe's own, "
-             "pinned: edit any, delete the lines to keep following the recipe table."]  # fmt: skip
-    out = [line for text in about if text for line in textwrap.wrap(text, 78, initial_indent="# ", subsequent_indent="# ")]
+    about = [
+        f"{_config_name(recipe)}: {recipe.paper}",
+        recipe.notes,
+        "For a trainer config file (tokencredit train --config FILE). The values are the recipe's own, "
+        "pinned: edit any, delete the lines to keep following the recipe table.",
+    ]
+    out = [
+        line
+        for text in about
+        if text
+        for line in textwrap.wrap(text, 78, initial_indent="# ", subsequent_indent="# ")
+    ]
     out += [
         "[algo]",
         f"recipe = {toml_value(_config_name(recipe), 'recipe')}",
@@ -126,7 +137,13 @@ def _table(width: int) -> Table:
     pointing at ``-v``, which prints each recipe's paper."""
     with_paper = width >= PAPER_WIDTH
     caption = None if with_paper else "papers and every hyperparameter: tokencredit recipes -v"
-    table = Table(title="tokencredit recipes", box=box.SIMPLE_HEAD, caption=caption, pad_edge=False, collapse_padding=True)
+    table = Table(
+        title="tokencredit recipes",
+        box=box.SIMPLE_HEAD,
+        caption=caption,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     for col in ("recipe", "advantage", "credit", "objective") + (("paper",) if with_paper else ()):
         table.add_column(col, no_wrap=col in ("recipe", "advantage", "credit"), overflow="fold")
     for r in RECIPES.values():

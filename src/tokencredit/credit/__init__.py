@@ -40,7 +40,16 @@ from tokencredit.batch import REDUCED_SIGNALS, SIGNALS, RolloutBatch
 from tokencredit.errors import ConfigError
 from tokencredit.registry import Registry, import_submodules, keyword_defaults
 
-__all__ = ["CREDIT_METHODS", "ConfigError", "CreditMethod", "compute", "get", "register", "token_view", "uniform"]
+__all__ = [
+    "CREDIT_METHODS",
+    "ConfigError",
+    "CreditMethod",
+    "compute",
+    "get",
+    "register",
+    "token_view",
+    "uniform",
+]
 
 CreditFn = Callable[..., Tensor]
 
@@ -86,7 +95,9 @@ def register(
         doc = description or (fn.__doc__ or "").strip().split("\n")[0]
         defaults = keyword_defaults(fn, skip=2)
         CREDIT_METHODS.add(
-            CreditMethod(name, fn, frozenset(needs), defaults, paper, doc, requires_lora, token_advantages, reduced)
+            CreditMethod(
+                name, fn, frozenset(needs), defaults, paper, doc, requires_lora, token_advantages, reduced
+            )
         )
         return fn
 
@@ -124,7 +135,9 @@ def compute(name: str, batch: RolloutBatch, advantages: Tensor, **params: Any) -
     bad = ~torch.isfinite(out)
     if bool(bad.any()):
         i, j = (int(x) for x in bad.nonzero()[0])
-        raise FloatingPointError(f"credit method {name!r} produced a non-finite advantage at rollout {i}, token {j}")
+        raise FloatingPointError(
+            f"credit method {name!r} produced a non-finite advantage at rollout {i}, token {j}"
+        )
     return out.detach()
 
 

@@ -211,7 +211,9 @@ def _salience_credit(
     return weighted_advantages(salience_weights(name, batch, sharpening), advantages, batch.mask, form)
 
 
-@register("arca", needs=("hidden", "base_hidden"), paper=PAPER, requires_lora=True, reduced="adapter_residual")
+@register(
+    "arca", needs=("hidden", "base_hidden"), paper=PAPER, requires_lora=True, reduced="adapter_residual"
+)
 def arca(batch: RolloutBatch, advantages: Tensor, sharpening: float = 1.0, form: str = "mean") -> Tensor:
     """ARCA: Â = A * T_i * w, w from the LoRA adapter's hidden-state residual norm (form="sum": A * w).
 

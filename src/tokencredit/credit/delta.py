@@ -187,7 +187,13 @@ def _centroids(
 
 
 def _margins(
-    hidden: Tensor, buf: Tensor | None, scale: Tensor, valid_f: Tensor, mu_pos: Tensor, mu_neg: Tensor, sides: _Sides
+    hidden: Tensor,
+    buf: Tensor | None,
+    scale: Tensor,
+    valid_f: Tensor,
+    mu_pos: Tensor,
+    mu_neg: Tensor,
+    sides: _Sides,
 ) -> Tensor:
     """m [N,T] = side * (2 s h.(mu+ - mu-) + |mu-|^2 - |mu+|^2): |v - mu_other|^2 - |v - mu_own|^2.
 
@@ -314,7 +320,9 @@ def discriminate(
         gam_pos = gam_neg = floor
         raw = valid_f * lam_min
 
-    n_valid, total = all_sum(torch.stack([valid_f.sum(dtype=torch.float64), raw.sum(dtype=torch.float64)]), shard)
+    n_valid, total = all_sum(
+        torch.stack([valid_f.sum(dtype=torch.float64), raw.sum(dtype=torch.float64)]), shard
+    )
     factor = torch.where(n_valid > 0, n_valid / total.clamp(min=1e-30), 0.0).to(torch.float32)
     return DeltaTerms(raw * factor, raw, margins, initial, tuple(centroids), (gam_pos, gam_neg))
 
@@ -334,7 +342,9 @@ def coefficients_from_hidden(
 
     See `discriminate` for shapes, `shard` and the values on degenerate inputs.
     """
-    return discriminate(hidden, scale, advantages, mask, lam_min, lam_max, refine_iters, shard=shard).coefficients
+    return discriminate(
+        hidden, scale, advantages, mask, lam_min, lam_max, refine_iters, shard=shard
+    ).coefficients
 
 
 def coefficients(

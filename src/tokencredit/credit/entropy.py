@@ -54,7 +54,12 @@ def _top_k_rows(values: Tensor, valid: Tensor, keep_ratio: float) -> Tensor:
 
 
 def top_entropy_mask(
-    entropy: Tensor, mask: Tensor, keep_ratio: float = 0.2, scope: str = "batch", *, shard: Shard | None = None
+    entropy: Tensor,
+    mask: Tensor,
+    keep_ratio: float = 0.2,
+    scope: str = "batch",
+    *,
+    shard: Shard | None = None,
 ) -> Tensor:
     """bool[N,T]: the top `keep_ratio` fraction of the valid tokens by entropy, exactly k of them.
 

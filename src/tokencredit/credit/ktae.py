@@ -44,8 +44,13 @@ from tokencredit.distributed import Shard, sum_by_key
 from tokencredit.errors import ConfigError, closest
 
 __all__ = [
-    "FISHER_MODES", "fisher_pvalue", "fisher_pvalue_official_fp32", "key_token_values", "ktae", "table_statistics",
-]  # fmt: skip
+    "FISHER_MODES",
+    "fisher_pvalue",
+    "fisher_pvalue_official_fp32",
+    "key_token_values",
+    "ktae",
+    "table_statistics",
+]
 
 # BM25 constants of the official frequency term.
 _K1 = 2.0
@@ -199,7 +204,9 @@ def _pairs(token_ids: Tensor, live: Tensor, correct: Tensor, g: _Groups) -> _Pai
     )
 
 
-def _strength_direction(g: _Groups, p: _Pairs, fisher: str, alpha: float, beta: float) -> tuple[Tensor, Tensor]:
+def _strength_direction(
+    g: _Groups, p: _Pairs, fisher: str, alpha: float, beta: float
+) -> tuple[Tensor, Tensor]:
     """(S, h) per pair from cached tables: S and h depend only on (G, N_T, a, b), so one
     [2, (N_T+1)(N_F+1)] table per distinct (G, N_T) combo, concatenated; a pair's entry is
     base[group] + a * (N_F + 1) + b."""
@@ -253,7 +260,13 @@ def _join_exchanges(shard: Shard | None, *, groups: bool) -> None:
 
 
 def _pair_values(
-    g: _Groups, p: _Pairs, use_tf: bool, alpha: float, beta: float, top: float, fisher: str,
+    g: _Groups,
+    p: _Pairs,
+    use_tf: bool,
+    alpha: float,
+    beta: float,
+    top: float,
+    fisher: str,
     ignore_token_ids: tuple[int, ...] | list[int] | Tensor,
 ) -> Tensor:
     """k = top * tanh(S D / 2) per (group, id) pair, float32; 0 for the ignored ids."""

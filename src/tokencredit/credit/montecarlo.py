@@ -27,7 +27,9 @@ def oracle(batch: RolloutBatch, advantages: Tensor) -> Tensor:
     return batch.mc_advantages.float()
 
 
-@register("vineppo", needs=("mc_step_advantages",), paper="Kazemnejad et al. 2025, VinePPO, ICML (arXiv 2410.01679)")
+@register(
+    "vineppo", needs=("mc_step_advantages",), paper="Kazemnejad et al. 2025, VinePPO, ICML (arXiv 2410.01679)"
+)
 def vineppo(batch: RolloutBatch, advantages: Tensor) -> Tensor:
     """Â[i,t] = V(end of t's step) - V(start of t's step), Monte-Carlo values at line breaks."""
     return batch.mc_step_advantages.float()

@@ -35,10 +35,14 @@ from tokencredit.errors import ConfigError
 
 
 @register(
-    "entropy-advantage", needs=("entropy",), token_advantages=True,
+    "entropy-advantage",
+    needs=("entropy",),
+    token_advantages=True,
     paper="Cheng et al. 2025, Reasoning with Exploration: An Entropy Perspective (arXiv 2506.14758)",
-)  # fmt: skip
-def entropy_advantage(batch: RolloutBatch, advantages: Tensor, alpha: float = 0.4, kappa: float = 2.0) -> Tensor:
+)
+def entropy_advantage(
+    batch: RolloutBatch, advantages: Tensor, alpha: float = 0.4, kappa: float = 2.0
+) -> Tensor:
     """Â_t = A_t + min(alpha H_t, |A_t| / kappa) with the old policy's entropy H_t (detached)."""
     if not alpha > 0:
         raise ConfigError(f"entropy-advantage: alpha must be > 0, got {alpha}")
@@ -50,9 +54,11 @@ def entropy_advantage(batch: RolloutBatch, advantages: Tensor, alpha: float = 0.
 
 
 @register(
-    "advantage-reweighting", needs=("old_log_probs",), token_advantages=True,
+    "advantage-reweighting",
+    needs=("old_log_probs",),
+    token_advantages=True,
     paper="Yang et al. 2025, Advantage Reweighting, NeurIPS (arXiv 2505.12929)",
-)  # fmt: skip
+)
 def advantage_reweighting(batch: RolloutBatch, advantages: Tensor, alpha: float = 0.3) -> Tensor:
     """Â_t = (alpha pi_old(y_t) + 1 - alpha) A_t: low-probability tokens carry less of the advantage."""
     if not 0.0 <= alpha <= 1.0:

@@ -290,7 +290,9 @@ def load_problems(
     """
     p = Path(path)
     if str(path).startswith("reasoning-gym:"):
-        raise DataError(f"{path!r} is reasoning-gym data, not a file: load it with tokencredit.data.reasoning_gym.load")
+        raise DataError(
+            f"{path!r} is reasoning-gym data, not a file: load it with tokencredit.data.reasoning_gym.load"
+        )
     if not p.exists():
         raise DataError(f"{p}: no such file or directory")
     if not p.is_dir() and not p.is_file():

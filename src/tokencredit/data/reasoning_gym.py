@@ -44,9 +44,16 @@ from tokencredit.rewards.custom import parse_bool, parse_query
 from tokencredit.rewards.reasoning_gym import EXTRA, GymAnswer, question_sha256
 
 __all__ = [
-    "EVAL_SEED_OFFSET", "MAX_SIZE", "PREFIX", "PRESETS", "VALIDATION_SEED_OFFSET", "check_spec", "is_spec", "load",
+    "EVAL_SEED_OFFSET",
+    "MAX_SIZE",
+    "PREFIX",
+    "PRESETS",
+    "VALIDATION_SEED_OFFSET",
+    "check_spec",
+    "is_spec",
+    "load",
     "parse_spec",
-]  # fmt: skip
+]
 
 PREFIX = "reasoning-gym:"
 EVAL_SEED_OFFSET = 1_000_000_000
@@ -91,7 +98,9 @@ def _import_gym() -> Any:
     try:
         return importlib.import_module("reasoning_gym")
     except ImportError as e:
-        raise ConfigError(f"reasoning-gym data needs the reasoning-gym package: pip install 'tokencredit[{EXTRA}]' ({e})") from e
+        raise ConfigError(
+            f"reasoning-gym data needs the reasoning-gym package: pip install 'tokencredit[{EXTRA}]' ({e})"
+        ) from e
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -156,7 +165,12 @@ def _resolve(spec: str) -> tuple[str, dict[str, str]]:
     name, raw = parse_spec(spec)
     if name in PRESETS:
         base, params = PRESETS[name]
-        return base, {**{k: "|".join(map(str, v)) if isinstance(v, list | tuple) else str(v) for k, v in params.items()}, **raw}
+        return base, {
+            **{
+                k: "|".join(map(str, v)) if isinstance(v, list | tuple) else str(v) for k, v in params.items()
+            },
+            **raw,
+        }
     return name, raw
 
 
@@ -220,7 +234,9 @@ def _create(gym: Any, spec: str, name: str, params: dict[str, Any]) -> Any:
     try:
         return gym.create_dataset(name, **params)
     except (AssertionError, ValueError, TypeError) as e:
-        raise ConfigError(f"{spec!r}: reasoning-gym rejects the configuration ({type(e).__name__}: {e})") from None
+        raise ConfigError(
+            f"{spec!r}: reasoning-gym rejects the configuration ({type(e).__name__}: {e})"
+        ) from None
 
 
 def check_spec(spec: str, *, size: int | None = None, size_key: str = "size") -> None:
@@ -255,7 +271,10 @@ def load(
             raise DataError(f"{spec!r}: entry {i} has no question")
         gold = GymAnswer(
             "" if answer is None else str(answer),
-            dataset=name, config=params, index=i, question_sha256=question_sha256(question),
-        )  # fmt: skip
+            dataset=name,
+            config=params,
+            index=i,
+            question_sha256=question_sha256(question),
+        )
         out.append(Problem(id=f"{name}-{tag}-{i}", problem=question, answer=gold))
     return out

@@ -59,9 +59,23 @@ from typing import Literal
 from tokencredit.data.loaders import Problem
 
 __all__ = [
-    "CONNECTIVES", "ENDINGS", "LABELS", "MAX_DIFFICULTY", "MAX_DIGITS", "MAX_PHRASINGS", "MAX_SAMPLE", "ArithmeticProblem", "ArithmeticTask",
-    "ErrorLocation", "check", "extract_answer", "label_chars", "locate_first_error", "parse_problem", "reference_solution",
-]  # fmt: skip
+    "CONNECTIVES",
+    "ENDINGS",
+    "LABELS",
+    "MAX_DIFFICULTY",
+    "MAX_DIGITS",
+    "MAX_PHRASINGS",
+    "MAX_SAMPLE",
+    "ArithmeticProblem",
+    "ArithmeticTask",
+    "ErrorLocation",
+    "check",
+    "extract_answer",
+    "label_chars",
+    "locate_first_error",
+    "parse_problem",
+    "reference_solution",
+]
 
 
 @dataclass(frozen=True)

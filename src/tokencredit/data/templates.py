@@ -53,7 +53,9 @@ def has_chat_template(tokenizer: Any) -> bool:
     return tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
 
 
-def chat_template_warning(template: str, tokenizer: Any, model: str, option: str = "data.template") -> str | None:
+def chat_template_warning(
+    template: str, tokenizer: Any, model: str, option: str = "data.template"
+) -> str | None:
     """The warning for `template` used with a tokenizer that has no chat template, else None.
 
     "qwen-math" and "chat" then render the plain fallback ("System: ... User: ... Assistant:"), a

@@ -62,7 +62,9 @@ class _Answers:
 
     def repeated(self, n: int) -> _Answers:
         """Each answer n times in a row (the 'samples' of a temperature-0 evaluation)."""
-        return _Answers(*([x for x in xs for _ in range(n)] for xs in (self.texts, self.lengths, self.truncated)))
+        return _Answers(
+            *([x for x in xs for _ in range(n)] for xs in (self.texts, self.lengths, self.truncated))
+        )
 
 
 def _answers(
@@ -82,9 +84,13 @@ def _answers(
     whole_chunk = replace(sampling, batch_size=None)  # a chunk's rows go in one generate call
     for start in range(0, len(prompts), per_chunk):
         r = rollout.generate(
-            model, tokenizer, prompts[start : start + per_chunk], n_per, sampling=whole_chunk,
+            model,
+            tokenizer,
+            prompts[start : start + per_chunk],
+            n_per,
+            sampling=whole_chunk,
             seed=_chunk_seed(seed, start) if sampling.temperature > 0 else None,
-        )  # fmt: skip
+        )
         out.texts += r.texts
         out.lengths += r.response_lengths.tolist()
         out.truncated += r.truncated.tolist()
@@ -159,17 +165,35 @@ def evaluate(
 
             if greedy_run:
                 greedy_sampling = replace(sampling, temperature=0.0)
-                g = _answers(model, tokenizer, prompts, 1, greedy_sampling, seed=settings.seed, advance=advance("greedy"))
+                g = _answers(
+                    model,
+                    tokenizer,
+                    prompts,
+                    1,
+                    greedy_sampling,
+                    seed=settings.seed,
+                    advance=advance("greedy"),
+                )
                 g_correct, timeouts = _judged(v, g.texts, golds)
                 if greedy:
                     out["greedy_acc"] = greedy_accuracy(g_correct)
             if sampled_run:
-                s = _answers(model, tokenizer, prompts, samples, sampling, seed=settings.seed, advance=advance("samples"))
+                s = _answers(
+                    model,
+                    tokenizer,
+                    prompts,
+                    samples,
+                    sampling,
+                    seed=settings.seed,
+                    advance=advance("samples"),
+                )
                 s_flat, n_to = _judged(v, s.texts, [g for g in golds for _ in range(samples)])
                 timeouts += n_to
                 out.update(_sample_scores(v, s, s_flat.reshape(P, samples), samples))
             elif samples > 0:
-                out.update(_sample_scores(v, g.repeated(samples), np.repeat(g_correct[:, None], samples, 1), samples))
+                out.update(
+                    _sample_scores(v, g.repeated(samples), np.repeat(g_correct[:, None], samples, 1), samples)
+                )
             else:
                 out.update(_length_scores(g))
         out["verify_timeouts"] = float(timeouts)

@@ -47,4 +47,3 @@ class EvalSettings:
         if not isinstance(self.sampling, SamplingSettings):
             raise ValueError(f"sampling must be a SamplingSettings, got {type(self.sampling).__name__}")
         check_template(self.template)
-

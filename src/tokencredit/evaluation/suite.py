@@ -34,7 +34,9 @@ def load_benchmark(name: str, limit: int | None, data: Any = None) -> list[Any]:
     """
     if name in TOY_VARIANTS:
         if data is None:
-            raise ConfigError(f"benchmark {name!r}: the embedded task's settings are needed (data: a DataConfig)")
+            raise ConfigError(
+                f"benchmark {name!r}: the embedded task's settings are needed (data: a DataConfig)"
+            )
         return load_problems_for(name, replace(data, eval_size=limit or data.eval_size), split="heldout")
     if reasoning_gym.is_spec(name):
         return reasoning_gym.load(name, split="heldout", size=limit)
@@ -75,9 +77,14 @@ def evaluate_benchmarks(
         greedy_keys: dict[str, float] = {}
         for i, s in enumerate(seeds):
             m = evaluate(
-                model, tokenizer, problems, replace(settings, seed=s, greedy=settings.greedy and i == 0),
-                verifier=verifier, progress=progress, description=f"{b} seed {s}",
-            )  # fmt: skip
+                model,
+                tokenizer,
+                problems,
+                replace(settings, seed=s, greedy=settings.greedy and i == 0),
+                verifier=verifier,
+                progress=progress,
+                description=f"{b} seed {s}",
+            )
             if i == 0:
                 greedy_keys = {k: v for k, v in m.items() if k == "greedy_acc"}
             m.update(greedy_keys)

@@ -31,7 +31,9 @@ def check_supported(who: str, package: str, found: str, supported: str, tested: 
     ImportError saying that `who` supports `package` `supported` (tested with `tested`), and `why`."""
     lo, hi = (Version(part.lstrip("<>=")) for part in supported.split(","))
     if not lo <= Version(found) < hi:
-        raise ImportError(f"{who} supports {package} {supported} (tested with {tested}); found {package} {found}. {why}")
+        raise ImportError(
+            f"{who} supports {package} {supported} (tested with {tested}); found {package} {found}. {why}"
+        )
     return found
 
 

@@ -81,15 +81,20 @@ _TRL_EPS = 1e-4
 def check_version(version: str | None = None) -> str:
     """Raise ImportError unless TRL's version is in SUPPORTED_VERSIONS."""
     return check_supported(
-        "tokencredit.integrations.trl", "TRL", trl.__version__ if version is None else version, SUPPORTED_VERSIONS,
-        "1.0.0 and 1.16.0", "It overrides GRPOTrainer internals (_generate_and_score_completions, "
+        "tokencredit.integrations.trl",
+        "TRL",
+        trl.__version__ if version is None else version,
+        SUPPORTED_VERSIONS,
+        "1.0.0 and 1.16.0",
+        "It overrides GRPOTrainer internals (_generate_and_score_completions, "
         "_calculate_rewards) whose contract differs in other major versions.",
-    )  # fmt: skip
+    )
 
 
 check_version()
 
 NegativePromptFn = Callable[[Mapping[str, Any]], Any]
+
 
 # Recipe losses TRL has as a `loss_type`, and the GRPOConfig settings that make TRL's loss the recipe's
 # (tokencredit.objectives.losses_trl documents the correspondence; tests/objectives/test_vs_verl.py checks it).
@@ -105,7 +110,10 @@ def _trl_cispo(p: dict[str, Any]) -> tuple[str, dict[str, float]]:
 _TRL_LOSS_TYPES: dict[str, Callable[[dict[str, Any]], tuple[str, dict[str, float]]]] = {
     "cispo": _trl_cispo,
     "sapo": lambda p: ("sapo", {"sapo_temperature_pos": p["tau_pos"], "sapo_temperature_neg": p["tau_neg"]}),
-    "vespo": lambda p: ("vespo", {f"vespo_{k}": p[k] for k in ("k_pos", "lambda_pos", "k_neg", "lambda_neg")}),
+    "vespo": lambda p: (
+        "vespo",
+        {f"vespo_{k}": p[k] for k in ("k_pos", "lambda_pos", "k_neg", "lambda_neg")},
+    ),
 }
 
 
@@ -137,7 +145,9 @@ class CreditGRPOTrainer(GRPOTrainer):
         negative_prompt: NegativePromptFn | None = None,
         **kwargs: Any,
     ) -> None:
-        self.recipe: Recipe = resolve(credit, {"credit_params": dict(credit_params)} if credit_params else None)
+        self.recipe: Recipe = resolve(
+            credit, {"credit_params": dict(credit_params)} if credit_params else None
+        )
         self._negative_prompt_fn = negative_prompt
         self._tc_rewards: Tensor | None = None
         self.last_credit: dict[str, Any] | None = None
@@ -268,9 +278,11 @@ class CreditGRPOTrainer(GRPOTrainer):
         rows, group_ids, shard = self._shard(ids.shape[0], scores.numel(), ids.device)
         signals = self._signals(inputs, output, mask, needs)
         rollouts = builder.ScoredRollouts(
-            response_ids=ids, response_mask=mask, group_ids=group_ids,
+            response_ids=ids,
+            response_mask=mask,
+            group_ids=group_ids,
             scores=scores.to(ids.device)[rows].float(),
-        )  # fmt: skip
+        )
         batch = builder.build_batch(rollouts, needs, given=signals, who="CreditGRPOTrainer", shard=shard)
         tc = token_credit(recipe, batch, special_ids=special_token_ids(self._text_tokenizer))
         local = tc.token_advantages.to(device=ids.device, dtype=torch.float32).contiguous()
@@ -303,9 +315,12 @@ class CreditGRPOTrainer(GRPOTrainer):
         metrics as ``credit/<name>``; of the whole batch (collective with several processes). The entropy
         shares appear when the credit method reads the entropy (no pass is added for the diagnostics)."""
         values = diagnostics.summary(
-            tc.effective().detach().cpu(), mask.cpu(), tc.seq_advantages.detach().cpu(),
-            None if entropy is None else entropy.detach().cpu(), shard=shard,
-        )  # fmt: skip
+            tc.effective().detach().cpu(),
+            mask.cpu(),
+            tc.seq_advantages.detach().cpu(),
+            None if entropy is None else entropy.detach().cpu(),
+            shard=shard,
+        )
         for key, value in values.items():
             self._metrics[mode][metric_name(key)].append(value)
 
@@ -330,18 +345,28 @@ class CreditGRPOTrainer(GRPOTrainer):
         (`tokencredit.rollout.records`): per row its global index, group id, group fields and completion record."""
         scored = self._last_train_credit
         if scored is None:
-            raise RuntimeError("CreditGRPOTrainer: no training batch was scored yet, so there are no rollouts to save")
+            raise RuntimeError(
+                "CreditGRPOTrainer: no training batch was scored yet, so there are no rollouts to save"
+            )
         tok = self._text_tokenizer
         ids = scored["completion_ids"].cpu()
         lengths = self._lengths(ids, scored["completion_mask"].cpu())
         mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
-        texts = [tok.decode(ids[i, :n].tolist(), skip_special_tokens=True) for i, n in enumerate(lengths.tolist())]
+        texts = [
+            tok.decode(ids[i, :n].tolist(), skip_special_tokens=True) for i, n in enumerate(lengths.tolist())
+        ]
         signals = {k: scored["signals"].get(k) for k in ("entropy", "old_log_probs")}
         completions = records.completion_records(
-            ids, mask, scored["scores"].cpu(), scored["sequence_advantages"].cpu(), scored["advantages"].cpu(),
-            texts=texts, tokens=[tok.convert_ids_to_tokens(ids[i, :n].tolist()) for i, n in enumerate(lengths.tolist())],
-            truncated=scored["truncated"].cpu(), signals={k: None if v is None else v.cpu() for k, v in signals.items()},
-        )  # fmt: skip
+            ids,
+            mask,
+            scored["scores"].cpu(),
+            scored["sequence_advantages"].cpu(),
+            scored["advantages"].cpu(),
+            texts=texts,
+            tokens=[tok.convert_ids_to_tokens(ids[i, :n].tolist()) for i, n in enumerate(lengths.tolist())],
+            truncated=scored["truncated"].cpu(),
+            signals={k: None if v is None else v.cpu() for k, v in signals.items()},
+        )
         rows = []
         for i, completion in enumerate(completions):
             example = scored["examples"][i]
@@ -351,13 +376,19 @@ class CreditGRPOTrainer(GRPOTrainer):
                 ids_i = scored["prompt_ids"][i][scored["prompt_mask"][i].bool()].tolist()
                 prompt = tok.decode(ids_i, skip_special_tokens=False, clean_up_tokenization_spaces=False)
             fields = {"prompt": prompt, **problem_fields(example)}
-            rows.append({
-                "row": int(scored["rows"][i]), "group": int(scored["group_ids"][i]), "fields": fields,
-                "completion": completion,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "row": int(scored["rows"][i]),
+                    "group": int(scored["group_ids"][i]),
+                    "fields": fields,
+                    "completion": completion,
+                }
+            )
         return rows
 
-    def _shard(self, n_local: int, n_global: int, device: torch.device) -> tuple[Tensor, Tensor, Shard | None]:
+    def _shard(
+        self, n_local: int, n_global: int, device: torch.device
+    ) -> tuple[Tensor, Tensor, Shard | None]:
         """(rows, group_ids, shard) of this process's completions within TRL's global batch.
 
         rows [B_local]: their indices in the global batch, TRL's ``process_slice`` (process i holds rows
@@ -390,14 +421,19 @@ class CreditGRPOTrainer(GRPOTrainer):
             return {"old_log_probs": torch.where(mask, lp, torch.zeros((), dtype=lp.dtype, device=lp.device))}
         # tool-call tokens (TRL's tool_mask) are attended to but carry no credit: attention from completion_mask
         rows = builder.Responses(
-            response_ids=output["completion_ids"], response_mask=mask, prompt_ids=output["prompt_ids"],
-            prompt_mask=output["prompt_mask"], response_attention=output["completion_mask"],
-        )  # fmt: skip
+            response_ids=output["completion_ids"],
+            response_mask=mask,
+            prompt_ids=output["prompt_ids"],
+            prompt_mask=output["prompt_mask"],
+            response_attention=output["completion_mask"],
+        )
         passes = builder.Passes(
-            temperature=float(self.temperature), batch_size=self.args.per_device_train_batch_size,
-            negative_prompts=lambda: self._negative_prompts(inputs), tokenizer=self._text_tokenizer,
+            temperature=float(self.temperature),
+            batch_size=self.args.per_device_train_batch_size,
+            negative_prompts=lambda: self._negative_prompts(inputs),
+            tokenizer=self._text_tokenizer,
             add_special_tokens=False,
-        )  # fmt: skip
+        )
         model = self.accelerator.unwrap_model(self.model)
         return builder.forward_signals(model, rows, needs.forward, passes, who="CreditGRPOTrainer")
 
@@ -454,7 +490,9 @@ class SaveRolloutsCallback(TrainerCallback):
 
     def __init__(self, path: str | Path, every: int = 10) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ConfigError(f"SaveRolloutsCallback: every must be a positive integer (steps), got {every!r}")
+            raise ConfigError(
+                f"SaveRolloutsCallback: every must be a positive integer (steps), got {every!r}"
+            )
         self.path = Path(path)
         self.every = every
         self.trainer: CreditGRPOTrainer | None = None  # set by the CreditGRPOTrainer it is given to
@@ -483,9 +521,13 @@ class SaveRolloutsCallback(TrainerCallback):
         for r in rows:
             fields.setdefault(r["group"], r["fields"])
         lines = records.group_records(
-            step=step, recipe=trainer.recipe.name, credit=trainer.recipe.credit, group_ids=[r["group"] for r in rows],
-            completions=[r["completion"] for r in rows], fields=fields,
-        )  # fmt: skip
+            step=step,
+            recipe=trainer.recipe.name,
+            credit=trainer.recipe.credit,
+            group_ids=[r["group"] for r in rows],
+            completions=[r["completion"] for r in rows],
+            fields=fields,
+        )
         self.path.mkdir(parents=True, exist_ok=True)
         out = self.path / f"step_{step:06d}.jsonl"
         atomic_write_text(out, records.jsonl_text(lines))

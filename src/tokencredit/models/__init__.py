@@ -48,13 +48,40 @@ from tokencredit.models.toy import (
 from tokencredit.models.warm_start import build_toy, toy_accuracy, warm_start
 
 __all__ = [
-    "CHAT_TEMPLATE", "EOS_TOKEN", "IM_START", "MODEL_ALIASES", "PAD_TOKEN", "REBUILD_COMMAND", "SPECIAL_TOKENS",
-    "TOY_ASSET_DIR", "TOY_HARD_ASSET_DIR", "TOY_HARD_CONFIG", "TOY_MODEL_CONFIG", "TOY_VARIANTS", "ModelSource",
-    "ToyVariant", "WarmStartConfig", "add_lora", "build_toy", "build_toy_model", "build_toy_tokenizer",
-    "hf_hub_cache", "load_model", "load_tokenizer", "model_path", "resolve_device", "resolve_model",
-    "resolve_dtype", "restore_parameters", "special_token_ids", "toy_accuracy", "toy_task", "toy_variant",
-    "toy_vocabulary", "warm_start",
-]  # fmt: skip
+    "CHAT_TEMPLATE",
+    "EOS_TOKEN",
+    "IM_START",
+    "MODEL_ALIASES",
+    "PAD_TOKEN",
+    "REBUILD_COMMAND",
+    "SPECIAL_TOKENS",
+    "TOY_ASSET_DIR",
+    "TOY_HARD_ASSET_DIR",
+    "TOY_HARD_CONFIG",
+    "TOY_MODEL_CONFIG",
+    "TOY_VARIANTS",
+    "ModelSource",
+    "ToyVariant",
+    "WarmStartConfig",
+    "add_lora",
+    "build_toy",
+    "build_toy_model",
+    "build_toy_tokenizer",
+    "hf_hub_cache",
+    "load_model",
+    "load_tokenizer",
+    "model_path",
+    "resolve_device",
+    "resolve_model",
+    "resolve_dtype",
+    "restore_parameters",
+    "special_token_ids",
+    "toy_accuracy",
+    "toy_task",
+    "toy_variant",
+    "toy_vocabulary",
+    "warm_start",
+]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -69,7 +96,7 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def resolve_device(name: str, what: str = "device") -> torch.device:
-    """"auto" -> the first CUDA device if there is one, else the CPU; otherwise `name`, checked to exist
+    """ "auto" -> the first CUDA device if there is one, else the CPU; otherwise `name`, checked to exist
     on this machine (a ConfigError naming `what` otherwise)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -214,7 +241,11 @@ def special_token_ids(tokenizer: Any) -> tuple[int, ...]:
     if tokenizer is None:
         return ()
     ids = set(getattr(tokenizer, "all_special_ids", None) or ())
-    ids |= {i for i in (getattr(tokenizer, "eos_token_id", None), getattr(tokenizer, "pad_token_id", None)) if i is not None}
+    ids |= {
+        i
+        for i in (getattr(tokenizer, "eos_token_id", None), getattr(tokenizer, "pad_token_id", None))
+        if i is not None
+    }
     return tuple(sorted(int(i) for i in ids))
 
 
@@ -231,7 +262,6 @@ def add_lora(
     # Imported here: peft (and the accelerate it imports) cost about a second of every run's start-up.
     from peft import LoraConfig, get_peft_model
 
-
     names = {n.split(".")[-1] for n, _ in model.named_modules()}
     present = [t for t in targets if t in names]
     if not present:
@@ -239,7 +269,9 @@ def add_lora(
             f"model.lora_targets {list(targets)} match no module of {name} "
             f"(module names include: {', '.join(sorted(names)[:12])})"
         )
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=present, task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=present, task_type="CAUSAL_LM"
+    )
     return get_peft_model(model, config)
 
 

@@ -40,9 +40,15 @@ from tokencredit.errors import ConfigError, closest
 from tokencredit.models.toy import TOY_VARIANTS
 
 __all__ = [
-    "GGUF_MIN_VERSION", "MODEL_ALIASES", "ModelAlias", "ModelSource", "check_gguf_file", "check_model_directory",
-    "hf_hub_cache", "resolve_model",
-]  # fmt: skip
+    "GGUF_MIN_VERSION",
+    "MODEL_ALIASES",
+    "ModelAlias",
+    "ModelSource",
+    "check_gguf_file",
+    "check_model_directory",
+    "hf_hub_cache",
+    "resolve_model",
+]
 
 GGUF_MIN_VERSION = (0, 10)  # what transformers' GGUF loader asks for
 GGUF_INSTALL = "pip install gguf (or pip install 'tokencredit[gguf]')"
@@ -252,9 +258,15 @@ WEIGHT_FILES = (
 )
 """The weight files `from_pretrained` reads (one of them, or an index and its shards)."""
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
-    "vocab.json", "vocab.txt", "tekken.json",
-)  # fmt: skip
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+    "vocab.txt",
+    "tekken.json",
+)
 """Any of these (or a *.tiktoken file) is a tokenizer for `AutoTokenizer`."""
 _MAX_HEADER = 100 * 2**20  # a safetensors header (JSON) larger than this is not one
 

@@ -69,7 +69,9 @@ class ObjectiveArgs:
             )
         if self.loss_agg_mode not in AGG_MODES:
             mode = self.loss_agg_mode
-            raise ConfigError(f"unknown loss_agg_mode {mode!r}{closest(mode, AGG_MODES)}; one of {', '.join(AGG_MODES)}")
+            raise ConfigError(
+                f"unknown loss_agg_mode {mode!r}{closest(mode, AGG_MODES)}; one of {', '.join(AGG_MODES)}"
+            )
         if self.kl_type not in KL_TYPES:
             raise ConfigError(f"kl_type must be 'k1', 'k2' or 'k3', got {self.kl_type!r}")
         object.__setattr__(self, "loss_params", MappingProxyType(dict(self.loss_params)))
@@ -92,4 +94,7 @@ class ObjectiveArgs:
         """These arguments with every per-row tensor of kernel_args cut to `rows` (a micro-batch); None: all rows."""
         if rows is None or not any(isinstance(v, Tensor) for v in self.kernel_args.values()):
             return self
-        return replace(self, kernel_args={k: v[rows] if isinstance(v, Tensor) else v for k, v in self.kernel_args.items()})
+        return replace(
+            self,
+            kernel_args={k: v[rows] if isinstance(v, Tensor) else v for k, v in self.kernel_args.items()},
+        )

@@ -104,7 +104,9 @@ def _clip(
     return _masked(loss, mask), ind
 
 
-@register_loss("ppo-clip", paper="Schulman et al. 2017, PPO; asymmetric clip: DAPO; dual clip: Ye et al. 2020")
+@register_loss(
+    "ppo-clip", paper="Schulman et al. 2017, PPO; asymmetric clip: DAPO; dual clip: Ye et al. 2020"
+)
 def ppo_clip(
     inputs: LossInputs, eps_low: float = 0.2, eps_high: float = 0.2, dual_clip: float | None = None
 ) -> tuple[Tensor, dict[str, Tensor]]:

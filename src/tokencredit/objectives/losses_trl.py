@@ -35,7 +35,11 @@ _LOG_MIN = math.log(1e-8)
 
 @register_loss("vespo", paper="VESPO (arXiv 2602.10693), as TRL 1.16 implements it")
 def vespo(
-    inputs: LossInputs, k_pos: float = 2.0, lambda_pos: float = 3.0, k_neg: float = 3.0, lambda_neg: float = 2.0
+    inputs: LossInputs,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """loss_t = -phi(w) Â_t log pi(y_t) with the detached Gamma weight of the response's importance weight
     w = exp(clamp(sum_t log w_t, log 1e-8, 20)): phi(w) = exp(lambda + k log w - lambda w) (phi(1) = 1),

@@ -108,7 +108,9 @@ def clip_cov(
     with torch.no_grad():
         by_clip = (clipped > unclipped) & m
         cov = _covariance(inputs)
-        candidates = (m & ~by_clip & (cov > clip_cov_lb) & (cov < clip_cov_ub)).flatten().nonzero().squeeze(-1)
+        candidates = (
+            (m & ~by_clip & (cov > clip_cov_lb) & (cov < clip_cov_ub)).flatten().nonzero().squeeze(-1)
+        )
         k = max(int(clip_cov_ratio * int(m.sum())), 1)
         removed = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
         if candidates.numel():
@@ -116,7 +118,11 @@ def clip_cov(
             removed[candidates[pick]] = True
         removed = removed.view_as(m)
     loss = torch.where(removed, torch.zeros_like(unclipped), torch.maximum(unclipped, clipped))
-    ind = {"clip_high": (a > 0) & (w > 1.0 + eps_high), "clip_low": (a < 0) & (w < 1.0 - eps_low), "cov": removed}
+    ind = {
+        "clip_high": (a > 0) & (w > 1.0 + eps_high),
+        "clip_low": (a < 0) & (w < 1.0 - eps_low),
+        "cov": removed,
+    }
     return _masked(loss, m), ind
 
 
@@ -168,7 +174,11 @@ def _dppo(name: str, inputs: LossInputs, inside_pos: Tensor, inside_neg: Tensor,
     a, w = inputs.advantages, _weights(inputs)
     inside = torch.where(a > 0, inside_pos, inside_neg).detach()
     loss = -a * w.clamp(max=clip_ratio_c).detach() * inputs.log_prob * inside.to(a.dtype)
-    ind = {"clip_high": ~inside & (a > 0), "clip_low": ~inside & (a <= 0), "truncated": inside & (w > clip_ratio_c)}
+    ind = {
+        "clip_high": ~inside & (a > 0),
+        "clip_low": ~inside & (a <= 0),
+        "truncated": inside & (w > clip_ratio_c),
+    }
     return _masked(loss, inputs.mask), ind
 
 
@@ -179,14 +189,18 @@ def _probs(inputs: LossInputs) -> tuple[Tensor, Tensor]:
 
 
 @register_loss("dppo-tv", paper="DPPO-Binary-TV, Rethinking the Trust Region in LLM RL (arXiv 2602.04879)")
-def dppo_tv(inputs: LossInputs, eps_low: float = 0.2, eps_high: float = 0.2, clip_ratio_c: float = 20.0) -> _Out:
+def dppo_tv(
+    inputs: LossInputs, eps_low: float = 0.2, eps_high: float = 0.2, clip_ratio_c: float = 20.0
+) -> _Out:
     """DPPO with the total-variation region: pi - pi_old <= eps_high where Â > 0, >= -eps_low where Â <= 0."""
     p, p_old = _probs(inputs)
     return _dppo("dppo-tv", inputs, p - p_old <= eps_high, p - p_old >= -eps_low, clip_ratio_c)
 
 
 @register_loss("dppo-kl", paper="DPPO-Binary-KL, Rethinking the Trust Region in LLM RL (arXiv 2602.04879)")
-def dppo_kl(inputs: LossInputs, eps_low: float = 0.2, eps_high: float = 0.2, clip_ratio_c: float = 20.0) -> _Out:
+def dppo_kl(
+    inputs: LossInputs, eps_low: float = 0.2, eps_high: float = 0.2, clip_ratio_c: float = 20.0
+) -> _Out:
     """DPPO with the binary-KL region: KL = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p))
     (1e-8 inside the second log) <= eps_high or p <= p_old where Â > 0; <= eps_low or p >= p_old where Â <= 0."""
     p, p_old = _probs(inputs)
@@ -194,4 +208,6 @@ def dppo_kl(inputs: LossInputs, eps_low: float = 0.2, eps_high: float = 0.2, cli
     kl = p_old * (inputs.old_log_prob - inputs.log_prob) + (1.0 - p_old) * torch.log(
         (1.0 - p_old + 1e-8) / (1.0 - p + 1e-8)
     )
-    return _dppo("dppo-kl", inputs, (kl <= eps_high) | (p <= p_old), (kl <= eps_low) | (p >= p_old), clip_ratio_c)
+    return _dppo(
+        "dppo-kl", inputs, (kl <= eps_high) | (p <= p_old), (kl <= eps_low) | (p >= p_old), clip_ratio_c
+    )

@@ -78,8 +78,14 @@ def aggregate(
             raise ConfigError(f"norm_constant must be > 0, got {c}")
         per_seq = seq_sum / c
     else:
-        raise ConfigError(f"unknown loss_agg_mode {mode!r}{closest(mode, AGG_MODES)}; one of {', '.join(AGG_MODES)}")
-    n_seq = (lens > 0).to(loss.dtype).sum() if global_seqs is None else torch.as_tensor(global_seqs, dtype=loss.dtype)
+        raise ConfigError(
+            f"unknown loss_agg_mode {mode!r}{closest(mode, AGG_MODES)}; one of {', '.join(AGG_MODES)}"
+        )
+    n_seq = (
+        (lens > 0).to(loss.dtype).sum()
+        if global_seqs is None
+        else torch.as_tensor(global_seqs, dtype=loss.dtype)
+    )
     return per_seq.sum() / n_seq.clamp(min=1)
 
 
@@ -117,7 +123,9 @@ def policy_loss(
     args = ObjectiveArgs() if args is None else args
     spec = get_loss(args.loss)
     mask = mask.bool()
-    adv = (advantages[:, None].expand_as(log_prob) if advantages.dim() == 1 else advantages).to(log_prob.dtype)
+    adv = (advantages[:, None].expand_as(log_prob) if advantages.dim() == 1 else advantages).to(
+        log_prob.dtype
+    )
     adv = adv.detach()
     metrics: dict[str, float] = {}
     if spec.uses_ratio:
@@ -160,4 +168,3 @@ def is_per_token(loss: str, kernel: str) -> bool:
     """True when the on-policy gradient weight of every token is its own Â_t (the effective credit is Â)."""
     spec = get_loss(loss)
     return spec.per_token and (not spec.uses_ratio or get_kernel(kernel).per_token)
-

@@ -47,8 +47,15 @@ from tokencredit.credit.entropy import top_entropy_mask
 from tokencredit.errors import ConfigError
 from tokencredit.objectives.kernels import Preparation, needs_keep, register_kernel
 
-__all__ = ["DECAYS", "GRPO_LAMBDA_TRACES", "KEPT_SET", "causal_decay_filter", "grpo_lambda_log_weights", "kept_set",
-           "trace_log_weights"]
+__all__ = [
+    "DECAYS",
+    "GRPO_LAMBDA_TRACES",
+    "KEPT_SET",
+    "causal_decay_filter",
+    "grpo_lambda_log_weights",
+    "kept_set",
+    "trace_log_weights",
+]
 
 DECAYS = ("kept", "position")
 GRPO_LAMBDA_TRACES = ("recent", "both")
@@ -197,7 +204,9 @@ def _strace_kernel(
     log_ratio: Tensor, mask: Tensor, lam: float = 0.95, keep: Tensor | None = None, decay: str = "kept"
 ) -> Tensor:
     """S-trace (our reconstruction of Mou et al. 2026): the P-trace over the kept (high-entropy) tokens."""
-    return trace_log_weights(log_ratio, mask, lam, normalized=True, keep=needs_keep("strace", keep), decay=decay)
+    return trace_log_weights(
+        log_ratio, mask, lam, normalized=True, keep=needs_keep("strace", keep), decay=decay
+    )
 
 
 def grpo_lambda_log_weights(log_ratio: Tensor, mask: Tensor, decay: float, trace: str = "recent") -> Tensor:

@@ -92,13 +92,37 @@ from tokencredit.oracle.values import (
 from tokencredit.rollout.settings import SamplingSettings
 
 __all__ = [
-    "DEFAULT_DELTA", "DEFAULT_K", "VINE_K", "VINE_MAX_STEPS", "ContinuationSampler", "MCSettings", "ModelSampler",
-    "OracleCost", "OracleCredit", "RewardFn", "SampledRewards", "advantages_from_values", "average_ranks", "fidelity",
-    "fidelity_stderr", "half_means", "line_break_boundaries", "mc_signals", "mc_value", "oracle_credit",
-    "oracle_targets", "policy_log_probs", "skip_positions", "spearman", "step_advantages",
-    "step_advantages_from_values", "step_ids_from_boundaries", "token_advantages", "value_states",
+    "DEFAULT_DELTA",
+    "DEFAULT_K",
+    "VINE_K",
+    "VINE_MAX_STEPS",
+    "ContinuationSampler",
+    "MCSettings",
+    "ModelSampler",
+    "OracleCost",
+    "OracleCredit",
+    "RewardFn",
+    "SampledRewards",
+    "advantages_from_values",
+    "average_ranks",
+    "fidelity",
+    "fidelity_stderr",
+    "half_means",
+    "line_break_boundaries",
+    "mc_signals",
+    "mc_value",
+    "oracle_credit",
+    "oracle_targets",
+    "policy_log_probs",
+    "skip_positions",
+    "spearman",
+    "step_advantages",
+    "step_advantages_from_values",
+    "step_ids_from_boundaries",
+    "token_advantages",
+    "value_states",
     "vine_credit",
-]  # fmt: skip
+]
 
 
 def oracle_credit(
@@ -130,9 +154,18 @@ def oracle_credit(
     split_halves (k even): also A* of each half of the K continuations (`OracleCredit.half_advantages`).
     """
     sampler = ModelSampler(
-        model, tokenizer, rollouts, golds, reward_fn, temperature=temperature, max_new_tokens=max_new_tokens,
-        top_p=top_p, top_k=top_k, batch_size=batch_size, log=log,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        rollouts,
+        golds,
+        reward_fn,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        top_p=top_p,
+        top_k=top_k,
+        batch_size=batch_size,
+        log=log,
+    )
     t0 = time.perf_counter()
     lp = (
         policy_log_probs(model, rollouts, temperature=temperature, batch_size=batch_size)
@@ -179,18 +212,35 @@ def vine_credit(
     steps end after every token containing `delimiter` (default a line break), K continuations per
     step boundary, step advantage V(s_{j+1}) - V(s_j) on the step's tokens (`step_advantages`)."""
     sampler = ModelSampler(
-        model, tokenizer, rollouts, golds, reward_fn, temperature=temperature, max_new_tokens=max_new_tokens,
-        top_p=top_p, top_k=top_k, batch_size=batch_size, log=log,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        rollouts,
+        golds,
+        reward_fn,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        top_p=top_p,
+        top_k=top_k,
+        batch_size=batch_size,
+        log=log,
+    )
     t0 = time.perf_counter()
     lp = old_log_probs
     if delta > 0 and lp is None:
         lp = policy_log_probs(model, rollouts, temperature=temperature, batch_size=batch_size)
     boundaries = line_break_boundaries(tokenizer, sampler.response_ids, sampler.mask, delimiter)
     out = step_advantages(
-        sampler, sampler.mask, boundaries, sampler.final_rewards(), k=k, max_steps=max_steps,
-        log_probs=None if lp is None else lp.cpu(), delta=delta, seed=seed, reward_range=reward_range,
-    )  # fmt: skip
+        sampler,
+        sampler.mask,
+        boundaries,
+        sampler.final_rewards(),
+        k=k,
+        max_steps=max_steps,
+        log_probs=None if lp is None else lp.cpu(),
+        delta=delta,
+        seed=seed,
+        reward_range=reward_range,
+    )
     out.cost.seconds = time.perf_counter() - t0
     return out
 
@@ -228,18 +278,43 @@ def mc_signals(
     (temperature, top_p, top_k, max_new_tokens; the continuations go `settings.batch_size` rows per
     generate call, not `sampling.batch_size`); `reward_fn` must score in [0, 1] (the verifier's
     correctness, not shaped scores)."""
-    common = dict(temperature=sampling.temperature, max_new_tokens=sampling.max_new_tokens, top_p=sampling.top_p,
-                  top_k=sampling.top_k, seed=seed, batch_size=settings.batch_size, log=log)  # fmt: skip
+    common = dict(
+        temperature=sampling.temperature,
+        max_new_tokens=sampling.max_new_tokens,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        seed=seed,
+        batch_size=settings.batch_size,
+        log=log,
+    )
     out: dict[str, Tensor] = {}
     total = OracleCost()
     if "mc_advantages" in needs:
-        c = oracle_credit(model, tokenizer, rollouts, golds, reward_fn, k=settings.k, delta=settings.delta,
-                          old_log_probs=old_log_probs, **common)  # fmt: skip
+        c = oracle_credit(
+            model,
+            tokenizer,
+            rollouts,
+            golds,
+            reward_fn,
+            k=settings.k,
+            delta=settings.delta,
+            old_log_probs=old_log_probs,
+            **common,
+        )
         out["mc_advantages"] = c.advantages.float()
         total = _add_costs(total, c.cost)
     if "mc_step_advantages" in needs:
-        c = vine_credit(model, tokenizer, rollouts, golds, reward_fn, k=settings.vine_k, delimiter=settings.delimiter,
-                        max_steps=settings.vine_max_steps, **common)  # fmt: skip
+        c = vine_credit(
+            model,
+            tokenizer,
+            rollouts,
+            golds,
+            reward_fn,
+            k=settings.vine_k,
+            delimiter=settings.delimiter,
+            max_steps=settings.vine_max_steps,
+            **common,
+        )
         out["mc_step_advantages"] = c.advantages.float()
         total = _add_costs(total, c.cost)
     return out, total

@@ -30,7 +30,9 @@ from tokencredit.oracle.values import (
 __all__ = ["step_advantages", "token_advantages"]
 
 
-def _check_inputs(mask: Tensor, rewards: Tensor, k: int, reward_range: tuple[float, float], who: str) -> Tensor:
+def _check_inputs(
+    mask: Tensor, rewards: Tensor, k: int, reward_range: tuple[float, float], who: str
+) -> Tensor:
     m = _check_mask(mask, who)
     n = m.shape[0]
     if k < 2:
@@ -62,9 +64,15 @@ def _check_range(r: Tensor, reward_range: tuple[float, float], rows: Tensor, cut
 
 
 def _sample_values(
-    sampler: ContinuationSampler, need: Tensor, k: int, seed: int, reward_range: tuple[float, float],
-    who: str, *, halves: bool = False,
-) -> tuple[Tensor, Tensor, int, int, Tensor | None]:  # fmt: skip
+    sampler: ContinuationSampler,
+    need: Tensor,
+    k: int,
+    seed: int,
+    reward_range: tuple[float, float],
+    who: str,
+    *,
+    halves: bool = False,
+) -> tuple[Tensor, Tensor, int, int, Tensor | None]:
     """(values, stderr) float64 shaped like `need` ([N, C]) at the needed columns, (states, tokens),
     and with `halves` the [2, N, C] values of the first and of the last K/2 rewards per state (else None)."""
     rows, cuts = need.nonzero(as_tuple=True)
@@ -76,7 +84,9 @@ def _sample_values(
     out = sampler(rows.cpu(), cuts.cpu(), k, seed)
     r = out.rewards
     if tuple(r.shape) != (rows.numel(), k):
-        raise ValueError(f"{who}: the sampler returned rewards of shape {tuple(r.shape)}, expected ({rows.numel()}, {k})")
+        raise ValueError(
+            f"{who}: the sampler returned rewards of shape {tuple(r.shape)}, expected ({rows.numel()}, {k})"
+        )
     _check_range(r.double(), reward_range, rows, cuts, who)
     mean, err = mc_value(r)
     values[rows, cuts] = mean
@@ -95,22 +105,49 @@ def _half_advantages(half: Tensor, rewards: Tensor, m: Tensor, skip: Tensor) -> 
 
 
 def _result(
-    adv: Tensor, adv_se: Tensor, m: Tensor, skipped: Tensor, bound: Tensor, values: Tensor, se: Tensor,
-    need: Tensor, rewards: Tensor, *, states: int, tokens: int, k: int, t0: float, steps: Tensor | None = None,
-) -> OracleCredit:  # fmt: skip
+    adv: Tensor,
+    adv_se: Tensor,
+    m: Tensor,
+    skipped: Tensor,
+    bound: Tensor,
+    values: Tensor,
+    se: Tensor,
+    need: Tensor,
+    rewards: Tensor,
+    *,
+    states: int,
+    tokens: int,
+    k: int,
+    t0: float,
+    steps: Tensor | None = None,
+) -> OracleCredit:
     """The OracleCredit of an estimate: the final column of each row holds its reward (se 0)."""
     n = m.shape[0]
     final = m.sum(1)
     values[torch.arange(n), final] = rewards.double()
     known = need.clone()
     known[torch.arange(n), final] = True
-    cost = OracleCost(states=states, continuations=states * k, generated_tokens=tokens,
-                      seconds=time.perf_counter() - t0, positions=int(m.sum()), skipped=int(skipped.sum()))  # fmt: skip
+    cost = OracleCost(
+        states=states,
+        continuations=states * k,
+        generated_tokens=tokens,
+        seconds=time.perf_counter() - t0,
+        positions=int(m.sum()),
+        skipped=int(skipped.sum()),
+    )
     return OracleCredit(
-        advantages=adv, stderr=adv_se, mask=m, skipped=skipped, bound=bound,
-        values=torch.where(known, values, 0.0).float(), value_stderr=torch.where(known, se, 0.0).float(),
-        known=known, rewards=rewards.float(), cost=cost, steps=steps,
-    )  # fmt: skip
+        advantages=adv,
+        stderr=adv_se,
+        mask=m,
+        skipped=skipped,
+        bound=bound,
+        values=torch.where(known, values, 0.0).float(),
+        value_stderr=torch.where(known, se, 0.0).float(),
+        known=known,
+        rewards=rewards.float(),
+        cost=cost,
+        steps=steps,
+    )
 
 
 def token_advantages(
@@ -158,7 +195,9 @@ def token_advantages(
     return out
 
 
-def _step_starts(m: Tensor, boundaries: Tensor, steps: Tensor, max_steps: int | None) -> tuple[Tensor, Tensor, Tensor]:
+def _step_starts(
+    m: Tensor, boundaries: Tensor, steps: Tensor, max_steps: int | None
+) -> tuple[Tensor, Tensor, Tensor]:
     """(starts [N, S+1]: the column of step j's start state (-1: no such step), is_start: step-start
     states that need a value, steps per row [N]). Step 0 starts at the prompt; the final state holds
     the reward; past `max_steps`, states take the reward as their value."""
@@ -188,7 +227,9 @@ def _step_skips(
         i, j = (int(v) for v in bad.nonzero()[0])
         raise ValueError(f"step_advantages: non-finite log-prob at rollout {i}, token {j}")
     n_steps = int(steps.max()) + 1
-    p_step = torch.zeros(m.shape[0], n_steps, dtype=torch.float64).scatter_add_(1, steps.clamp(min=0), lp).exp()
+    p_step = (
+        torch.zeros(m.shape[0], n_steps, dtype=torch.float64).scatter_add_(1, steps.clamp(min=0), lp).exp()
+    )
     exists = torch.arange(n_steps)[None, :] < rows_steps[:, None]
     skip_step = exists & (p_step >= 1.0 - delta)
     return skip_step, torch.where(skip_step, span * (1 - p_step).clamp(min=0), 0.0)
@@ -224,7 +265,9 @@ def step_advantages(
     if max_steps is not None and max_steps < 0:
         raise ValueError(f"step_advantages: max_steps must be >= 0 or None, got {max_steps}")
     if delta > 0 and log_probs is None:
-        raise ValueError("step_advantages: delta > 0 needs log_probs (the step's probability decides the skip)")
+        raise ValueError(
+            "step_advantages: delta > 0 needs log_probs (the step's probability decides the skip)"
+        )
     n, t = m.shape
     steps = step_ids_from_boundaries(m, boundaries.cpu())
     n_steps = int(steps.max()) + 1
@@ -232,7 +275,9 @@ def step_advantages(
     skip_step = torch.zeros(n, n_steps, dtype=torch.bool)
     bound_step = torch.zeros(n, n_steps, dtype=torch.float64)
     if delta > 0:
-        skip_step, bound_step = _step_skips(m, steps, rows_steps, log_probs, delta, reward_range[1] - reward_range[0])
+        skip_step, bound_step = _step_skips(
+            m, steps, rows_steps, log_probs, delta, reward_range[1] - reward_range[0]
+        )
         kept = (torch.arange(n_steps)[None, :] < rows_steps[:, None]) & ~skip_step
         adjacent = torch.zeros(n, n_steps + 1, dtype=torch.bool)
         adjacent[:, :n_steps] |= kept
@@ -252,5 +297,19 @@ def step_advantages(
     adv, adv_se = step_advantages_from_values(step_values, step_se, steps, skip_step)  # skipped steps: 0
     skipped = m & skip_step.gather(1, steps.clamp(min=0))
     bound = torch.where(skipped, bound_step.gather(1, steps.clamp(min=0)), 0.0).float()
-    return _result(adv, adv_se, m, skipped, bound, values, se, need, rewards, states=n_states, tokens=n_tokens, k=k,
-                   t0=t0, steps=steps)  # fmt: skip
+    return _result(
+        adv,
+        adv_se,
+        m,
+        skipped,
+        bound,
+        values,
+        se,
+        need,
+        rewards,
+        states=n_states,
+        tokens=n_tokens,
+        k=k,
+        t0=t0,
+        steps=steps,
+    )

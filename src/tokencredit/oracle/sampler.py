@@ -149,7 +149,11 @@ class ModelSampler:
                 raise ValueError(
                     f"ModelSampler: state after {c} tokens of rollout {r} (length {int(self.lengths[r])})"
                 )
-            key = (tuple(self.prompts[r].tolist()), tuple(self.response_ids[r, :c].tolist()), repr(self.golds[r]))
+            key = (
+                tuple(self.prompts[r].tolist()),
+                tuple(self.response_ids[r, :c].tolist()),
+                repr(self.golds[r]),
+            )
             if key not in key_of:
                 key_of[key] = len(uniq)
                 uniq.append((r, c))
@@ -168,11 +172,20 @@ class ModelSampler:
             att[j, width - len(p) :] = True
         budgets = torch.tensor([self.max_new_tokens - c for _, c in states]).repeat_interleave(k)
         _, new, valid, _ = rollout.generate_ids(
-            self.model, ids, att, k, eos_ids=self.eos_ids, pad_id=self.pad_id, seed=seed,
+            self.model,
+            ids,
+            att,
+            k,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+            seed=seed,
             sampling=rollout.SamplingSettings(
-                temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_new_tokens=int(budgets.max())
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+                max_new_tokens=int(budgets.max()),
             ),
-        )  # fmt: skip
+        )
         valid &= torch.arange(new.shape[1])[None, :] < budgets[:, None]
         return [new[j][valid[j]] for j in range(new.shape[0])], int(valid.sum())
 

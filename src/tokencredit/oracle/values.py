@@ -15,10 +15,22 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "DEFAULT_DELTA", "DEFAULT_K", "VINE_K", "VINE_MAX_STEPS", "ContinuationSampler", "OracleCost", "OracleCredit",
-    "SampledRewards", "advantages_from_values", "half_means", "mc_value", "skip_positions",
-    "step_advantages_from_values", "step_ids_from_boundaries", "value_states",
-]  # fmt: skip
+    "DEFAULT_DELTA",
+    "DEFAULT_K",
+    "VINE_K",
+    "VINE_MAX_STEPS",
+    "ContinuationSampler",
+    "OracleCost",
+    "OracleCredit",
+    "SampledRewards",
+    "advantages_from_values",
+    "half_means",
+    "mc_value",
+    "skip_positions",
+    "step_advantages_from_values",
+    "step_ids_from_boundaries",
+    "value_states",
+]
 
 DEFAULT_DELTA = 1e-3
 """Positions whose token had probability >= 1 - DEFAULT_DELTA get A* = 0 (|A*| <= DEFAULT_DELTA)."""

@@ -34,7 +34,21 @@ from tokencredit.recipes.resolve import from_dict, resolve, validate
 from tokencredit.recipes.table import RECIPES, get_recipe, known_names, method_recipe
 
 __all__ = [
-    "CLIP_FIELDS", "RECIPES", "Recipe", "TokenCredit", "batch_fields", "credit_arguments", "credit_needs",
-    "from_dict", "get_recipe", "known_names", "method_recipe", "recipe_needs", "requires_lora", "resolve",
-    "token_credit", "validate", "zero_outside",
-]  # fmt: skip
+    "CLIP_FIELDS",
+    "RECIPES",
+    "Recipe",
+    "TokenCredit",
+    "batch_fields",
+    "credit_arguments",
+    "credit_needs",
+    "from_dict",
+    "get_recipe",
+    "known_names",
+    "method_recipe",
+    "recipe_needs",
+    "requires_lora",
+    "resolve",
+    "token_credit",
+    "validate",
+    "zero_outside",
+]

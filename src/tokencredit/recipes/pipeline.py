@@ -16,9 +16,15 @@ from tokencredit.recipes.recipe import Recipe
 from tokencredit.recipes.resolve import resolve
 
 __all__ = [
-    "TokenCredit", "batch_fields", "credit_arguments", "credit_needs", "recipe_needs", "requires_lora", "token_credit",
+    "TokenCredit",
+    "batch_fields",
+    "credit_arguments",
+    "credit_needs",
+    "recipe_needs",
+    "requires_lora",
+    "token_credit",
     "zero_outside",
-]  # fmt: skip
+]
 
 
 def credit_needs(recipe: Recipe) -> frozenset[str]:
@@ -128,7 +134,9 @@ def token_credit(
     mask = batch.mask
     if recipe.mask_truncated and batch.truncated is not None:
         mask = mask & ~batch.truncated[:, None]
-    kernel_args = objectives.prepare_kernel(recipe.kernel, batch, recipe.kernel_params) if recipe.uses_ratio else None
+    kernel_args = (
+        objectives.prepare_kernel(recipe.kernel, batch, recipe.kernel_params) if recipe.uses_ratio else None
+    )
     objective = recipe.objective_args(kernel_args, max_response_length=max_response_length)
     loss_mask = objectives.loss_token_mask(mask, objective.keep)
     return TokenCredit(recipe, seq_adv.detach().float(), tok_adv, mask, loss_mask, objective)

@@ -47,12 +47,16 @@ class Recipe:
                 f"recipe has no field {unknown[0]!r}{closest(unknown[0], self.__dataclass_fields__)}"
             )
         merged = {
-            k: {**getattr(self, k), **v} if isinstance(v, Mapping) and isinstance(getattr(self, k), dict) else v
+            k: {**getattr(self, k), **v}
+            if isinstance(v, Mapping) and isinstance(getattr(self, k), dict)
+            else v
             for k, v in changes.items()
         }
         return replace(self, **merged)
 
-    def with_method_baseline(self, advantage: str, advantage_params: Mapping[str, Any] | None = None) -> Recipe:
+    def with_method_baseline(
+        self, advantage: str, advantage_params: Mapping[str, Any] | None = None
+    ) -> Recipe:
         """For a credit method on its own, the engine's group baseline; a table recipe keeps its own."""
         if self.kind != "method":
             return self
@@ -101,7 +105,9 @@ class Recipe:
         elif self.loss == "reinforce":
             text = f"REINFORCE, {self.loss_agg_mode}"
         elif self.uses_ratio:
-            text = f"{self.loss} ({self.kernel} ratio{', ' + clip if takes_clip else ''}), {self.loss_agg_mode}"
+            text = (
+                f"{self.loss} ({self.kernel} ratio{', ' + clip if takes_clip else ''}), {self.loss_agg_mode}"
+            )
         else:
             text = f"{self.loss}, {self.loss_agg_mode}"
         return text + (f", KL {self.kl_coef:g}" if self.kl_coef else "")

@@ -12,6 +12,7 @@ from tokencredit.recipes.table import RECIPES, get_recipe, known_names, method_r
 
 __all__ = ["from_dict", "resolve", "validate"]
 
+
 def _lookup(name: str) -> Recipe:
     kind, sep, bare = name.partition(":")
     if sep:
@@ -53,7 +54,10 @@ def validate(recipe: Recipe, overridden: Iterable[str] = ()) -> None:
         raise ConfigError(f"{where}: kind must be 'recipe' or 'method', got {recipe.kind!r}")
     advantages.ESTIMATORS.check_params(recipe.advantage, recipe.advantage_params)
     credit.CREDIT_METHODS.check_params(recipe.credit, recipe.credit_params)
-    if advantages.get_estimator(recipe.advantage).token_level and not credit.get(recipe.credit).token_advantages:
+    if (
+        advantages.get_estimator(recipe.advantage).token_level
+        and not credit.get(recipe.credit).token_advantages
+    ):
         takes = [m for m, c in credit.CREDIT_METHODS.items() if c.token_advantages]
         raise ConfigError(
             f"{where}: advantage estimator {recipe.advantage!r} gives a token-level A [N,T], which credit method "
@@ -63,10 +67,14 @@ def validate(recipe: Recipe, overridden: Iterable[str] = ()) -> None:
     objectives.LOSSES.check_params(recipe.loss, recipe.loss_params)
     clip_in_params = sorted(set(recipe.loss_params) & set(CLIP_FIELDS))
     if clip_in_params:
-        raise ConfigError(f"{where}: set {clip_in_params[0]} as a recipe field (algo.{clip_in_params[0]}), not in loss_params")
+        raise ConfigError(
+            f"{where}: set {clip_in_params[0]} as a recipe field (algo.{clip_in_params[0]}), not in loss_params"
+        )
     unread = [k for k in CLIP_FIELDS if k in overridden and k not in loss.defaults]
     if unread:
-        raise ConfigError(f"{where}: policy loss {recipe.loss!r} has no clip range; {unread[0]} would never be read")
+        raise ConfigError(
+            f"{where}: policy loss {recipe.loss!r} has no clip range; {unread[0]} would never be read"
+        )
     if loss.uses_ratio:
         objectives.kernel_parameters(recipe.kernel, recipe.kernel_params)
     elif recipe.kernel != "token" or recipe.kernel_params:

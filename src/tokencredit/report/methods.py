@@ -20,8 +20,15 @@ from tokencredit.errors import ConfigError, closest
 from tokencredit.recipes import Recipe, TokenCredit, known_names, resolve, token_credit
 
 __all__ = [
-    "NA_LORA", "SAVED", "MethodCredit", "MethodSpec", "SavedSpec", "method_credit", "resolve_columns", "resolve_methods",
-]  # fmt: skip
+    "NA_LORA",
+    "SAVED",
+    "MethodCredit",
+    "MethodSpec",
+    "SavedSpec",
+    "method_credit",
+    "resolve_columns",
+    "resolve_methods",
+]
 
 NA_LORA = "n/a (needs a LoRA-trained model)"
 # explain's column of the input's own Â (`SavedSpec`); no recipe or credit method has this name
@@ -37,7 +44,7 @@ class MethodSpec:
 
     @property
     def kind(self) -> str:
-        """"credit" for a credit method on its own, "recipe" for a row of the recipe table."""
+        """ "credit" for a credit method on its own, "recipe" for a row of the recipe table."""
         return "credit" if self.recipe.kind == "method" else "recipe"
 
     @property
@@ -183,7 +190,9 @@ def method_credit(
     if missing:
         why = dict(unavailable or {})
         return MethodCredit(
-            spec, None, "; ".join(f"signal {s} unavailable: {why.get(s, 'not in the input')}" for s in missing)
+            spec,
+            None,
+            "; ".join(f"signal {s} unavailable: {why.get(s, 'not in the input')}" for s in missing),
         )
     try:
         return MethodCredit(spec, token_credit(spec.recipe, batch, special_ids=special_ids))

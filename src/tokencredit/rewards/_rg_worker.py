@@ -65,9 +65,15 @@ def main() -> int:
             ds = dataset(str(req["dataset"]), dict(req["config"]))
             entry = ds[int(req["index"])]
         except Exception as e:  # noqa: BLE001 - reported to the parent, which stops with it
-            return {"ok": 0.0, "error": f"cannot rebuild {req.get('dataset')!r} entry {req.get('index')}: {type(e).__name__}: {e}"}
+            return {
+                "ok": 0.0,
+                "error": f"cannot rebuild {req.get('dataset')!r} entry {req.get('index')}: {type(e).__name__}: {e}",
+            }
         if question_sha256(entry["question"]) != req.get("question_sha256"):
-            return {"ok": 0.0, "error": f"{req['dataset']!r} entry {req['index']} differs from the problem it was generated as"}
+            return {
+                "ok": 0.0,
+                "error": f"{req['dataset']!r} entry {req['index']} differs from the problem it was generated as",
+            }
         try:
             score = float(ds.score_answer(answer=req.get("answer"), entry=entry))
         except Exception:  # noqa: BLE001 - any failure on untrusted text is a wrong answer
@@ -78,7 +84,10 @@ def main() -> int:
     try:  # the warm-up: build a dataset and score its own answer (full marks) and a wrong one
         ds = dataset("chain_sum", {"seed": 0, "size": 1})
         entry = ds[0]
-        good, bad = ds.score_answer(answer=entry["answer"], entry=entry), ds.score_answer(answer="x", entry=entry)
+        good, bad = (
+            ds.score_answer(answer=entry["answer"], entry=entry),
+            ds.score_answer(answer="x", entry=entry),
+        )
         if good != 1.0 or bad >= 1.0:
             ready.update(self_check=False, failed=f"chain_sum {entry['answer']!r} vs 'x'")
     except Exception as e:  # noqa: BLE001 - reported to the parent, which stops with it

@@ -147,9 +147,15 @@ class UserRewardFunction(PooledVerifier):
         _check_spec(spec)
         env = {ENV_FUNCTION: spec, ENV_SYS_PATH: json.dumps(_sys_path())}
         pool = WorkerPool(
-            num_workers or 1, max_memory_mb=None, script=_CUSTOM_WORKER, label=f"reward function {spec}",
-            package=None, env=env, crash_result=_Exited, quiet=False,
-        )  # fmt: skip
+            num_workers or 1,
+            max_memory_mb=None,
+            script=_CUSTOM_WORKER,
+            label=f"reward function {spec}",
+            package=None,
+            env=env,
+            crash_result=_Exited,
+            quiet=False,
+        )
         super().__init__(timeout, retry_timeouts, pool)
         self.spec = spec
 
@@ -186,8 +192,9 @@ class UserRewardFunction(PooledVerifier):
             detail = f"ended its worker process ({_exit_text(result.code)})"
             raise RewardError(
                 f"reward function {self.spec} {detail} {call}; a reward must return its values, not exit",
-                kind="exited", detail=detail,
-            )  # fmt: skip
+                kind="exited",
+                detail=detail,
+            )
         error = result.get("error") if isinstance(result, dict) else None
         if error is not None:
             if error.get("kind") == "raised":
@@ -285,8 +292,10 @@ class AutoVerifier:
         if len(completions) != len(golds):
             raise ValueError(f"got {len(completions)} completions but {len(golds)} gold answers")
         scores, timed_out = [0.0] * len(golds), [False] * len(golds)
-        for verifier, idx in ((self.gym, [i for i, g in enumerate(golds) if is_gym_gold(g)]),
-                              (self.math, [i for i, g in enumerate(golds) if not is_gym_gold(g)])):  # fmt: skip
+        for verifier, idx in (
+            (self.gym, [i for i, g in enumerate(golds) if is_gym_gold(g)]),
+            (self.math, [i for i, g in enumerate(golds) if not is_gym_gold(g)]),
+        ):
             if idx:
                 v = verifier.verify([completions[i] for i in idx], [golds[i] for i in idx], **kwargs)
                 for i, s, t in zip(idx, v.scores, v.timed_out):
@@ -348,9 +357,12 @@ class Reward:
             opts = _gym_options(spec)
             check_installed()
             gym = ReasoningGymVerifier(
-                timeout, num_workers=num_workers, retry_timeouts=retry_timeouts,
-                allow_last_number=opts.get("last_number", allow_last_number), partial_credit=opts.get("partial_credit", False),
-            )  # fmt: skip
+                timeout,
+                num_workers=num_workers,
+                retry_timeouts=retry_timeouts,
+                allow_last_number=opts.get("last_number", allow_last_number),
+                partial_credit=opts.get("partial_credit", False),
+            )
             self.verifier = gym
             self._owned.append(gym)
         elif spec in ("math", "auto"):

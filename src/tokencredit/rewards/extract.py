@@ -52,7 +52,16 @@ _STATEMENT_END_RE = re.compile(
 _STATEMENT_WINDOW = 1000
 _STATEMENT_SCAN = 256
 _STATEMENT_TRIES = 64
-_WRAPPERS = (("\\(", "\\)"), ("\\[", "\\]"), ("$", "$"), ("`", "`"), ("*", "*"), ("_", "_"), ('"', '"'), ("'", "'"))
+_WRAPPERS = (
+    ("\\(", "\\)"),
+    ("\\[", "\\]"),
+    ("$", "$"),
+    ("`", "`"),
+    ("*", "*"),
+    ("_", "_"),
+    ('"', '"'),
+    ("'", "'"),
+)
 # A number this long is never canonicalised through Decimal (its value would be meaningless anyway).
 _MAX_NUMBER_CHARS = 64
 

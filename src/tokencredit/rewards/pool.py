@@ -117,11 +117,18 @@ class WorkerPool:
     """
 
     def __init__(
-        self, num_workers: int, *, max_memory_mb: int | None = 2048, startup_timeout: float = 120.0,
-        script: str | None = None, label: str = "math verifier", package: str | None = "math-verify",
-        env: Mapping[str, str] | None = None, crash_result: Callable[[int | None], Any] = _crash_is_wrong,
+        self,
+        num_workers: int,
+        *,
+        max_memory_mb: int | None = 2048,
+        startup_timeout: float = 120.0,
+        script: str | None = None,
+        label: str = "math verifier",
+        package: str | None = "math-verify",
+        env: Mapping[str, str] | None = None,
+        crash_result: Callable[[int | None], Any] = _crash_is_wrong,
         quiet: bool = True,
-    ):  # fmt: skip
+    ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.num_workers = num_workers

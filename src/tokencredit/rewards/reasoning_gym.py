@@ -60,7 +60,12 @@ class GymAnswer(str):
 
     def __new__(cls, answer: str, *, dataset: str, config: dict[str, Any], index: int, question_sha256: str):
         obj = super().__new__(cls, answer)
-        obj.dataset, obj.config, obj.index, obj.question_sha256 = dataset, dict(config), int(index), question_sha256
+        obj.dataset, obj.config, obj.index, obj.question_sha256 = (
+            dataset,
+            dict(config),
+            int(index),
+            question_sha256,
+        )
         return obj
 
     def __reduce__(self):
@@ -69,7 +74,12 @@ class GymAnswer(str):
     @property
     def ref(self) -> dict[str, Any]:
         """The entry reference as plain JSON data (the worker's job, a saved group's field)."""
-        return {"dataset": self.dataset, "config": self.config, "index": self.index, "question_sha256": self.question_sha256}
+        return {
+            "dataset": self.dataset,
+            "config": self.config,
+            "index": self.index,
+            "question_sha256": self.question_sha256,
+        }
 
     @property
     def key(self) -> str:
@@ -114,7 +124,11 @@ class ReasoningGymVerifier(PooledVerifier):
     ):
         n = num_workers if num_workers is not None else min(2, os.cpu_count() or 1)
         pool = WorkerPool(
-            n, max_memory_mb=max_memory_mb, script=_WORKER_SCRIPT, label="reasoning-gym checker", package="reasoning-gym"
+            n,
+            max_memory_mb=max_memory_mb,
+            script=_WORKER_SCRIPT,
+            label="reasoning-gym checker",
+            package="reasoning-gym",
         )
         super().__init__(timeout, retry_timeouts, pool)
         self.allow_last_number = bool(allow_last_number)
@@ -128,7 +142,9 @@ class ReasoningGymVerifier(PooledVerifier):
         """The answer this verifier sends to the checker for `completion` (None when there is none)."""
         return extract_answer(completion, allow_last_number=self.allow_last_number)
 
-    def verify(self, completions: Sequence[str], golds: Sequence[Any], *, timeout: float | None = None) -> Verification:
+    def verify(
+        self, completions: Sequence[str], golds: Sequence[Any], *, timeout: float | None = None
+    ) -> Verification:
         """Rewards of `completions` against their problems' `GymAnswer`s and which of them timed out."""
         if len(completions) != len(golds):
             raise ValueError(f"got {len(completions)} completions but {len(golds)} gold answers")
@@ -150,14 +166,18 @@ class ReasoningGymVerifier(PooledVerifier):
         rewards = [0.0 if s is None else (s if self.partial_credit else float(s >= 1.0)) for s in scores]
         return Verification(rewards, [s is None for s in scores])
 
-    def score(self, completions: Sequence[str], golds: Sequence[Any], *, timeout: float | None = None) -> list[float]:
+    def score(
+        self, completions: Sequence[str], golds: Sequence[Any], *, timeout: float | None = None
+    ) -> list[float]:
         return self.verify(completions, golds, timeout=timeout).scores
 
     def checker_scores(self, answers: Sequence[str | None], golds: Sequence[GymAnswer]) -> list[float | None]:
         """The checker's raw scores of already extracted answers (None: timed out)."""
         return self._judge(answers, golds, self.timeout)
 
-    def _judge(self, answers: Sequence[str | None], golds: Sequence[GymAnswer], timeout: float) -> list[float | None]:
+    def _judge(
+        self, answers: Sequence[str | None], golds: Sequence[GymAnswer], timeout: float
+    ) -> list[float | None]:
         with self._lock:
             out: list[float | None] = [0.0] * len(answers)
             todo: dict[tuple[str, str], tuple[dict[str, Any], list[int]]] = {}
@@ -192,7 +212,10 @@ class ReasoningGymVerifier(PooledVerifier):
         results = super()._run(jobs, timeout)
         if self._pool.errors:
             errors, self._pool.errors[:] = list(self._pool.errors), []
-            raise RuntimeError(f"reasoning-gym checker: {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
+            raise RuntimeError(
+                f"reasoning-gym checker: {errors[0]}"
+                + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+            )
         return [None if r is None else float(r) for r in results]
 
     def start(self, wait: bool = True) -> ReasoningGymVerifier:

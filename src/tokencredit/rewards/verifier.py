@@ -38,6 +38,7 @@ Gold = str | int | float | Sequence[str | int | float]
 # The retry of a timed-out answer (retry_timeouts=True) gets this many times the per-answer limit.
 RETRY_FACTOR = 4.0
 
+
 def normalize_golds(gold: Gold, where: str = "gold") -> tuple[str, ...]:
     """A gold answer (a string, a number such as 142.0, or a list of acceptable answers) as a
     tuple of cleaned strings. Raises ValueError naming `where` when it is empty or of a bad type."""
@@ -221,7 +222,9 @@ class MathVerifier(PooledVerifier):
             return False
         return None
 
-    def _judge(self, answers: Sequence[str | None], golds: Sequence[Gold], timeout: float | None) -> list[bool | None]:
+    def _judge(
+        self, answers: Sequence[str | None], golds: Sequence[Gold], timeout: float | None
+    ) -> list[bool | None]:
         """[N] True / False, or None for an answer that timed out."""
         t = self.timeout if timeout is None else float(timeout)
         gold_keys = [normalize_golds(g, where=f"gold {i}") for i, g in enumerate(golds)]

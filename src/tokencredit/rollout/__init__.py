@@ -64,9 +64,16 @@ from tokencredit.rollout.settings import SamplingSettings
 from tokencredit.signals.prefix import MIN_COMMON, common_prefix
 
 __all__ = [
-    "PromptResponseLayout", "Rollouts", "SamplingSettings", "generate", "generate_ids", "generation_config",
-    "response_mask_from_ids", "sampling_settings", "special_ids",
-]  # fmt: skip
+    "PromptResponseLayout",
+    "Rollouts",
+    "SamplingSettings",
+    "generate",
+    "generate_ids",
+    "generation_config",
+    "response_mask_from_ids",
+    "sampling_settings",
+    "special_ids",
+]
 
 
 @dataclass
@@ -307,7 +314,9 @@ def _generate_chunk(
     common = common_prefix(d_ids, d_mask) if cascade and cache is not None and ids.shape[1] > 1 else 0
     on = False
     if common >= MIN_COMMON:
-        ids, att = prefill_common(model, cache, kwarg, d_ids, d_mask, rows, common, group, room, gen_cfg.pad_token_id)
+        ids, att = prefill_common(
+            model, cache, kwarg, d_ids, d_mask, rows, common, group, room, gen_cfg.pad_token_id
+        )
         on = True
     elif cache is not None and len(d_ids) < len(rows) and ids.shape[1] > 1:
         # generate drops an all-ones mask (no padding): attention then runs causal without one.
@@ -368,9 +377,13 @@ def generate(
     is passed to the tokenizer. `shared_attention`: see `generate_ids`.
     """
     sampling = sampling_settings(
-        sampling, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+        sampling,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_new_tokens=max_new_tokens,
         batch_size=batch_size,
-    )  # fmt: skip
+    )
     prompts = _checked_prompts(prompts, num_samples)
     eos_ids, pad_id = special_ids(model, tokenizer, eos_token_id)
     if add_special_tokens is None:
@@ -380,11 +393,19 @@ def generate(
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)
         p_ids, p_mask = enc["input_ids"].to(torch.long), enc["attention_mask"].to(torch.bool)
         prompt_index, response_ids, response_mask, truncated = generate_ids(
-            model, p_ids, p_mask, num_samples, eos_ids=eos_ids, pad_id=pad_id, sampling=sampling,
-            seed=_seed_from(seed, generator), shared_attention=shared_attention,
-        )  # fmt: skip
+            model,
+            p_ids,
+            p_mask,
+            num_samples,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+            sampling=sampling,
+            seed=_seed_from(seed, generator),
+            shared_attention=shared_attention,
+        )
     texts = tokenizer.batch_decode(
-        [response_ids[i, response_mask[i]].tolist() for i in range(len(prompt_index))], skip_special_tokens=True
+        [response_ids[i, response_mask[i]].tolist() for i in range(len(prompt_index))],
+        skip_special_tokens=True,
     )
     return Rollouts(
         prompt_ids=p_ids.repeat_interleave(num_samples, dim=0),

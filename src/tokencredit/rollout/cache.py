@@ -124,7 +124,13 @@ def prefill_kwargs(model: Any, cache: Any, cache_kwarg: str) -> dict[str, Any]:
 
 
 def prefill_shared(
-    model: Any, cache: Any, cache_kwarg: str, ids: Tensor, mask: Tensor, rows: Tensor, use_mask: bool,
+    model: Any,
+    cache: Any,
+    cache_kwarg: str,
+    ids: Tensor,
+    mask: Tensor,
+    rows: Tensor,
+    use_mask: bool,
     keep_shared: bool = False,
 ) -> None:
     """Run the distinct prompts `ids`/`mask` [U, P] without their last token into `cache`, then repeat

@@ -40,7 +40,14 @@ from torch import Tensor
 from tokencredit.rollout.cache import _append_layer_class, _unwrapped, position_ids, prefill_kwargs
 from tokencredit.signals.prefix import split_common
 
-__all__ = ["IMPLEMENTATION", "cascade_decoding", "cascade_supported", "prefill_common", "shared_prefix_attention", "to_cascade"]
+__all__ = [
+    "IMPLEMENTATION",
+    "cascade_decoding",
+    "cascade_supported",
+    "prefill_common",
+    "shared_prefix_attention",
+    "to_cascade",
+]
 
 IMPLEMENTATION = "tc_cascade"
 _ACTIVE: ContextVar[Any] = ContextVar("tokencredit_cascade_cache", default=None)
@@ -270,9 +277,10 @@ def prefill_common(
     if width > 1:
         with cascade_decoding(model, cache):
             forward(
-                input_ids=tail_ids[:, :-1], attention_mask=new_mask[:, :-1],
+                input_ids=tail_ids[:, :-1],
+                attention_mask=new_mask[:, :-1],
                 position_ids=position_ids(new_mask)[:, common:-1],
-            )  # fmt: skip
+            )
     b = rows.numel()
     for x in cache.layers:
         own = x.keys is not None and x.is_initialized and x.keys.numel() > 0

@@ -28,7 +28,9 @@ _DECIMALS = 6
 
 def _rounded(values: Tensor | Sequence[float], decimals: int) -> list[float]:
     # "+ 0.0": -0.0 (a zero Â of a negative rollout) is written as 0.0
-    return [round(float(x), decimals) + 0.0 for x in (values.tolist() if isinstance(values, Tensor) else values)]
+    return [
+        round(float(x), decimals) + 0.0 for x in (values.tolist() if isinstance(values, Tensor) else values)
+    ]
 
 
 def completion_record(
@@ -48,7 +50,10 @@ def completion_record(
     correctness when known (None: the field is left out), per-token `signals` [L] (None: not computed, written
     as null) and `extra` fields as given."""
     n = len(token_ids)
-    per_token = {"token_advantages": token_advantages, **{k: v for k, v in (signals or {}).items() if v is not None}}
+    per_token = {
+        "token_advantages": token_advantages,
+        **{k: v for k, v in (signals or {}).items() if v is not None},
+    }
     for name, values in per_token.items():
         if len(values) != n:
             raise ValueError(f"completion_record: {name} has {len(values)} values for {n} tokens")
@@ -91,29 +96,46 @@ def completion_records(
     lengths = mask.bool().sum(-1).tolist()
     out = []
     for i, n in enumerate(lengths):
-        out.append(completion_record(
-            text=texts[i], token_ids=token_ids[i, :n].tolist(), score=float(scores[i]),
-            advantage=float(seq_advantages[i]), token_advantages=token_advantages[i, :n].detach().cpu(),
-            tokens=None if tokens is None else tokens[i],
-            truncated=None if truncated is None else bool(truncated[i]),
-            correct=None if correct is None or correct[i] is None else bool(correct[i]),
-            signals={k: None if v is None else v[i, :n].detach().cpu() for k, v in (signals or {}).items()},
-            **(row_fields[i] if row_fields is not None else {}),
-        ))  # fmt: skip
+        out.append(
+            completion_record(
+                text=texts[i],
+                token_ids=token_ids[i, :n].tolist(),
+                score=float(scores[i]),
+                advantage=float(seq_advantages[i]),
+                token_advantages=token_advantages[i, :n].detach().cpu(),
+                tokens=None if tokens is None else tokens[i],
+                truncated=None if truncated is None else bool(truncated[i]),
+                correct=None if correct is None or correct[i] is None else bool(correct[i]),
+                signals={
+                    k: None if v is None else v[i, :n].detach().cpu() for k, v in (signals or {}).items()
+                },
+                **(row_fields[i] if row_fields is not None else {}),
+            )
+        )
     return out
 
 
 def group_record(
-    *, step: int, recipe: str, credit: str, group: int, completions: Sequence[Mapping[str, Any]], **fields: Any
+    *,
+    step: int,
+    recipe: str,
+    credit: str,
+    group: int,
+    completions: Sequence[Mapping[str, Any]],
+    **fields: Any,
 ) -> dict[str, Any]:
     """One line: a group's completions (`completion_record`) with the step, recipe, credit method, group id and
     the group's `fields` (prompt, problem, answer, id, ...; None values are left out)."""
     if not completions:
         raise ValueError(f"group_record: group {group} has no completion")
     return {
-        "step": int(step), "recipe": recipe, "credit": credit, "group": int(group),
-        **{k: v for k, v in fields.items() if v is not None}, "completions": [dict(c) for c in completions],
-    }  # fmt: skip
+        "step": int(step),
+        "recipe": recipe,
+        "credit": credit,
+        "group": int(group),
+        **{k: v for k, v in fields.items() if v is not None},
+        "completions": [dict(c) for c in completions],
+    }
 
 
 def group_records(
@@ -136,7 +158,9 @@ def group_records(
         members.setdefault(int(g), []).append(c)
     order = sorted(members)[:max_groups]
     return [
-        group_record(step=step, recipe=recipe, credit=credit, group=g, completions=members[g], **fields.get(g, {}))
+        group_record(
+            step=step, recipe=recipe, credit=credit, group=g, completions=members[g], **fields.get(g, {})
+        )
         for g in order
     ]
 

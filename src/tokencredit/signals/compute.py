@@ -118,31 +118,46 @@ def compute_signals(
     base_needed = bool(needs & set(_BASE_SIGNALS)) or ref_from_base
     _check_base(model, needs, base_needed)
     if "neg_log_probs" in needs:
-        _check_negative(sequences, prompt_len, response_mask, t, neg_sequences, neg_attention_mask, neg_prompt_len)
+        _check_negative(
+            sequences, prompt_len, response_mask, t, neg_sequences, neg_attention_mask, neg_prompt_len
+        )
     kw = {"temperature": temperature, "chunk_size": chunk_size, "batch_size": batch_size}
     args = (sequences, attention_mask, prompt_len, response_mask)
     out: dict[str, Tensor] = {}
     with torch.no_grad(), eval_mode(model, ref_model):
         if needs & set(_POLICY_SIGNALS):
             lp, ent, hid, sq = _pass(
-                model, *args, want_log_p="old_log_probs" in needs, want_entropy="entropy" in needs,
-                want_hidden="hidden" in needs, want_sum_sq="sum_sq_probs" in needs, **kw,
-            )  # fmt: skip
+                model,
+                *args,
+                want_log_p="old_log_probs" in needs,
+                want_entropy="entropy" in needs,
+                want_hidden="hidden" in needs,
+                want_sum_sq="sum_sq_probs" in needs,
+                **kw,
+            )
             out.update(old_log_probs=lp, entropy=ent, hidden=hid, sum_sq_probs=sq)
         if base_needed:
             with _adapter_disabled(model):
                 lp, _, hid, _ = _pass(
-                    model, *args, want_log_p="base_log_probs" in needs or ref_from_base, want_entropy=False,
-                    want_hidden="base_hidden" in needs, **kw,
-                )  # fmt: skip
+                    model,
+                    *args,
+                    want_log_p="base_log_probs" in needs or ref_from_base,
+                    want_entropy=False,
+                    want_hidden="base_hidden" in needs,
+                    **kw,
+                )
             out.update(base_log_probs=lp, base_hidden=hid)
             if ref_from_base:
                 out["ref_log_probs"] = lp.clone()
         if "ref_log_probs" in needs and ref_model is not None:
-            out["ref_log_probs"] = _pass(ref_model, *args, want_log_p=True, want_entropy=False, want_hidden=False, **kw)[0]
+            out["ref_log_probs"] = _pass(
+                ref_model, *args, want_log_p=True, want_entropy=False, want_hidden=False, **kw
+            )[0]
         if "neg_log_probs" in needs:
             neg = (neg_sequences, neg_attention_mask, neg_prompt_len, response_mask)
-            out["neg_log_probs"] = _pass(model, *neg, want_log_p=True, want_entropy=False, want_hidden=False, **kw)[0]
+            out["neg_log_probs"] = _pass(
+                model, *neg, want_log_p=True, want_entropy=False, want_hidden=False, **kw
+            )[0]
     return {name: value.detach() for name, value in out.items() if name in needs and value is not None}
 
 
@@ -163,9 +178,14 @@ def _check_base(model: nn.Module, needs: set[str], base_needed: bool) -> None:
 
 
 def _check_negative(
-    sequences: Tensor, prompt_len: int, response_mask: Tensor, t: int,
-    neg_sequences: Tensor | None, neg_attention_mask: Tensor | None, neg_prompt_len: int | None,
-) -> None:  # fmt: skip
+    sequences: Tensor,
+    prompt_len: int,
+    response_mask: Tensor,
+    t: int,
+    neg_sequences: Tensor | None,
+    neg_attention_mask: Tensor | None,
+    neg_prompt_len: int | None,
+) -> None:
     """GCPO's negative-prompt inputs: present, the same N rows and T response columns, the same response tokens."""
     if neg_sequences is None or neg_attention_mask is None or neg_prompt_len is None:
         raise ValueError(
@@ -204,7 +224,11 @@ def negative_prompt_inputs(
     with the BOS token); an engine that never adds them (TRL) passes add_special_tokens=False.
     """
     bos = getattr(tokenizer, "bos_token", None)
-    add_special = not (bos and all(p.startswith(bos) for p in prompts)) if add_special_tokens is None else add_special_tokens
+    add_special = (
+        not (bos and all(p.startswith(bos) for p in prompts))
+        if add_special_tokens is None
+        else add_special_tokens
+    )
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     try:

@@ -99,9 +99,15 @@ def _forward_stats(
     if want_log_p or want_entropy or want_sum_sq:
         targets = sequences[:, prompt_len : prompt_len + t_keep][rows, cols]
         lp, ent, sq = _chunked_stats(
-            h[rows, cols], head, targets, temperature=temperature, with_entropy=want_entropy,
-            with_sum_sq=want_sum_sq, chunk_size=chunk_size, logit_softcap=softcap,
-        )  # fmt: skip
+            h[rows, cols],
+            head,
+            targets,
+            temperature=temperature,
+            with_entropy=want_entropy,
+            with_sum_sq=want_sum_sq,
+            chunk_size=chunk_size,
+            logit_softcap=softcap,
+        )
         zeros = torch.zeros(n, t, dtype=torch.float32, device=h.device)
         log_p, entropy, sum_sq = (
             zeros.index_put((rows, cols), v) if want else None
@@ -137,8 +143,18 @@ def token_log_probs(
     decoder, head, softcap = _model_parts(model)
     _check_ids(model, sequences, "sequences")
     log_p, entropy, _, _ = _forward_stats(
-        decoder, head, softcap, sequences, attention_mask, position_ids_from_mask(attention_mask), prompt_len,
-        response_mask.bool(), want_log_p=True, want_entropy=with_entropy, want_hidden=False,
-        temperature=temperature, chunk_size=chunk_size,
-    )  # fmt: skip
+        decoder,
+        head,
+        softcap,
+        sequences,
+        attention_mask,
+        position_ids_from_mask(attention_mask),
+        prompt_len,
+        response_mask.bool(),
+        want_log_p=True,
+        want_entropy=with_entropy,
+        want_hidden=False,
+        temperature=temperature,
+        chunk_size=chunk_size,
+    )
     return (log_p, entropy) if with_entropy else log_p

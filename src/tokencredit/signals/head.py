@@ -83,9 +83,15 @@ def chunked_log_probs(
     once; with grad each chunk is checkpointed (logits recomputed in the backward).
     """
     log_p, entropy, _ = _chunked_stats(
-        hidden, lm_head, targets, temperature=temperature, with_entropy=with_entropy, with_sum_sq=False,
-        chunk_size=chunk_size, logit_softcap=logit_softcap,
-    )  # fmt: skip
+        hidden,
+        lm_head,
+        targets,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        with_sum_sq=False,
+        chunk_size=chunk_size,
+        logit_softcap=logit_softcap,
+    )
     return log_p, entropy
 
 
@@ -136,7 +142,9 @@ def _chunked_stats(
                 )
             )
         else:
-            parts.append(_chunk_stats_inplace(lm_head, h, y, temperature, logit_softcap, with_entropy, with_sum_sq))
+            parts.append(
+                _chunk_stats_inplace(lm_head, h, y, temperature, logit_softcap, with_entropy, with_sum_sq)
+            )
     wanted = (True, with_entropy, with_sum_sq)
     if not parts:
         empty = hidden.new_zeros(0, dtype=torch.float32)

@@ -157,14 +157,20 @@ def decoder_hidden(
         _repeat_rows(cache, torch.zeros(u, dtype=torch.long, device=sequences.device))
         prompt_mask = torch.cat([torch.ones_like(rest_mask[:, :1]).expand(u, common), rest_mask], 1)
         if rest.shape[1]:
-            run(input_ids=rest, attention_mask=prompt_mask, position_ids=position_ids[first, stop - rest.shape[1] : stop])
+            run(
+                input_ids=rest,
+                attention_mask=prompt_mask,
+                position_ids=position_ids[first, stop - rest.shape[1] : stop],
+            )
     else:
         run(input_ids=ids, attention_mask=mask, position_ids=position_ids[first, lead:stop])
         prompt_mask = mask
     _repeat_rows(cache, rows)
     out = run(
         input_ids=sequences[:, stop:end],
-        attention_mask=torch.cat([prompt_mask.to(attention_mask.dtype)[rows], attention_mask[:, stop:end]], 1),
+        attention_mask=torch.cat(
+            [prompt_mask.to(attention_mask.dtype)[rows], attention_mask[:, stop:end]], 1
+        ),
         position_ids=position_ids[:, stop:end],
     )
     return _last_hidden(out)

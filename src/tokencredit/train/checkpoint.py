@@ -156,7 +156,9 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, 
     params = dict(model.named_parameters())
     missing = [n for n in ckpt["model"] if n not in params]
     if missing:
-        raise RuntimeError(f"checkpoint has parameters the model lacks (different model or LoRA config?): {missing[:3]}")
+        raise RuntimeError(
+            f"checkpoint has parameters the model lacks (different model or LoRA config?): {missing[:3]}"
+        )
     models.restore_parameters(model, ckpt["model"], "checkpoint")
     optimizer.load_state_dict(ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["scheduler"])
@@ -171,9 +173,13 @@ def build_policy(cfg: TrainConfig, device: str | torch.device = "cpu") -> tuple[
     if cfg.model.lora_rank > 0:
         m = cfg.model
         model = models.add_lora(
-            model, rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout, targets=m.lora_targets,
+            model,
+            rank=m.lora_rank,
+            alpha=m.lora_alpha,
+            dropout=m.lora_dropout,
+            targets=m.lora_targets,
             name=repr(m.name),
-        )  # fmt: skip
+        )
     return model, tok
 
 

@@ -33,7 +33,9 @@ class RunConfig:
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch intra-op threads on CPU; 0 = auto (1 for the toy model, whose ops are too small to split; else torch's default)
     progress: bool = True  # a live progress bar (false: one plain line per step)
-    report_to: list[str] = field(default_factory=lambda: ["none"])  # experiment trackers (TRL's report_to): none | all (those installed) | a list of tensorboard, wandb, mlflow
+    report_to: list[str] = field(
+        default_factory=lambda: ["none"]
+    )  # experiment trackers (TRL's report_to): none | all (those installed) | a list of tensorboard, wandb, mlflow
 
 
 @dataclass
@@ -94,8 +96,12 @@ class OptimConfig:
 
 @dataclass
 class RewardConfig:
-    function: str = "auto"  # auto (each problem's own checker) | math | reasoning-gym[?options] | module:function
-    timeout: float = 5.0  # wall-clock seconds per answer (a timed-out answer scores 0 and is counted: verify_timeouts)
+    function: str = (
+        "auto"  # auto (each problem's own checker) | math | reasoning-gym[?options] | module:function
+    )
+    timeout: float = (
+        5.0  # wall-clock seconds per answer (a timed-out answer scores 0 and is counted: verify_timeouts)
+    )
     retry_timeouts: bool = True  # judge a timed-out answer once more with 4x the limit before it scores 0
     format_weight: float = 0.0  # optional format reward added to the score
 
@@ -120,7 +126,9 @@ class EvalConfig:
     top_p: float = 1.0  # nucleus sampling of the eval samples (1.0 = off)
     at_start: bool = True  # evaluate the starting model before step 1
     save_groups: int = 8  # rollout groups (with per-token credit) saved at each eval step
-    batch_size: int = 256  # sequences per generate call (greedy and sampled); lower it if evaluation runs out of memory
+    batch_size: int = (
+        256  # sequences per generate call (greedy and sampled); lower it if evaluation runs out of memory
+    )
 
 
 @dataclass
@@ -133,7 +141,9 @@ class CheckpointConfig:
 class AlgoConfig:
     # The token-level recipe that ended highest at these defaults (README: 3 seeds x 40 steps; `tokencredit
     # compare --recipes grpo,strace,delta,dapo+ktae,dapo --seeds 0,1,2`).
-    recipe: str = "dapo+ktae"  # a recipe (`tokencredit recipes`) or credit method; recipe:NAME / credit:NAME to choose
+    recipe: str = (
+        "dapo+ktae"  # a recipe (`tokencredit recipes`) or credit method; recipe:NAME / credit:NAME to choose
+    )
     # Overrides of the recipe's fields (see tokencredit.recipes.Recipe), e.g. {"eps_high": 0.3,
     # "kernel_params": {"lam": 0.9}}; dict values are merged into the recipe's dicts.
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -231,7 +241,9 @@ def apply_dict(cfg: TrainConfig, data: dict[str, Any], source: str, unknown: lis
                 if unknown is not None:
                     unknown.append(f"{sec}.{key}")
                     continue
-                raise ConfigError(f"{source}: unknown key {sec}.{key}{closest(key, keys)}; valid: {', '.join(sorted(keys))}")
+                raise ConfigError(
+                    f"{source}: unknown key {sec}.{key}{closest(key, keys)}; valid: {', '.join(sorted(keys))}"
+                )
             if sec == "algo" and key == "overrides":
                 if not isinstance(value, dict):
                     raise ConfigError(
@@ -276,7 +288,10 @@ def shipped_configs() -> list[str]:
 
 
 def load_config(
-    path: str | Path | None = None, sets: list[str] | None = None, recipe: str | None = None, *,
+    path: str | Path | None = None,
+    sets: list[str] | None = None,
+    recipe: str | None = None,
+    *,
     unknown: list[str] | None = None,
 ) -> TrainConfig:
     """TrainConfig from defaults <- TOML file <- --recipe <- --set overrides (later wins).
@@ -304,7 +319,9 @@ def load_config(
             raise ConfigError(f"{p}: invalid TOML: {e}") from None
         except UnicodeDecodeError as e:
             line = p.read_bytes()[: e.start].count(b"\n") + 1
-            raise ConfigError(f"{p}:{line}: not a UTF-8 text file (byte {e.start}); a config is a TOML text file") from None
+            raise ConfigError(
+                f"{p}:{line}: not a UTF-8 text file (byte {e.start}); a config is a TOML text file"
+            ) from None
         except RecursionError:
             raise ConfigError(f"{p}: invalid TOML: nested too deeply") from None
         apply_dict(cfg, data, str(p), unknown)
@@ -312,7 +329,9 @@ def load_config(
         cfg.algo.recipe = recipe
     for s in sets or []:
         apply_set(cfg, s)
-    cfg.reward.function = resolve_reward_function(cfg.reward.function, [cfg.data.train, cfg.data.eval])  # "auto" -> named
+    cfg.reward.function = resolve_reward_function(
+        cfg.reward.function, [cfg.data.train, cfg.data.eval]
+    )  # "auto" -> named
     return cfg
 
 
@@ -329,6 +348,7 @@ def _check_mini_batches(r: RolloutConfig, o: OptimConfig) -> None:
 def validate_config(cfg: TrainConfig) -> None:
     """Check value ranges that the types cannot express; a bad value is a one-line ConfigError
     naming the key (not a torch or generate error several calls later)."""
+
     def need(ok: bool, key: str, rule: str) -> None:
         if not ok:
             section, name = key.split(".")
@@ -337,19 +357,30 @@ def validate_config(cfg: TrainConfig) -> None:
     r, o, e = cfg.rollout, cfg.optim, cfg.eval
     need(cfg.run.steps >= 0, "run.steps", "must be >= 0")
     name = Path(cfg.run.name)
-    need(not name.is_absolute() and ".." not in name.parts and (bool(name.parts) or not cfg.run.name), "run.name",
-         "must be a directory name inside run.out_dir (no absolute path, no '..'; give --out for another place)")  # fmt: skip
+    need(
+        not name.is_absolute() and ".." not in name.parts and (bool(name.parts) or not cfg.run.name),
+        "run.name",
+        "must be a directory name inside run.out_dir (no absolute path, no '..'; give --out for another place)",
+    )
     need(cfg.run.threads >= 0, "run.threads", "must be >= 0 (0 = auto)")
     _check_device(cfg.run.device)
     parse_report_to(cfg.run.report_to)  # an unknown tracker name is an error naming the closest
-    need(cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", "must be float32, bfloat16 or float16")
+    need(
+        cfg.model.dtype in ("float32", "bfloat16", "float16"),
+        "model.dtype",
+        "must be float32, bfloat16 or float16",
+    )
     need(cfg.model.lora_rank >= 0, "model.lora_rank", "must be >= 0 (0 = full fine-tuning)")
     need(0.0 <= cfg.model.lora_dropout < 1.0, "model.lora_dropout", "must be in [0, 1)")
     _check_data(cfg.data)
     need(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
     need(r.group_size >= 2, "rollout.group_size", "must be >= 2 for group baselines")
     # Sampling, not greedy: G identical greedy completions would give every group zero advantage.
-    need(math.isfinite(r.temperature) and r.temperature > 0, "rollout.temperature", "must be > 0 (rollouts are sampled)")
+    need(
+        math.isfinite(r.temperature) and r.temperature > 0,
+        "rollout.temperature",
+        "must be > 0 (rollouts are sampled)",
+    )
     need(0.0 < r.top_p <= 1.0, "rollout.top_p", "must be in (0, 1]")
     need(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
     need(r.max_resample_rounds >= 0, "rollout.max_resample_rounds", "must be >= 0")
@@ -366,7 +397,9 @@ def validate_config(cfg: TrainConfig) -> None:
     need(o.mini_batches >= 1, "optim.mini_batches", "must be >= 1")
     need(o.micro_batch_size >= 0, "optim.micro_batch_size", "must be >= 0 (0 = the whole mini-batch)")
     _check_mini_batches(r, o)
-    need(math.isfinite(cfg.reward.timeout) and cfg.reward.timeout > 0, "reward.timeout", "must be > 0 seconds")
+    need(
+        math.isfinite(cfg.reward.timeout) and cfg.reward.timeout > 0, "reward.timeout", "must be > 0 seconds"
+    )
     need(isinstance(cfg.reward.retry_timeouts, bool), "reward.retry_timeouts", "must be true or false")
     need(math.isfinite(cfg.reward.format_weight), "reward.format_weight", "must be finite")
     need(e.every >= 0, "eval.every", "must be >= 0 (0 = only at the start and the end)")
@@ -378,7 +411,11 @@ def validate_config(cfg: TrainConfig) -> None:
     need(cfg.checkpoint.every >= 0, "checkpoint.every", "must be >= 0 (0 = only at the end)")
     need(cfg.checkpoint.keep >= 0, "checkpoint.keep", "must be >= 0 (0 = keep all)")
     q = cfg.oracle
-    need(q.k >= 2 and q.vine_k >= 2, "oracle.k", "and oracle.vine_k must be >= 2 (a standard error needs two samples)")
+    need(
+        q.k >= 2 and q.vine_k >= 2,
+        "oracle.k",
+        "and oracle.vine_k must be >= 2 (a standard error needs two samples)",
+    )
     need(0.0 <= q.delta < 1.0, "oracle.delta", "must be in [0, 1)")
     need(q.vine_max_steps >= 1, "oracle.vine_max_steps", "must be >= 1")
     need(bool(q.delimiter), "oracle.delimiter", "must be a non-empty string")
@@ -388,13 +425,22 @@ def validate_config(cfg: TrainConfig) -> None:
 def _check_data(d: DataConfig) -> None:
     """The [data] values: sizes and the toy task's range, the template (before the first evaluation
     renders a prompt with it), the eval split. Files and specs are checked where they are read."""
+
     def need(ok: bool, key: str, rule: str) -> None:
         if not ok:
             raise ConfigError(f"data.{key} {rule}, got {getattr(d, key)!r}")
 
     need(d.train_size >= 1, "train_size", "must be >= 1")
-    need(1 <= d.difficulty <= MAX_DIFFICULTY, "difficulty", f"must be in 1..{MAX_DIFFICULTY} (arithmetic steps of the toy task)")
-    need(1 <= d.digits <= MAX_DIGITS, "digits", f"must be in 1..{MAX_DIGITS} (digits of the toy task's numbers)")
+    need(
+        1 <= d.difficulty <= MAX_DIFFICULTY,
+        "difficulty",
+        f"must be in 1..{MAX_DIFFICULTY} (arithmetic steps of the toy task)",
+    )
+    need(
+        1 <= d.digits <= MAX_DIGITS,
+        "digits",
+        f"must be in 1..{MAX_DIGITS} (digits of the toy task's numbers)",
+    )
     try:
         check_template(d.template)
     except ConfigError as e:
@@ -448,16 +494,24 @@ def check_recipe(r: recipes.Recipe, c: TrainConfig) -> None:
     """ConfigError when recipe `r` does not fit config `c` (overlong buffer, a toy task's budget or warm start, LoRA)."""
     budget = c.rollout.max_new_tokens
     if r.overlong_buffer and not 0 < r.overlong_buffer < budget:
-        raise ConfigError(f"recipe {r.name!r}: overlong_buffer={r.overlong_buffer} must be below "
-                          f"rollout.max_new_tokens={budget} (set algo.overlong_buffer)")  # fmt: skip
+        raise ConfigError(
+            f"recipe {r.name!r}: overlong_buffer={r.overlong_buffer} must be below "
+            f"rollout.max_new_tokens={budget} (set algo.overlong_buffer)"
+        )
     for spec in {c.data.train, c.data.eval} & set(models.TOY_VARIANTS):
         need = models.TOY_VARIANTS[spec].max_new_tokens
         if spec != "toy" and budget < need:
-            raise ConfigError(f"data {spec!r}: its solutions need rollout.max_new_tokens >= {need}, got "
-                              f"{budget} (use --config {spec}, which sets it)")  # fmt: skip
+            raise ConfigError(
+                f"data {spec!r}: its solutions need rollout.max_new_tokens >= {need}, got "
+                f"{budget} (use --config {spec}, which sets it)"
+            )
     if c.model.name in models.TOY_VARIANTS and c.model.name != "toy" and c.data.train == "toy":
-        raise ConfigError(f"model {c.model.name!r} was warm-started on the {c.model.name!r} task, not "
-                          f"data.train='toy' (use --config {c.model.name})")  # fmt: skip
+        raise ConfigError(
+            f"model {c.model.name!r} was warm-started on the {c.model.name!r} task, not "
+            f"data.train='toy' (use --config {c.model.name})"
+        )
     if recipes.requires_lora(r) and c.model.lora_rank <= 0:
-        raise ConfigError(f"recipe {r.name!r} (credit {r.credit!r}) needs a LoRA adapter: "
-                          "set model.lora_rank > 0 (e.g. --set model.lora_rank=8)")  # fmt: skip
+        raise ConfigError(
+            f"recipe {r.name!r} (credit {r.credit!r}) needs a LoRA adapter: "
+            "set model.lora_rank > 0 (e.g. --set model.lora_rank=8)"
+        )

@@ -26,7 +26,16 @@ from tokencredit.train import config
 from tokencredit.train.config import TrainConfig
 from tokencredit.train.config import _toml_value as toml_value  # the writer of a run's config.toml
 
-__all__ = ["END", "START", "ConfigKey", "config_keys", "field_descriptions", "main", "reference", "replace_block"]
+__all__ = [
+    "END",
+    "START",
+    "ConfigKey",
+    "config_keys",
+    "field_descriptions",
+    "main",
+    "reference",
+    "replace_block",
+]
 
 START = "<!-- config-reference:start (generated: python -m tokencredit.train.config_reference --write docs/inputs.md) -->"
 END = "<!-- config-reference:end -->"
@@ -75,7 +84,9 @@ def field_descriptions(source: str, class_name: str) -> dict[str, str]:
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
         end = stmt.end_lineno or stmt.lineno
-        trailing = [comments[n][0] for n in range(stmt.lineno, end + 1) if n in comments and not comments[n][1]]
+        trailing = [
+            comments[n][0] for n in range(stmt.lineno, end + 1) if n in comments and not comments[n][1]
+        ]
         above: list[str] = []
         row = stmt.lineno - 1
         while row in comments and comments[row][1]:
@@ -100,7 +111,13 @@ def config_keys() -> list[tuple[str, str, list[ConfigKey]]]:
         cls = type(obj)
         described = field_descriptions(source, cls.__name__)
         keys = [
-            ConfigKey(sec.name, f.name, _type_name(f.type), _default(getattr(obj, f.name)), described.get(f.name, ""))
+            ConfigKey(
+                sec.name,
+                f.name,
+                _type_name(f.type),
+                _default(getattr(obj, f.name)),
+                described.get(f.name, ""),
+            )
             for f in dataclasses.fields(cls)
         ]
         out.append((sec.name, inspect.cleandoc(cls.__doc__ or "") if _own_doc(cls) else "", keys))
@@ -143,7 +160,10 @@ def reference() -> str:
         if doc:
             parts.append(doc + "\n")
         rows = ["| key | type | default | description |", "| --- | --- | --- | --- |"]
-        rows += [f"| {_code(k.key)} | {_code(k.type)} | {_code(k.default)} | {_prose(k.description)} |" for k in keys]
+        rows += [
+            f"| {_code(k.key)} | {_code(k.type)} | {_code(k.default)} | {_prose(k.description)} |"
+            for k in keys
+        ]
         parts.append("\n".join(rows) + "\n")
     return "\n".join(parts)
 
@@ -166,7 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     block = reference()
     undescribed = [k.key for _, _, keys in config_keys() for k in keys if not k.description]
     if undescribed:  # the table is still written: the test suite fails on these until config.py says
-        print(f"config keys without a description comment in config.py: {', '.join(undescribed)}", file=sys.stderr)
+        print(
+            f"config keys without a description comment in config.py: {', '.join(undescribed)}",
+            file=sys.stderr,
+        )
     path = Path(args.write or args.check) if (args.write or args.check) else None
     if path is None:
         print(block, end="")
@@ -179,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check:
         if new != text:
-            print(f"{path}: the config reference is out of date; run {parser.prog} --write {path}", file=sys.stderr)
+            print(
+                f"{path}: the config reference is out of date; run {parser.prog} --write {path}",
+                file=sys.stderr,
+            )
             return 1
         return 0
     path.write_text(new, encoding="utf-8")

@@ -123,7 +123,10 @@ class StepProgress:
             task = next(t for t in self.progress.tasks if t.id == self.task)
             what = line.removeprefix(f"step {rec['step']}: ")  # a skipped step's line names it already
             # soft_wrap: one line per step in a log file, whatever the console's width
-            self.console.print(f"step {rec['step']}/{self.total} (ETA {_clock(time_remaining(task))}): {what}", soft_wrap=True)
+            self.console.print(
+                f"step {rec['step']}/{self.total} (ETA {_clock(time_remaining(task))}): {what}",
+                soft_wrap=True,
+            )
 
     def note(self, rec: dict[str, Any]) -> None:
         self.console.print(eval_line(rec))

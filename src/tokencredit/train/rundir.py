@@ -60,8 +60,21 @@ from tokencredit.rollout import records
 from tokencredit.train.config import TrainConfig, dump_toml, load_config
 from tokencredit.train.lock import LOCK_NAME, RunLock
 
-__all__ = ["MetricsLog", "RunDir", "atomic_write_bytes", "atomic_write_text", "damaged_line", "disk_full",
-           "check_replaceable", "fsync_dir", "is_disk_full", "parse_json_line", "replace_run", "rollout_records", "write_error"]  # fmt: skip
+__all__ = [
+    "MetricsLog",
+    "RunDir",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "damaged_line",
+    "disk_full",
+    "check_replaceable",
+    "fsync_dir",
+    "is_disk_full",
+    "parse_json_line",
+    "replace_run",
+    "rollout_records",
+    "write_error",
+]
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.(jsonl|json|pt)$")
 _REMEDY = "repair or delete that line, or copy the file again, to silence this"
@@ -88,7 +101,9 @@ def is_disk_full(e: BaseException) -> bool:
 
 def disk_full(path: Path, e: OSError) -> DiskFullError:
     """The one-line error of a write to `path` that found the disk full."""
-    return DiskFullError(f"disk full while writing {path} ({e.strerror or e}); that write was undone", str(path))
+    return DiskFullError(
+        f"disk full while writing {path} ({e.strerror or e}); that write was undone", str(path)
+    )
 
 
 # A write refused by the system rather than by the program: the run's state is kept, and it resumes once fixed.
@@ -343,7 +358,6 @@ class RunDir:
             parts.append("a final model")
         return ", ".join(parts)
 
-
     # ------------------------------------------------------------------ config and recipe
     def write_config(self, cfg: TrainConfig) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -416,7 +430,9 @@ class RunDir:
     def write_tracker_id(self, tracker: str, run_id: str) -> None:
         """Record `tracker`'s run id (the others are kept)."""
         self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.trackers_path, json.dumps({**self.read_tracker_ids(), tracker: run_id}, indent=2))
+        atomic_write_text(
+            self.trackers_path, json.dumps({**self.read_tracker_ids(), tracker: run_id}, indent=2)
+        )
 
     # ------------------------------------------------------------------ rollouts
     def rollout_path(self, step: int) -> Path:
@@ -529,10 +545,16 @@ def check_replaceable(path: str | Path, option: str = "--out") -> None:
     if not path.exists():
         return
     if not path.is_dir():
-        raise ConfigError(f"{option} {path} is a file, not a run directory; --overwrite replaces only a run directory")
+        raise ConfigError(
+            f"{option} {path} is a file, not a run directory; --overwrite replaces only a run directory"
+        )
     foreign = sorted(p.name for p in path.iterdir() if not _LAYOUT.match(p.name))
     if foreign or not (RunDir(path).is_run() or not any(path.iterdir())):
-        what = f"holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}" if foreign else "is not one"
+        what = (
+            f"holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}"
+            if foreign
+            else "is not one"
+        )
         raise ConfigError(
             f"{option} {path}: --overwrite replaces only a tokencredit run directory, and this one {what}; "
             "remove it yourself or give another directory"
@@ -553,13 +575,17 @@ def replace_run(path: str | Path, option: str = "--out") -> None:
     try:
         os.replace(path, aside)
     except OSError as e:
-        raise ConfigError(f"{option} {path}: cannot move the old run aside ({e.strerror or e}); nothing was removed") from None
+        raise ConfigError(
+            f"{option} {path}: cannot move the old run aside ({e.strerror or e}); nothing was removed"
+        ) from None
     finally:
         lock.release()
     fsync_dir(path.parent)
     shutil.rmtree(aside, ignore_errors=True)
     if aside.exists():
-        raise ConfigError(f"{option} {path}: the old run was moved to {aside} but could not be deleted; delete it yourself")
+        raise ConfigError(
+            f"{option} {path}: the old run was moved to {aside} but could not be deleted; delete it yourself"
+        )
 
 
 def rollout_records(
@@ -573,22 +599,43 @@ def rollout_records(
     groups = torch.unique(ro.group_ids, sorted=True)[:max_groups]
     rows = torch.isin(ro.group_ids, groups).nonzero().flatten()
     lengths = batch.mask[rows].sum(1).tolist()
-    signals = {s: getattr(batch, s) for s in ("entropy", "old_log_probs")}  # None: the pass did not compute it
+    signals = {
+        s: getattr(batch, s) for s in ("entropy", "old_log_probs")
+    }  # None: the pass did not compute it
     signals |= {s: getattr(batch, s) for s in MC_SIGNALS if getattr(batch, s, None) is not None}
     comps = records.completion_records(
-        batch.token_ids[rows], batch.mask[rows], ro.scores[rows], credit.seq_advantages[rows],
-        credit.token_advantages[rows], texts=[ro.texts[i] for i in rows.tolist()],
-        tokens=[tokenizer.convert_ids_to_tokens(batch.token_ids[i, :n].tolist()) for i, n in zip(rows.tolist(), lengths)],
-        truncated=ro.truncated[rows], correct=ro.correct[rows].tolist(),
+        batch.token_ids[rows],
+        batch.mask[rows],
+        ro.scores[rows],
+        credit.seq_advantages[rows],
+        credit.token_advantages[rows],
+        texts=[ro.texts[i] for i in rows.tolist()],
+        tokens=[
+            tokenizer.convert_ids_to_tokens(batch.token_ids[i, :n].tolist())
+            for i, n in zip(rows.tolist(), lengths)
+        ],
+        truncated=ro.truncated[rows],
+        correct=ro.correct[rows].tolist(),
         signals={s: None if v is None else v[rows] for s, v in signals.items()},
         row_fields=[{"verify_timeout": bool(ro.timed_out[i])} for i in rows.tolist()],
-    )  # fmt: skip
+    )
     fields = {}
     for gid in groups.tolist():
         p = ro.problems[int((ro.group_ids == gid).nonzero()[0])]
-        ref = getattr(p.answer, "ref", None)  # a reasoning-gym answer names its entry: explain re-scores with it
-        fields[gid] = {"id": str(getattr(p, "id", "")), "problem": p.problem, "answer": p.answer, "answer_ref": ref}
+        ref = getattr(
+            p.answer, "ref", None
+        )  # a reasoning-gym answer names its entry: explain re-scores with it
+        fields[gid] = {
+            "id": str(getattr(p, "id", "")),
+            "problem": p.problem,
+            "answer": p.answer,
+            "answer_ref": ref,
+        }
     return records.group_records(
-        step=step, recipe=recipe.name, credit=recipe.credit, group_ids=ro.group_ids[rows], completions=comps,
+        step=step,
+        recipe=recipe.name,
+        credit=recipe.credit,
+        group_ids=ro.group_ids[rows],
+        completions=comps,
         fields=fields,
     )

@@ -24,9 +24,16 @@ from tokencredit.rollout import PromptResponseLayout, SamplingSettings
 from tokencredit.train.config import RolloutConfig, TrainConfig
 
 __all__ = [
-    "PromptSampler", "StepRollouts", "collect", "informative_rows", "rollout_sampling",
-    "sample_round", "seed_for", "with_greedy_baselines", "with_mc_signals",
-]  # fmt: skip
+    "PromptSampler",
+    "StepRollouts",
+    "collect",
+    "informative_rows",
+    "rollout_sampling",
+    "sample_round",
+    "seed_for",
+    "with_greedy_baselines",
+    "with_mc_signals",
+]
 
 
 def seed_for(*parts: int) -> int:
@@ -44,18 +51,25 @@ def run_eval_settings(cfg: TrainConfig) -> EvalSettings:
     derived from ``run.seed``, so that the same model gets the same numbers from either."""
     e = cfg.eval
     sampling = SamplingSettings(
-        temperature=e.temperature, top_p=e.top_p, max_new_tokens=cfg.rollout.max_new_tokens, batch_size=e.batch_size
+        temperature=e.temperature,
+        top_p=e.top_p,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        batch_size=e.batch_size,
     )
-    return EvalSettings(samples=e.samples, sampling=sampling, template=cfg.data.template, seed=seed_for(cfg.run.seed, 31337))
+    return EvalSettings(
+        samples=e.samples, sampling=sampling, template=cfg.data.template, seed=seed_for(cfg.run.seed, 31337)
+    )
 
 
 def rollout_sampling(c: RolloutConfig) -> SamplingSettings:
     """The sampling settings of a run's rollouts (`c`: its `[rollout]` table): temperature, top_p,
     max_new_tokens, and generation_batch_size rows per generate call (0 = all at once)."""
     return SamplingSettings(
-        temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens,
+        temperature=c.temperature,
+        top_p=c.top_p,
+        max_new_tokens=c.max_new_tokens,
         batch_size=c.generation_batch_size or None,
-    )  # fmt: skip
+    )
 
 
 class PromptSampler:
@@ -126,8 +140,16 @@ class StepRollouts(PromptResponseLayout):
 
 
 _ROW_TENSORS = (
-    "prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "group_ids", "scores", "correct", "timed_out",
-)  # fmt: skip
+    "prompt_ids",
+    "prompt_mask",
+    "response_ids",
+    "response_mask",
+    "truncated",
+    "group_ids",
+    "scores",
+    "correct",
+    "timed_out",
+)
 
 
 def _pad_cat(tensors: list[Tensor], value: int | bool, left: bool) -> Tensor:
@@ -256,7 +278,9 @@ def collect(
     return replace(kept, rounds=rnd, verify_timeouts=timeouts, generated_tokens=tokens)
 
 
-def with_greedy_baselines(ro: StepRollouts, sample_greedy: Callable[[list[Any]], StepRollouts]) -> StepRollouts:
+def with_greedy_baselines(
+    ro: StepRollouts, sample_greedy: Callable[[list[Any]], StepRollouts]
+) -> StepRollouts:
     """`ro` with ReMax's baseline_scores: `sample_greedy(problems)` samples one greedy (temperature 0)
     rollout per distinct prompt, scored as the rollouts are; each row gets its prompt's score."""
     _, inv = torch.unique(ro.group_ids, return_inverse=True)
@@ -265,13 +289,19 @@ def with_greedy_baselines(ro: StepRollouts, sample_greedy: Callable[[list[Any]],
     )
     greedy = sample_greedy([ro.problems[int(i)] for i in first])
     return replace(
-        ro, baseline_scores=greedy.scores[inv].float(), generated_tokens=ro.generated_tokens + greedy.generated_tokens
+        ro,
+        baseline_scores=greedy.scores[inv].float(),
+        generated_tokens=ro.generated_tokens + greedy.generated_tokens,
     )
 
 
-def with_mc_signals(ro: StepRollouts, estimate: Callable[[StepRollouts], tuple[dict[str, Tensor], Any]]) -> StepRollouts:
+def with_mc_signals(
+    ro: StepRollouts, estimate: Callable[[StepRollouts], tuple[dict[str, Tensor], Any]]
+) -> StepRollouts:
     """`ro` with the Monte-Carlo signals `estimate(ro)` returns (values of the policy's own prefixes, sampled
     with continuations: `tokencredit.oracle.mc_signals`), their cost, and its tokens counted as generated."""
     values, cost = estimate(ro)
     mc_cost = {f"mc_{k}": v for k, v in cost.as_dict().items()}
-    return replace(ro, mc_signals=values, mc_cost=mc_cost, generated_tokens=ro.generated_tokens + cost.generated_tokens)
+    return replace(
+        ro, mc_signals=values, mc_cost=mc_cost, generated_tokens=ro.generated_tokens + cost.generated_tokens
+    )

@@ -66,7 +66,9 @@ class StopSignals:
             self.on_first(signum)
 
 
-def stopped_message(signum: int, run_dir: Path, step_done: int, *, abandoned: bool, checkpoint: int | None) -> str:
+def stopped_message(
+    signum: int, run_dir: Path, step_done: int, *, abandoned: bool, checkpoint: int | None
+) -> str:
     """The one line a stopped run ends with: what was kept and the command that continues it."""
     name = signal_name(signum)
     resume = f"continue with: tokencredit train --resume {run_dir}"

@@ -20,7 +20,13 @@ __all__ = ["plot_curves", "run_summary", "step_record", "summary_table"]
 
 
 def step_record(
-    step: int, ro: StepRollouts, batch: RolloutBatch, credit: TokenCredit, upd: UpdateStats, times: dict[str, float], lr: float
+    step: int,
+    ro: StepRollouts,
+    batch: RolloutBatch,
+    credit: TokenCredit,
+    upd: UpdateStats,
+    times: dict[str, float],
+    lr: float,
 ) -> dict[str, Any]:
     """The metrics.jsonl line of a trained step: rollouts, timing, the objective's metrics and the
     credit diagnostics of the effective credit each token got (`TokenCredit.effective`)."""
@@ -53,8 +59,16 @@ def step_record(
     }
 
 
-def run_summary(history: list[dict[str, Any]], *, run_dir: Path, recipe: str, steps_done: int, seconds: float,
-                final_model: Path, eval_split: str = "heldout") -> dict[str, Any]:  # fmt: skip
+def run_summary(
+    history: list[dict[str, Any]],
+    *,
+    run_dir: Path,
+    recipe: str,
+    steps_done: int,
+    seconds: float,
+    final_model: Path,
+    eval_split: str = "heldout",
+) -> dict[str, Any]:
     """summary.json: the first and last evaluation (of `eval_split`, data.eval_split: heldout or
     validation), wall time, throughput, the exported model."""
     evals = [h for h in history if h.get("type") == "eval"]

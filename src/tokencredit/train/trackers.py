@@ -21,15 +21,37 @@ from typing import Any, Protocol
 
 from tokencredit.errors import ConfigError, closest
 
-__all__ = ["REPORT_TO", "STEP_METRIC", "TRACKERS", "Tracker", "Trackers", "flat_params", "metric_name",
-           "mlflow_key", "parse_report_to", "require", "tracker_metrics"]  # fmt: skip
+__all__ = [
+    "REPORT_TO",
+    "STEP_METRIC",
+    "TRACKERS",
+    "Tracker",
+    "Trackers",
+    "flat_params",
+    "metric_name",
+    "mlflow_key",
+    "parse_report_to",
+    "require",
+    "tracker_metrics",
+]
 
 # tracker name -> the module that must import (also the extra's name: pip install "tokencredit[NAME]")
 TRACKERS = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 REPORT_TO = ("none", "all", *TRACKERS)
 # TRL's (transformers') other report_to values: named as such in the error rather than as typos
-_TRL_ONLY = ("azure_ml", "clearml", "codecarbon", "comet_ml", "dagshub", "dvclive", "flyte", "kubeflow", "neptune",
-             "swanlab", "trackio")  # fmt: skip
+_TRL_ONLY = (
+    "azure_ml",
+    "clearml",
+    "codecarbon",
+    "comet_ml",
+    "dagshub",
+    "dvclive",
+    "flyte",
+    "kubeflow",
+    "neptune",
+    "swanlab",
+    "trackio",
+)
 STEP_METRIC = "train/global_step"  # wandb's x-axis (TRL's name for it)
 # Keys named as a group rather than by prefix; every other key without a credit_/eval_/time_ prefix is train/KEY.
 _NAMED = {"wall_time": "time/wall", "tokens_per_s": "time/tokens_per_s"}
@@ -72,11 +94,15 @@ def parse_report_to(value: str | list[str]) -> list[str]:
         if not name:  # "tensorboard," or an empty TOML list
             continue
         if name in _TRL_ONLY:
-            raise ConfigError(f"run.report_to: {name!r} is a TRL tracker this trainer does not log to; "
-                              f"valid: {', '.join(REPORT_TO)}")  # fmt: skip
+            raise ConfigError(
+                f"run.report_to: {name!r} is a TRL tracker this trainer does not log to; "
+                f"valid: {', '.join(REPORT_TO)}"
+            )
         if name not in REPORT_TO:
-            raise ConfigError(f"run.report_to: unknown tracker {item.strip()!r}{closest(name, REPORT_TO)}; "
-                              f"valid: {', '.join(REPORT_TO)}")  # fmt: skip
+            raise ConfigError(
+                f"run.report_to: unknown tracker {item.strip()!r}{closest(name, REPORT_TO)}; "
+                f"valid: {', '.join(REPORT_TO)}"
+            )
         if name not in names:
             names.append(name)
     if len(names) > 1 and {"none", "all"} & set(names):
@@ -91,14 +117,17 @@ def require(value: str | list[str]) -> list[str]:
     if names == ["all"]:
         names = [n for n in TRACKERS if importlib.util.find_spec(n)]  # each one's package has its name
         if not names:
-            raise ConfigError('run.report_to=all: none of tensorboard, wandb, mlflow is installed '
-                              '(e.g. pip install "tokencredit[tensorboard]")')  # fmt: skip
+            raise ConfigError(
+                "run.report_to=all: none of tensorboard, wandb, mlflow is installed "
+                '(e.g. pip install "tokencredit[tensorboard]")'
+            )
     for name in names:
         try:
             importlib.import_module(TRACKERS[name])
         except ImportError as e:
-            raise ConfigError(f'run.report_to={name}: {name} is not installed ({e}); '
-                              f'pip install "tokencredit[{name}]"') from None  # fmt: skip
+            raise ConfigError(
+                f'run.report_to={name}: {name} is not installed ({e}); pip install "tokencredit[{name}]"'
+            ) from None
     return names
 
 
@@ -198,10 +227,13 @@ class WandbTracker:
         run_id = run.read_tracker_ids().get(self.name) if resume else None
         self.note = _new_run_note(self.name, run) if resume and run_id is None else None
         self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT") or "tokencredit", name=run.path.name, id=run_id, resume="allow",
+            project=os.environ.get("WANDB_PROJECT") or "tokencredit",
+            name=run.path.name,
+            id=run_id,
+            resume="allow",
             dir=None if os.environ.get("WANDB_DIR") else str(run.path),
             reinit="create_new",  # a run of the caller's own stays as it is (not finished, not logged into)
-        )  # fmt: skip
+        )
         try:
             run.write_tracker_id(self.name, self.run.id)
             self.run.define_metric(STEP_METRIC)
@@ -282,8 +314,10 @@ class MlflowTracker:
 
 
 def _new_run_note(name: str, run: RunFiles) -> str:
-    return (f"{name}: no earlier {name} run of {run.path} found (none in {run.trackers_path.name}, or not at this "
-            f"tracking location); this session logs to a new {name} run")  # fmt: skip
+    return (
+        f"{name}: no earlier {name} run of {run.path} found (none in {run.trackers_path.name}, or not at this "
+        f"tracking location); this session logs to a new {name} run"
+    )
 
 
 def mlflow_key(name: str) -> str:
@@ -292,8 +326,10 @@ def mlflow_key(name: str) -> str:
 
 
 _BACKENDS: dict[str, Callable[..., Tracker]] = {
-    "tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MlflowTracker,
-}  # fmt: skip
+    "tensorboard": TensorBoardTracker,
+    "wandb": WandbTracker,
+    "mlflow": MlflowTracker,
+}
 
 
 # ---------------------------------------------------------------------- the trainer's view
@@ -306,8 +342,16 @@ class Trackers:
         self.warn = warn
 
     @classmethod
-    def start(cls, names: list[str], run: RunFiles, config: dict[str, Any], *, first_step: int, resume: bool,
-              warn: Callable[[str], None]) -> Trackers:  # fmt: skip
+    def start(
+        cls,
+        names: list[str],
+        run: RunFiles,
+        config: dict[str, Any],
+        *,
+        first_step: int,
+        resume: bool,
+        warn: Callable[[str], None],
+    ) -> Trackers:
         """Open `names` (from `require`) and log `config` to each. A tracker that cannot start (wandb not
         logged in, an unreachable server) is a ConfigError: nothing has been trained yet."""
         opened: list[Tracker] = []
@@ -316,8 +360,10 @@ class Trackers:
                 opened.append(_BACKENDS[name](run, first_step=first_step, resume=resume))
             except Exception as e:
                 cls(opened, warn).close(1)
-                raise ConfigError(f"run.report_to={name}: {name} could not start ({type(e).__name__}: {e})"
-                                  f"{_START_HINT[name]}") from e  # fmt: skip
+                raise ConfigError(
+                    f"run.report_to={name}: {name} could not start ({type(e).__name__}: {e})"
+                    f"{_START_HINT[name]}"
+                ) from e
         for tracker in opened:
             if tracker.note:
                 warn(tracker.note)
@@ -344,9 +390,15 @@ class Trackers:
                 call(tracker)
             except Exception as e:
                 self.active.remove(tracker)
-                then = "" if what == "closing" else f"; {tracker.name} is off for the rest of this run, which goes on"
-                self.warn(f"{tracker.name}: {what} failed ({type(e).__name__}: {e}){then} "
-                          "(metrics.jsonl has every record)")  # fmt: skip
+                then = (
+                    ""
+                    if what == "closing"
+                    else f"; {tracker.name} is off for the rest of this run, which goes on"
+                )
+                self.warn(
+                    f"{tracker.name}: {what} failed ({type(e).__name__}: {e}){then} "
+                    "(metrics.jsonl has every record)"
+                )
                 if what != "closing":
                     try:
                         tracker.close(1)  # release its writer / background process

@@ -81,7 +81,13 @@ class StepResult:
 
 class Trainer:
     def __init__(
-        self, cfg: TrainConfig, run_dir: Path, *, resume: bool = False, overwrite: bool = False, console: Any = None
+        self,
+        cfg: TrainConfig,
+        run_dir: Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        console: Any = None,
     ) -> None:
         """`overwrite`: a run already in `run_dir` is replaced whole (`rundir.replace_run`); without it a
         new run stops on a directory that holds one. The directory is locked for this object's life."""
@@ -102,19 +108,25 @@ class Trainer:
         self.eval_problems = load_problems_for(cfg.data.eval, cfg.data, split=cfg.data.eval_split)
         self.sampler = PromptSampler(self.train_problems, cfg.run.seed)
         # correctness only; the format reward and DAPO's overlong shaping are added to the score separately
-        self.reward_fn = Reward(cfg.reward.function, timeout=cfg.reward.timeout, retry_timeouts=cfg.reward.retry_timeouts)
+        self.reward_fn = Reward(
+            cfg.reward.function, timeout=cfg.reward.timeout, retry_timeouts=cfg.reward.retry_timeouts
+        )
         self.reward_fn.check(self.train_problems[0])  # a wrong user reward stops here, before the model loads
         if cfg.run.threads > 0 or cfg.model.name in models.TOY_VARIANTS:
             torch.set_num_threads(cfg.run.threads or 1)
         self.device = models.resolve_device(cfg.run.device, "run.device")
         torch.manual_seed(cfg.run.seed)
         self.model, self.tokenizer = ckpt.build_policy(cfg, self.device)
-        if warning := chat_template_warning(cfg.data.template, self.tokenizer, cfg.model.name, option="data.template"):
+        if warning := chat_template_warning(
+            cfg.data.template, self.tokenizer, cfg.model.name, option="data.template"
+        ):
             self.console.print(f"[yellow]warning: {warning}", highlight=False)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.special_ids = models.special_token_ids(self.tokenizer)
-        self._special_texts = tuple(t for t in getattr(self.tokenizer, "all_special_tokens", []) if len(t) > 1)
+        self._special_texts = tuple(
+            t for t in getattr(self.tokenizer, "all_special_tokens", []) if len(t) > 1
+        )
         self.fused_old = can_fuse_old_pass(self.model, cfg.optim, self.recipe, needs_of(self.recipe).forward)
         # entropy is logged every step (same pass); ReMax's greedy baseline and the oracle's values are sampled
         self.needs = needs_of(self.recipe, objective=True, extra={"entropy"}, fused_old=self.fused_old)
@@ -123,8 +135,12 @@ class Trainer:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         params = [p for p in self.model.parameters() if p.requires_grad]
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, o, cfg.run.steps))
+        self.optimizer = torch.optim.AdamW(
+            params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, partial(lr_factor, o, cfg.run.steps)
+        )
         self.step_done = 0
         self.resumed = resume
         self.stopped_by: int | None = None  # the stop signal fit() received, if any
@@ -171,8 +187,11 @@ class Trainer:
             self.console.print(
                 f"warning: a training problem's text contains {hit!r}, which the tokenizer reads as its "
                 "special token (as TRL and verl do), so the prompt may end or change turns there; remove "
-                "it from the data if it is not meant so", style="yellow", highlight=False, markup=False,
-            )  # fmt: skip
+                "it from the data if it is not meant so",
+                style="yellow",
+                highlight=False,
+                markup=False,
+            )
         return render(self.cfg.data.template, problem, self.tokenizer)
 
     # ------------------------------------------------------------------ one step
@@ -182,18 +201,33 @@ class Trainer:
         ro = self.sample(step)  # G completions per prompt, scored (DAPO: resampled until informative)
         t_gen = time.perf_counter() - t0
         if len(ro) == 0:
-            record = {"step": step + 1, "rollouts": 0, "gen_rounds": ro.rounds, "verify_timeouts": ro.verify_timeouts,
-                      "generated_tokens": ro.generated_tokens,
-                      "skipped": "no informative group after dynamic sampling"}  # fmt: skip
+            record = {
+                "step": step + 1,
+                "rollouts": 0,
+                "gen_rounds": ro.rounds,
+                "verify_timeouts": ro.verify_timeouts,
+                "generated_tokens": ro.generated_tokens,
+                "skipped": "no informative group after dynamic sampling",
+            }
             return StepResult(record, ro)
         batch = self.old_policy_batch(ro)  # signals: one no-grad pass of the old policy
         credit = self.credit(batch)  # advantage A, then the credit method's token advantages Â
         t_sig = time.perf_counter() - t0 - t_gen
         seq, attn = ro.sequences.to(self.device), ro.attention_mask.to(self.device)
         upd = policy_update(
-            self.model, self.optimizer, batch, credit, seq, attn, ro.prompt_ids.shape[1], self.cfg.optim,
-            temperature=self.cfg.rollout.temperature, fuse_old=self.fused_old, seed=self.cfg.run.seed, step=step,
-        )  # fmt: skip
+            self.model,
+            self.optimizer,
+            batch,
+            credit,
+            seq,
+            attn,
+            ro.prompt_ids.shape[1],
+            self.cfg.optim,
+            temperature=self.cfg.rollout.temperature,
+            fuse_old=self.fused_old,
+            seed=self.cfg.run.seed,
+            step=step,
+        )
         self.scheduler.step()
         times = {"generate": t_gen, "signals": t_sig, "update": time.perf_counter() - t0 - t_gen - t_sig}
         lr = float(self.scheduler.get_last_lr()[0])
@@ -207,21 +241,41 @@ class Trainer:
         c = self.cfg.rollout
         sampling = rollout_sampling(c)
 
-        def scored(problems: list[Any], group_size: int, how: SamplingSettings, seed: int, offset: int) -> StepRollouts:
+        def scored(
+            problems: list[Any], group_size: int, how: SamplingSettings, seed: int, offset: int
+        ) -> StepRollouts:
             return sample_round(
-                self.model, self.tokenizer, problems, [self._prompt_text(p.problem) for p in problems],
-                group_size=group_size, reward=self.reward_fn, format_weight=self.cfg.reward.format_weight,
-                overlong_buffer=self.recipe.overlong_buffer, sampling=how, seed=seed, group_offset=offset, step=step,
-            )  # fmt: skip
+                self.model,
+                self.tokenizer,
+                problems,
+                [self._prompt_text(p.problem) for p in problems],
+                group_size=group_size,
+                reward=self.reward_fn,
+                format_weight=self.cfg.reward.format_weight,
+                overlong_buffer=self.recipe.overlong_buffer,
+                sampling=how,
+                seed=seed,
+                group_offset=offset,
+                step=step,
+            )
 
         ro = collect(
-            lambda rnd: scored(self.sampler.take(c.prompts_per_step), c.group_size, sampling,
-                               seed_for(self.cfg.run.seed, step, rnd), rnd * c.prompts_per_step),
-            groups=c.prompts_per_step, dynamic=self.recipe.dynamic_sampling, max_rounds=c.max_resample_rounds,
+            lambda rnd: scored(
+                self.sampler.take(c.prompts_per_step),
+                c.group_size,
+                sampling,
+                seed_for(self.cfg.run.seed, step, rnd),
+                rnd * c.prompts_per_step,
+            ),
+            groups=c.prompts_per_step,
+            dynamic=self.recipe.dynamic_sampling,
+            max_rounds=c.max_resample_rounds,
             pad_id=self.tokenizer.pad_token_id,
-        )  # fmt: skip
+        )
         if "baseline_scores" in self.needs.fields and len(ro):
-            ro = with_greedy_baselines(ro, lambda problems: scored(problems, 1, replace(sampling, temperature=0.0), 0, 0))
+            ro = with_greedy_baselines(
+                ro, lambda problems: scored(problems, 1, replace(sampling, temperature=0.0), 0, 0)
+            )
         if self.needs.sampled and len(ro):
             try:
                 ro = with_mc_signals(ro, lambda r: self._mc_signals(r, seed_for(self.cfg.run.seed, step, 17)))
@@ -235,9 +289,16 @@ class Trainer:
         q = self.cfg.oracle
         settings = MCSettings(q.k, q.delta, q.vine_k, q.vine_max_steps, q.delimiter, q.batch_size)
         return mc_signals(
-            self.model, self.tokenizer, ro, [p.answer for p in ro.problems], self.reward_fn, self.needs.sampled,
-            sampling=rollout_sampling(self.cfg.rollout), settings=settings, seed=seed,
-        )  # fmt: skip
+            self.model,
+            self.tokenizer,
+            ro,
+            [p.answer for p in ro.problems],
+            self.reward_fn,
+            self.needs.sampled,
+            sampling=rollout_sampling(self.cfg.rollout),
+            settings=settings,
+            seed=seed,
+        )
 
     def old_policy_batch(self, ro: StepRollouts) -> RolloutBatch:
         """The RolloutBatch of the step's rollouts with the recipe's signals, on the device (`builder.build_batch`).
@@ -248,17 +309,25 @@ class Trainer:
         sampled with the rollouts (`sample`).
         """
         passes = Passes(
-            temperature=self.cfg.rollout.temperature, batch_size=self.cfg.optim.micro_batch_size or None,
-            ref_model=self.ref_model, tokenizer=self.tokenizer,
-            negative_prompts=rendered_negative_prompts([p.problem for p in ro.problems], self.cfg.data.template,
-                                                       self.tokenizer),
-        )  # fmt: skip
-        return build_batch(ro, self.needs, model=self.model, given=ro.mc_signals, passes=passes, device=self.device)
+            temperature=self.cfg.rollout.temperature,
+            batch_size=self.cfg.optim.micro_batch_size or None,
+            ref_model=self.ref_model,
+            tokenizer=self.tokenizer,
+            negative_prompts=rendered_negative_prompts(
+                [p.problem for p in ro.problems], self.cfg.data.template, self.tokenizer
+            ),
+        )
+        return build_batch(
+            ro, self.needs, model=self.model, given=ro.mc_signals, passes=passes, device=self.device
+        )
 
     def credit(self, batch: RolloutBatch) -> TokenCredit:
         """The step's credit: the one pipeline with this run's recipe, tokenizer special ids and length limit."""
         return recipes.token_credit(
-            self.recipe, batch, special_ids=self.special_ids, max_response_length=self.cfg.rollout.max_new_tokens
+            self.recipe,
+            batch,
+            special_ids=self.special_ids,
+            max_response_length=self.cfg.rollout.max_new_tokens,
         )
 
     # ------------------------------------------------------------------ evaluation and saving
@@ -266,7 +335,12 @@ class Trainer:
         e = self.cfg.eval
         settings = run_eval_settings(self.cfg)
         res = evaluate(
-            self.model, self.tokenizer, self.eval_problems, settings, verifier=self.reward_fn.verifier, progress=False
+            self.model,
+            self.tokenizer,
+            self.eval_problems,
+            settings,
+            verifier=self.reward_fn.verifier,
+            progress=False,
         )
         rec: dict[str, Any] = {"step": step, "type": "eval"}
         rec.update({f"eval_{k}": float(v) for k, v in res.items()})
@@ -280,15 +354,26 @@ class Trainer:
     def save_rollouts(self, step: int, result: StepResult) -> None:
         """Saved groups with per-token Â and signals (input of `tokencredit explain`)."""
         records = rollout_records(
-            step, self.recipe, result.rollouts, result.batch, result.credit, self.tokenizer, self.cfg.eval.save_groups
+            step,
+            self.recipe,
+            result.rollouts,
+            result.batch,
+            result.credit,
+            self.tokenizer,
+            self.cfg.eval.save_groups,
         )
         self.run.write_rollouts(step, records)
 
     def save_checkpoint(self, step: int) -> None:
         ckpt.save_checkpoint(
-            self.run, step, self.model, self.optimizer, self.scheduler,
-            extra={"sampler_cursor": self.sampler.cursor}, keep=self.cfg.checkpoint.keep,
-        )  # fmt: skip
+            self.run,
+            step,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            extra={"sampler_cursor": self.sampler.cursor},
+            keep=self.cfg.checkpoint.keep,
+        )
 
     def export_final(self) -> Path:
         """The trained model as a plain Hugging Face directory (LoRA merged), loadable by `tokencredit eval`."""
@@ -326,10 +411,16 @@ class Trainer:
         self._t_session = time.perf_counter()
         self._time_offset = float(self.history[-1].get("wall_time", 0.0)) if self.history else 0.0
         self.trackers = Trackers.start(
-            self.report_to, self.run, self.cfg.to_dict(), first_step=self.step_done + 1 if self.step_done else 0,
-            resume=self.resumed, warn=lambda m: self.console.print(f"[yellow]{m}"),
-        )  # fmt: skip
-        exit_code = 1  # the trackers' end: 0 once the run returns, 128 + signal number when a signal stopped it
+            self.report_to,
+            self.run,
+            self.cfg.to_dict(),
+            first_step=self.step_done + 1 if self.step_done else 0,
+            resume=self.resumed,
+            warn=lambda m: self.console.print(f"[yellow]{m}"),
+        )
+        exit_code = (
+            1  # the trackers' end: 0 once the run returns, 128 + signal number when a signal stopped it
+        )
         try:
             self.reward_fn.start()  # the verifier's workers warm up while the first rollouts are sampled
             with StopSignals(self._on_signal) as stop:
@@ -342,10 +433,17 @@ class Trainer:
         except StopNow as e:
             exit_code = 128 + e.signum
             checkpoints = self.run.checkpoint_steps()
-            msg = stopped_message(e.signum, self.run_dir, self.step_done, abandoned=True,
-                                  checkpoint=checkpoints[-1] if checkpoints else None)  # fmt: skip
+            msg = stopped_message(
+                e.signum,
+                self.run_dir,
+                self.step_done,
+                abandoned=True,
+                checkpoint=checkpoints[-1] if checkpoints else None,
+            )
             raise Interrupted(msg, e.signum) from None
-        except WriteFailedError as e:  # a full disk, a file system turned read-only: the finished steps are kept
+        except (
+            WriteFailedError
+        ) as e:  # a full disk, a file system turned read-only: the finished steps are kept
             fix = "free some space" if isinstance(e, DiskFullError) else "make the directory writable again"
             raise type(e)(f"{e}{self._last_good_note(fix)}", e.path) from e
         finally:
@@ -356,28 +454,40 @@ class Trainer:
 
     def _run(self, stop: StopSignals) -> dict[str, Any]:
         cfg = self.cfg
-        if self.step_done == 0 and cfg.eval.at_start and not any(h.get("type") == "eval" for h in self.history):
+        if (
+            self.step_done == 0
+            and cfg.eval.at_start
+            and not any(h.get("type") == "eval" for h in self.history)
+        ):
             self.console.print("evaluating the starting model on held-out problems ...")
             self.log(self.evaluate(0))
         self._loop(stop)
         if stop.signum is not None:
             if self.step_done and self.step_done not in self.run.checkpoint_steps():
                 self.save_checkpoint(self.step_done)
-            msg = stopped_message(stop.signum, self.run_dir, self.step_done, abandoned=False, checkpoint=self.step_done)
+            msg = stopped_message(
+                stop.signum, self.run_dir, self.step_done, abandoned=False, checkpoint=self.step_done
+            )
             raise Interrupted(msg, stop.signum)
         return self.summarize(self._time_offset + time.perf_counter() - self._t_session)
 
     def _on_signal(self, signum: int) -> None:
-        self.stopped_by = signum  # also when it lands after the last step: a caller running several runs stops
+        self.stopped_by = (
+            signum  # also when it lands after the last step: a caller running several runs stops
+        )
         name = signal_name(signum)
-        self.console.print(f"[yellow]{name}: stopping after the step in progress ({name} again stops at once)")
+        self.console.print(
+            f"[yellow]{name}: stopping after the step in progress ({name} again stops at once)"
+        )
 
     def _loop(self, stop: StopSignals) -> None:
         """Steps `step_done`..`run.steps` with logging, evaluation and checkpoints, until `stop` is
         requested. A step that fails on bad numbers raises TrainingError before anything of it is
         logged or saved, so the metrics and checkpoints of earlier steps are the last good state."""
         cfg = self.cfg
-        with StepProgress(cfg.run.steps, self.step_done, enabled=cfg.run.progress, console=self.console) as bar:
+        with StepProgress(
+            cfg.run.steps, self.step_done, enabled=cfg.run.progress, console=self.console
+        ) as bar:
             for step in range(self.step_done, cfg.run.steps):
                 if stop.requested:
                     break
@@ -413,13 +523,20 @@ class Trainer:
     def summarize(self, seconds: float) -> dict[str, Any]:
         final_dir = self.export_final()
         summary = run_summary(
-            self.history, run_dir=self.run_dir, recipe=self.recipe.name, steps_done=self.step_done, seconds=seconds,
-            final_model=final_dir, eval_split=self.cfg.data.eval_split,
-        )  # fmt: skip
+            self.history,
+            run_dir=self.run_dir,
+            recipe=self.recipe.name,
+            steps_done=self.step_done,
+            seconds=seconds,
+            final_model=final_dir,
+            eval_split=self.cfg.data.eval_split,
+        )
         self.run.write_summary(summary)
         title = f"{self.cfg.run.label or self.recipe.name} on {self.cfg.data.train}"
         plot_curves(self.history, self.run.curves_path, title=title)
         steps = [h for h in self.history if h.get("type") != "eval" and "reward" in h]
         self.console.print(summary_table(summary, steps))
-        self.console.print(f"curves: {self.run.curves_path}   metrics: {self.metrics.path}   model: {final_dir}")
+        self.console.print(
+            f"curves: {self.run.curves_path}   metrics: {self.metrics.path}   model: {final_dir}"
+        )
         return summary

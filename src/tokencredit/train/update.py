@@ -36,7 +36,9 @@ class UpdateStats:
 
     metrics: dict[str, float]
     grad_norm: float
-    old_signals: dict[str, Tensor] = field(default_factory=dict)  # fused: old_log_probs, entropy [N,T] (detached)
+    old_signals: dict[str, Tensor] = field(
+        default_factory=dict
+    )  # fused: old_log_probs, entropy [N,T] (detached)
 
 
 def _mean_metrics(mets: list[dict[str, float]]) -> dict[str, float]:
@@ -73,15 +75,20 @@ def policy_update(
     grad_norms: list[float] = []
     fused: dict[str, Tensor] = {}
     if fuse_old:
-        fused = {s: torch.zeros(mask.shape, dtype=torch.float32, device=mask.device) for s in ("old_log_probs", "entropy")}
+        fused = {
+            s: torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+            for s in ("old_log_probs", "entropy")
+        }
     old_log_probs = fused.get("old_log_probs", batch.old_log_probs)
     forward = _Forward(model, sequences, attention_mask, prompt_len, temperature, fused, step)
     for _epoch in range(optim.ppo_epochs):
         order = torch.randperm(n, generator=g) if optim.mini_batches > 1 else torch.arange(n)
         for mb in order.tensor_split(optim.mini_batches):
             mb = mb.to(mask.device)
-            counts = {"global_tokens": float(credit.loss_mask[mb].sum()),
-                      "global_seqs": float((credit.loss_mask[mb].sum(-1) > 0).sum())}  # fmt: skip
+            counts = {
+                "global_tokens": float(credit.loss_mask[mb].sum()),
+                "global_seqs": float((credit.loss_mask[mb].sum(-1) > 0).sum()),
+            }
             optimizer.zero_grad(set_to_none=True)
             for micro in mb.split(optim.micro_batch_size or len(mb)):
                 logp = forward(batch, micro)
@@ -93,12 +100,14 @@ def policy_update(
                     credit.objective.rows(micro),
                     ref_log_prob=None if batch.ref_log_probs is None else batch.ref_log_probs[micro],
                     **counts,
-                )  # fmt: skip
+                )
                 if not bool(torch.isfinite(loss)):
                     raise TrainingError(f"step {step + 1}: non-finite loss ({loss.item()})")
                 loss.backward()
                 mets.append(met)
-            gn = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip if optim.grad_clip > 0 else float("inf"))
+            gn = torch.nn.utils.clip_grad_norm_(
+                params, optim.grad_clip if optim.grad_clip > 0 else float("inf")
+            )
             if not bool(torch.isfinite(gn)):
                 raise TrainingError(f"step {step + 1}: non-finite gradient norm")
             grad_norms.append(float(gn))
@@ -122,9 +131,14 @@ class _Forward:
     def __call__(self, batch: RolloutBatch, micro: Tensor) -> Tensor:
         mask = batch.mask[micro]
         out = token_log_probs(
-            self.model, self.sequences[micro], self.attention_mask[micro], self.prompt_len,
-            temperature=self.temperature, response_mask=mask, with_entropy=bool(self.fused),
-        )  # fmt: skip
+            self.model,
+            self.sequences[micro],
+            self.attention_mask[micro],
+            self.prompt_len,
+            temperature=self.temperature,
+            response_mask=mask,
+            with_entropy=bool(self.fused),
+        )
         logp = out[0] if self.fused else out
         if not bool(torch.isfinite(logp[mask]).all()):
             raise TrainingError(f"step {self.step + 1}: non-finite log-probs in the training forward")
@@ -134,7 +148,9 @@ class _Forward:
         return logp
 
 
-def can_fuse_old_pass(model: torch.nn.Module, optim: OptimConfig, recipe: Any, credit_needs: frozenset[str]) -> bool:
+def can_fuse_old_pass(
+    model: torch.nn.Module, optim: OptimConfig, recipe: Any, credit_needs: frozenset[str]
+) -> bool:
     """True when the old-policy log-probs can come from the training forward (module docstring).
 
     It stays a separate pass when the credit method or the ratio kernel needs a policy signal

@@ -77,10 +77,14 @@ SUPPORTED_VERSIONS = VERL_VERSIONS
 def check_version(version: str | None = None) -> str:
     """Raise ImportError unless verl's version is in SUPPORTED_VERSIONS (the range we test)."""
     return check_supported(
-        "tokencredit.integrations.verl", "verl", verl.__version__ if version is None else version, SUPPORTED_VERSIONS,
-        "0.9.1", "Its hooks wrap verl-internal functions whose signatures change between releases, so other "
+        "tokencredit.integrations.verl",
+        "verl",
+        verl.__version__ if version is None else version,
+        SUPPORTED_VERSIONS,
+        "0.9.1",
+        "Its hooks wrap verl-internal functions whose signatures change between releases, so other "
         "versions are refused rather than silently mis-wired.",
-    )  # fmt: skip
+    )
 
 
 # The version is checked before any verl-internal module is imported by the parts below.
@@ -123,7 +127,6 @@ __all__ = [
 ]
 # test-facing internals: the legacy trainer's special ids, the v1 step context, the pending patches
 _INTERNALS = (_CONTEXT, _LEGACY_SPECIAL_IDS, _PENDING, _PostImportPatcher, _wrap_legacy_old_log_prob)
-
 
 
 def register_all() -> None:

@@ -35,7 +35,6 @@ SIGNAL_KEYS: dict[str, tuple[str, ...]] = {
 FIELD_KEYS: dict[str, str] = {"baseline_scores": "reward_baselines"}
 
 
-
 def first_key(data: DataProto, keys: Iterable[str]) -> str | None:
     present = set(data.batch.keys())
     return next((k for k in keys if k in present), None)
@@ -125,4 +124,3 @@ def _missing_signal_message(who: str, name: str) -> str:
             "the actor extension')"
         )
     return f"{who} needs the per-token signal {name!r} (batch key {keys}), which this DataProto lacks: {how}"
-

@@ -27,15 +27,20 @@ from tokencredit.models import special_token_ids
 from tokencredit.recipes import Recipe, TokenCredit, resolve, token_credit, zero_outside
 
 __all__ = [
-    "ESTIMATORS", "METRICS_KEY", "cfg_value", "credit_metrics", "estimator_spec", "register_estimator", "uses_keep",
+    "ESTIMATORS",
+    "METRICS_KEY",
+    "cfg_value",
+    "credit_metrics",
+    "estimator_spec",
+    "register_estimator",
+    "uses_keep",
     "worker_advantages",
-]  # fmt: skip
+]
 
 ESTIMATORS: dict[str, Recipe] = {}  # verl estimator name -> resolved recipe
 # DataProto.meta_info key under which an estimator leaves its credit diagnostics for verl's step log.
 METRICS_KEY = "tokencredit_metrics"
 _ADV_TOL = 1e-5  # DelTA: |A here - A the workers used| allowed (the same float32 computation, twice)
-
 
 
 # ---------------------------------------------------------------------------------------------- step context
@@ -116,12 +121,17 @@ def worker_advantages(verl_name: str, data: DataProto, config: Any) -> Tensor:
         )
     rewards = data.batch["rm_scores"]
     batch = batch_from_dataproto(
-        data, Needs(fields=needs_of(spec).fields), token_level_rewards=rewards,
-        response_mask=data.batch["response_mask"], who=who,
-    )  # fmt: skip
+        data,
+        Needs(fields=needs_of(spec).fields),
+        token_level_rewards=rewards,
+        response_mask=data.batch["response_mask"],
+        who=who,
+    )
     adv = advantages.estimate(recipe.advantage, batch, **recipe.advantage_params)
     if adv.dim() != 1:
-        raise ConfigError(f"{who}: DelTA assigns a sequence advantage A [N]; {recipe.advantage!r} gives A [N,T]")
+        raise ConfigError(
+            f"{who}: DelTA assigns a sequence advantage A [N]; {recipe.advantage!r} gives A [N,T]"
+        )
     return adv.detach().float().cpu()
 
 
@@ -144,7 +154,9 @@ def _check_sent_advantages(data: DataProto, seq_adv: Tensor, who: str) -> None:
     """DelTA's workers computed c~ for the A the driver sent before the old-log-prob step: it must be this A."""
     sent = data.batch[verl_actor.SEQ_ADV] if verl_actor.SEQ_ADV in data.batch.keys() else None
     if sent is None:
-        raise ConfigError(f"{who}: the batch has DelTA's coefficients but not the advantages the workers used")
+        raise ConfigError(
+            f"{who}: the batch has DelTA's coefficients but not the advantages the workers used"
+        )
     sent = sent.to(device=seq_adv.device, dtype=torch.float32)
     if sent.shape != seq_adv.shape or not torch.allclose(sent, seq_adv, rtol=_ADV_TOL, atol=_ADV_TOL):
         diff = float((sent - seq_adv).abs().max()) if sent.shape == seq_adv.shape else float("nan")
@@ -221,7 +233,11 @@ def _make_estimator(verl_name: str, spec: Recipe) -> Callable[..., tuple[Tensor,
 
 
 def _save_rollouts(
-    saving: rollouts.RolloutSaving, data: DataProto, batch: RolloutBatch, tc: TokenCredit, tok: Tensor,
+    saving: rollouts.RolloutSaving,
+    data: DataProto,
+    batch: RolloutBatch,
+    tc: TokenCredit,
+    tok: Tensor,
     ctx: _StepContext | None,
 ) -> None:
     """`rollouts.save_rollouts` at the trainer's global step when it is due: the tokenizer and step from the v1
@@ -241,12 +257,16 @@ def _save_rollouts(
     if not saving.due(step):
         return
     if tokenizer is None:
-        raise ConfigError(f"{rollouts.SAVE_ENV} is set, but the verl trainer has no tokenizer to write the texts with")
+        raise ConfigError(
+            f"{rollouts.SAVE_ENV} is set, but the verl trainer has no tokenizer to write the texts with"
+        )
     prompts = rollouts.prompt_ids(data)
     if prompts is None and ctx is not None and ctx.fetch_rows is not None:
         prompts = [row.tolist() for row in ctx.fetch_rows(["prompts"])["prompts"]]
     if prompts is None:
-        raise ConfigError(f"{rollouts.SAVE_ENV}: the batch has no 'prompts' (prompt token ids) to save with the rollouts")
+        raise ConfigError(
+            f"{rollouts.SAVE_ENV}: the batch has no 'prompts' (prompt token ids) to save with the rollouts"
+        )
     rollouts.save_rollouts(saving, step, data, batch, tc, tok, tokenizer, prompts)
 
 
@@ -308,11 +328,9 @@ def register_estimator(
     return fn
 
 
-
 def estimator_spec(verl_name: str) -> Recipe:
     """The resolved recipe behind a registered tc_ estimator (for docs and tests)."""
     try:
         return ESTIMATORS[verl_name]
     except KeyError:
         raise ConfigError(f"no tokencredit estimator {verl_name!r}{closest(verl_name, ESTIMATORS)}") from None
-

@@ -32,6 +32,7 @@ from tokencredit.integrations.verl.losses import check_pairing
 
 __all__ = ["ACTOR_HOOK_TARGETS", "HOOK_TARGETS", "install_hooks"]
 
+
 def _wrap_compute_advantage(original: Callable[..., DataProto]) -> Callable[..., DataProto]:
     if getattr(original, "tokencredit_hook", False):
         return original
@@ -141,16 +142,23 @@ def _wrap_v1_compute_advantage(original: Callable[..., Any], tq_module: Any) -> 
             return {f: padded[f] for f in fields}
 
         def fetch_rows(fields: list[str]) -> dict[str, list[Tensor]]:
-            got = tq_module.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+            got = tq_module.kv_batch_get(
+                keys=batch.keys, partition_id=batch.partition_id, select_fields=fields
+            )
             # nested fields (one row per sample, as the v1 trainer stores them) come back unpadded
             return {f: list(got[f].unbind()) for f in fields}
 
         rollout_corr = cfg_value(self.config.algorithm, "rollout_correction", None)
         bypass = bool(cfg_value(rollout_corr, "bypass_mode", False))  # no old-log-prob step, hence no entropy
         ctx = _StepContext(
-            _special_ids(getattr(self, "tokenizer", None)), fetch, has_entropy=not bypass, metrics={},
-            tokenizer=getattr(self, "tokenizer", None), step=getattr(self, "global_steps", None), fetch_rows=fetch_rows,
-        )  # fmt: skip
+            _special_ids(getattr(self, "tokenizer", None)),
+            fetch,
+            has_entropy=not bypass,
+            metrics={},
+            tokenizer=getattr(self, "tokenizer", None),
+            step=getattr(self, "global_steps", None),
+            fetch_rows=fetch_rows,
+        )
         token = _CONTEXT.set(ctx)
         try:
             out = original(self, batch, *args, **kwargs)
@@ -173,7 +181,11 @@ def _wrap_compute_data_metrics(original: Callable[..., dict]) -> Callable[..., d
     @functools.wraps(original)
     def compute_data_metrics(batch: DataProto, *args: Any, **kwargs: Any) -> dict:
         out = original(batch, *args, **kwargs)
-        extra = batch.meta_info.pop(METRICS_KEY, None) if isinstance(getattr(batch, "meta_info", None), dict) else None
+        extra = (
+            batch.meta_info.pop(METRICS_KEY, None)
+            if isinstance(getattr(batch, "meta_info", None), dict)
+            else None
+        )
         return {**out, **extra} if extra else out
 
     compute_data_metrics.tokencredit_hook = True  # type: ignore[attr-defined]
@@ -230,4 +242,3 @@ def install_hooks() -> list[str]:
     for name, patch in targets.items():
         when_imported(name, patch)
     return list(targets)
-

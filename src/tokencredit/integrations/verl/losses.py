@@ -24,9 +24,17 @@ __all__ = ["LOSSES", "VERL_LOSSES", "check_pairing", "register_loss"]
 LOSSES: dict[str, tuple[str, dict[str, Any]]] = {}  # verl loss name -> (kernel, kernel params)
 # tokencredit's policy losses that verl 0.9.1 registers itself, and verl's loss_mode for each.
 VERL_LOSSES = {
-    "ppo-clip": "vanilla", "reinforce": "gpg", "gpg": "gpg", "cispo": "cispo", "sapo": "sapo", "clip-cov": "clip_cov",
-    "kl-cov": "kl_cov", "gmpo": "geo_mean", "dppo-kl": "dppo_kl", "dppo-tv": "dppo_tv",
-}  # fmt: skip
+    "ppo-clip": "vanilla",
+    "reinforce": "gpg",
+    "gpg": "gpg",
+    "cispo": "cispo",
+    "sapo": "sapo",
+    "clip-cov": "clip_cov",
+    "kl-cov": "kl_cov",
+    "gmpo": "geo_mean",
+    "dppo-kl": "dppo_kl",
+    "dppo-tv": "dppo_tv",
+}
 
 
 def _clip_args(loss: str, config: Any) -> dict[str, float]:
@@ -42,13 +50,20 @@ def _clip_args(loss: str, config: Any) -> dict[str, float]:
 
 
 def _make_loss(
-    verl_name: str, kernel: str, kernel_params: Mapping[str, Any], loss: str = "ppo-clip",
+    verl_name: str,
+    kernel: str,
+    kernel_params: Mapping[str, Any],
+    loss: str = "ppo-clip",
     loss_params: Mapping[str, Any] | None = None,
-) -> Callable[..., tuple[Tensor, dict]]:  # fmt: skip
+) -> Callable[..., tuple[Tensor, dict]]:
     k = objectives.get_kernel(kernel)
     uses_keep = k.uses_keep
     prepared_by_estimator = k.prepare.defaults if k.prepare is not None else {}
-    params = {n: v for n, v in objectives.kernel_parameters(kernel, kernel_params).items() if n not in prepared_by_estimator}
+    params = {
+        n: v
+        for n, v in objectives.kernel_parameters(kernel, kernel_params).items()
+        if n not in prepared_by_estimator
+    }
 
     def policy_loss(
         old_log_prob: Tensor,
@@ -106,9 +121,13 @@ def _make_loss(
 
 
 def register_loss(
-    verl_name: str, kernel: str = "token", *, loss: str = "ppo-clip", loss_params: Mapping[str, Any] | None = None,
+    verl_name: str,
+    kernel: str = "token",
+    *,
+    loss: str = "ppo-clip",
+    loss_params: Mapping[str, Any] | None = None,
     **kernel_params: Any,
-) -> Callable[..., tuple[Tensor, dict]]:  # fmt: skip
+) -> Callable[..., tuple[Tensor, dict]]:
     """Register tokencredit's objective, policy loss `loss` with ratio kernel `kernel`, as verl policy loss
     `verl_name` (`loss_params`: the loss's hyperparameters besides the clip range).
 
@@ -147,4 +166,3 @@ def check_pairing(config: Any) -> None:
             "Use algorithm.adv_estimator=tc_strace, or register a paired estimator with "
             "tokencredit.integrations.verl.register_estimator(name, method, kernel='strace')"
         )
-

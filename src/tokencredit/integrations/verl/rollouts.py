@@ -37,7 +37,15 @@ from tokencredit.recipes import TokenCredit
 from tokencredit.rollout import records
 from tokencredit.train.rundir import atomic_write_text
 
-__all__ = ["DEFAULT_EVERY", "EVERY_ENV", "SAVE_ENV", "RolloutSaving", "prompt_ids", "save_rollouts", "saving_from_env"]
+__all__ = [
+    "DEFAULT_EVERY",
+    "EVERY_ENV",
+    "SAVE_ENV",
+    "RolloutSaving",
+    "prompt_ids",
+    "save_rollouts",
+    "saving_from_env",
+]
 
 SAVE_ENV = "TOKENCREDIT_VERL_SAVE_ROLLOUTS"
 EVERY_ENV = "TOKENCREDIT_VERL_SAVE_ROLLOUTS_EVERY"
@@ -66,7 +74,9 @@ def saving_from_env(environ: Mapping[str, str] | None = None) -> RolloutSaving |
     every_text = env.get(EVERY_ENV, "").strip()
     if not folder:
         if every_text:
-            raise ConfigError(f"{EVERY_ENV}={every_text} is set but {SAVE_ENV} (the folder to save rollouts in) is not")
+            raise ConfigError(
+                f"{EVERY_ENV}={every_text} is set but {SAVE_ENV} (the folder to save rollouts in) is not"
+            )
         return None
     every = DEFAULT_EVERY
     if every_text:
@@ -87,7 +97,11 @@ def prompt_ids(data: DataProto) -> list[list[int]] | None:
         return None
     prompts = data.batch["prompts"]
     width = prompts.shape[1]
-    mask = data.batch["attention_mask"][:, :width].bool() if "attention_mask" in keys else prompts.new_ones(prompts.shape).bool()
+    mask = (
+        data.batch["attention_mask"][:, :width].bool()
+        if "attention_mask" in keys
+        else prompts.new_ones(prompts.shape).bool()
+    )
     return [row[m].tolist() for row, m in zip(prompts.cpu(), mask.cpu())]
 
 
@@ -95,12 +109,16 @@ def _group_fields(data: DataProto, i: int, prompt: str) -> dict[str, Any]:
     """A row's group fields: the prompt text, and the problem / answer the batch carries (module docstring)."""
     nt = data.non_tensor_batch
     raw = nt["raw_prompt"][i] if "raw_prompt" in nt else None
-    row: dict[str, Any] = {"prompt": list(raw) if isinstance(raw, np.ndarray) else (raw if raw is not None else prompt)}
+    row: dict[str, Any] = {
+        "prompt": list(raw) if isinstance(raw, np.ndarray) else (raw if raw is not None else prompt)
+    }
     if "reward_model" in nt:
         row["reward_model"] = nt["reward_model"][i]
     fields = problem_fields(row)
     if raw is None:
-        fields.pop("problem", None)  # the decoded prompt is templated text, not the problem (probe would template it again)
+        fields.pop(
+            "problem", None
+        )  # the decoded prompt is templated text, not the problem (probe would template it again)
     return {"prompt": prompt, **fields}
 
 
@@ -122,20 +140,34 @@ def save_rollouts(
     lengths = mask.sum(-1).tolist()
     texts = [tokenizer.decode(ids[i, :n].tolist(), skip_special_tokens=True) for i, n in enumerate(lengths)]
     completions = records.completion_records(
-        ids, mask, batch.scores.cpu(), credit.seq_advantages.cpu(), token_advantages.cpu(), texts=texts,
+        ids,
+        mask,
+        batch.scores.cpu(),
+        credit.seq_advantages.cpu(),
+        token_advantages.cpu(),
+        texts=texts,
         tokens=[tokenizer.convert_ids_to_tokens(ids[i, :n].tolist()) for i, n in enumerate(lengths)],
-        signals={s: None if getattr(batch, s) is None else getattr(batch, s).cpu() for s in ("entropy", "old_log_probs")},
-    )  # fmt: skip
+        signals={
+            s: None if getattr(batch, s) is None else getattr(batch, s).cpu()
+            for s in ("entropy", "old_log_probs")
+        },
+    )
     gids = batch.group_ids.cpu().tolist()
     fields: dict[int, dict[str, Any]] = {}
     for i, g in enumerate(gids):
         if g not in fields:
-            text = tokenizer.decode(list(prompts[i]), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            text = tokenizer.decode(
+                list(prompts[i]), skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
             fields[g] = _group_fields(data, i, text)
     lines = records.group_records(
-        step=step, recipe=credit.recipe.name, credit=credit.recipe.credit, group_ids=gids, completions=completions,
+        step=step,
+        recipe=credit.recipe.name,
+        credit=credit.recipe.credit,
+        group_ids=gids,
+        completions=completions,
         fields=fields,
-    )  # fmt: skip
+    )
     saving.folder.mkdir(parents=True, exist_ok=True)
     out = saving.path(step)
     atomic_write_text(out, records.jsonl_text(lines))

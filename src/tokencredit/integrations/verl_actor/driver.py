@@ -93,7 +93,9 @@ def requesting(
     batch's rows and the method's `delta_params`; `seq_adv` is sent with the rows (each data-parallel rank
     gets its own) and also yielded under `SEQ_ADV`, for the estimator's check."""
     if "delta_coef" in wanted and (seq_adv is None or tuple(seq_adv.shape) != (len(batch),)):
-        raise ConfigError(f"{SWITCH}: DelTA's coefficients need the sequence advantages [bs] of the batch ({SEQ_ADV})")
+        raise ConfigError(
+            f"{SWITCH}: DelTA's coefficients need the sequence advantages [bs] of the batch ({SEQ_ADV})"
+        )
     group = trainer.actor_rollout_wg
     call = group.compute_log_prob
     own = "compute_log_prob" in vars(group)

@@ -10,7 +10,16 @@ from typing import Any
 
 from tokencredit.integrations.verl_actor.reductions import REDUCTIONS, SEQ_ADV, reduction_for
 
-__all__ = ["ADDED_KEYS", "BATCH_KEYS", "OUTPUT_KEYS", "SEQ_ADV", "SWITCH", "check_target", "enabled", "requested"]
+__all__ = [
+    "ADDED_KEYS",
+    "BATCH_KEYS",
+    "OUTPUT_KEYS",
+    "SEQ_ADV",
+    "SWITCH",
+    "check_target",
+    "enabled",
+    "requested",
+]
 
 SWITCH = "TOKENCREDIT_VERL_ACTOR_SIGNALS"
 # Signal name (tokencredit.batch.SIGNALS) -> DataProto batch key the estimators read it from. The workers
@@ -33,7 +42,9 @@ ADDED_KEYS: tuple[str, ...] = (*BATCH_KEYS.values(), *(r.key for r in REDUCTIONS
 _REQUEST = "tc_signals"  # non-tensor field of the worker batch: comma-separated requests (OUTPUT_KEYS)
 _DELTA_PARAMS = "tc_delta_params"  # non-tensor field: DelTA's lam_min, lam_max, refine_iters (a dict)
 _NEG_IDS, _NEG_LENS = "tc_neg_prompt_ids", "tc_neg_prompt_lens"  # [bs, P'] right-padded, [bs]
-_HIDDEN_ROWS = "tc_hidden_rows"  # worker-internal model_output key: DelTA's captured rows, popped in infer_batch
+_HIDDEN_ROWS = (
+    "tc_hidden_rows"  # worker-internal model_output key: DelTA's captured rows, popped in infer_batch
+)
 _BASE = ("adapter_residual", "base_log_probs")  # requests that need the adapter-free forward
 # The verl methods wrapped here, with the parameters the wrappers rely on.
 _SIGNATURES = {
@@ -67,4 +78,3 @@ def requested(method: str, needs: Iterable[str]) -> tuple[str, ...]:
     out = [reduction.request] if reduction is not None else []
     out += [name for name in ("base_log_probs", "neg_log_probs") if name in needs]
     return tuple(out)
-

@@ -97,7 +97,14 @@ def delta_coefficients(
 
             shard = Shard.split(n, group=group)
     terms = discriminate(
-        h, scale, seq_adv.to(device=h.device, dtype=torch.float32), mask, lam_min, lam_max, refine_iters, shard=shard
+        h,
+        scale,
+        seq_adv.to(device=h.device, dtype=torch.float32),
+        mask,
+        lam_min,
+        lam_max,
+        refine_iters,
+        shard=shard,
     )
     offsets = torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)]).to(h.device)
     return torch.nested.nested_tensor_from_jagged(terms.coefficients[rows].float(), offsets=offsets)
@@ -134,7 +141,9 @@ REDUCTIONS: dict[str, Reduction] = {
     "delta": Reduction(
         "delta", "delta_coef", "tc_delta_coef", "delta_coefficients", ("hidden",), sends_advantages=True
     ),
-    "arca": Reduction("arca", "adapter_residual", "tc_adapter_residual", "adapter_residual", ("hidden", "base_hidden")),
+    "arca": Reduction(
+        "arca", "adapter_residual", "tc_adapter_residual", "adapter_residual", ("hidden", "base_hidden")
+    ),
 }
 # each reduction is the signal its credit method declares (`register(..., reduced=...)`)
 assert all(credit.get(r.method).reduced == r.signal for r in REDUCTIONS.values())

@@ -189,7 +189,6 @@ def float32_entropy(engine: Any, micro_batch: TensorDict) -> Iterator[None]:
     from verl.utils import tensordict_utils as tu
     from verl.utils import torch_functional as verl_f
 
-
     if not tu.get_non_tensor_data(data=micro_batch, key="calculate_entropy", default=False):
         yield
         return
@@ -212,7 +211,9 @@ def float32_entropy(engine: Any, micro_batch: TensorDict) -> Iterator[None]:
             del engine.compute_entropy_from_logits
 
 
-def _forward_only_step(original: Callable[..., Any], self: Any, micro_batch: TensorDict, loss_function: Any) -> Any:
+def _forward_only_step(
+    original: Callable[..., Any], self: Any, micro_batch: TensorDict, loss_function: Any
+) -> Any:
     """verl's forward-only step, plus what the micro-batch requests (`_REQUEST`), if anything."""
     from verl.utils import tensordict_utils as tu
 
@@ -242,7 +243,9 @@ def _forward_only_step(original: Callable[..., Any], self: Any, micro_batch: Ten
                 reductions.adapter_residual(hidden, base_hidden), resp_lens
             )
         if "base_log_probs" in wanted:
-            extra[OUTPUT_KEYS["base_log_probs"]] = _log_prob_rows(base["model_output"]["log_probs"], resp_lens)
+            extra[OUTPUT_KEYS["base_log_probs"]] = _log_prob_rows(
+                base["model_output"]["log_probs"], resp_lens
+            )
 
     if "neg_log_probs" in wanted:
         if micro_batch.get("routed_experts", None) is not None:
@@ -273,7 +276,9 @@ def wrap_infer_batch(original: Callable[..., Any]) -> Callable[..., Any]:
         if "delta_coef" not in request.split(","):
             return original(self, data, loss_function)
         if SEQ_ADV not in data.keys():
-            raise ConfigError(f"{SWITCH}: DelTA's coefficients requested without the sequence advantages ({SEQ_ADV})")
+            raise ConfigError(
+                f"{SWITCH}: DelTA's coefficients requested without the sequence advantages ({SEQ_ADV})"
+            )
         params = dict(tu.get_non_tensor_data(data=data, key=_DELTA_PARAMS, default=None) or {})
         seq_adv = data[SEQ_ADV]
         output = original(self, data, loss_function)
@@ -282,7 +287,12 @@ def wrap_infer_batch(original: Callable[..., Any]) -> Callable[..., Any]:
         resp_lens = _response_lengths(data)
         old_log_probs = _log_prob_rows(model_output["log_probs"], resp_lens)
         model_output[OUTPUT_KEYS["delta_coef"]] = delta_coefficients(
-            hidden, old_log_probs, seq_adv, data["response_mask"], group=self.get_data_parallel_group(), **params
+            hidden,
+            old_log_probs,
+            seq_adv,
+            data["response_mask"],
+            group=self.get_data_parallel_group(),
+            **params,
         )
         del hidden
         return output
@@ -292,7 +302,13 @@ def wrap_infer_batch(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def delta_coefficients(
-    hidden: Tensor, old_log_probs: Tensor, seq_adv: Tensor, response_mask: Tensor, *, group: Any = None, **params: Any
+    hidden: Tensor,
+    old_log_probs: Tensor,
+    seq_adv: Tensor,
+    response_mask: Tensor,
+    *,
+    group: Any = None,
+    **params: Any,
 ) -> Tensor:
     """One rank's DelTA coefficient rows (`reductions.delta_coefficients`, collective over `group`); a
     module-level function so that a test can record what each rank held and returned."""

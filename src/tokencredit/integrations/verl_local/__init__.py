@@ -55,10 +55,14 @@ ENGINE_DEVICE = "cuda"  # verl registers its FSDP engine for "cuda" (and "npu") 
 def check_version(version: str | None = None) -> str:
     """Raise ImportError unless verl's version is in SUPPORTED_VERSIONS (tested with 0.9.1)."""
     return check_supported(
-        "tokencredit.integrations.verl_local", "verl", verl.__version__ if version is None else version,
-        SUPPORTED_VERSIONS, "0.9.1", "It implements verl-internal interfaces (platform, rollout replica and "
+        "tokencredit.integrations.verl_local",
+        "verl",
+        verl.__version__ if version is None else version,
+        SUPPORTED_VERSIONS,
+        "0.9.1",
+        "It implements verl-internal interfaces (platform, rollout replica and "
         "adapter) that change between releases.",
-    )  # fmt: skip
+    )
 
 
 check_version()

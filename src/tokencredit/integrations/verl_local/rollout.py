@@ -140,11 +140,17 @@ class HFRolloutServer:
             generator = torch.Generator().manual_seed(int(params["seed"]))
         async with self.lock:
             tokens, log_probs, _ = await asyncio.to_thread(
-                sample, self.model, prompt_ids, max_tokens,
-                temperature=float(params.get("temperature", 1.0)), top_k=int(params.get("top_k", -1)),
-                top_p=float(params.get("top_p", 1.0)), stop_ids=() if ignore_eos else self.stop_ids,
-                generator=generator, logprobs_mode=self.logprobs_mode,
-            )  # fmt: skip
+                sample,
+                self.model,
+                prompt_ids,
+                max_tokens,
+                temperature=float(params.get("temperature", 1.0)),
+                top_k=int(params.get("top_k", -1)),
+                top_p=float(params.get("top_p", 1.0)),
+                stop_ids=() if ignore_eos else self.stop_ids,
+                generator=generator,
+                logprobs_mode=self.logprobs_mode,
+            )
             steps = self.global_steps
         return TokenOutput(
             token_ids=tokens,

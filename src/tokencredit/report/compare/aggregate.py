@@ -21,9 +21,21 @@ from tokencredit.report.compare.stats import (
 )
 from tokencredit.train.config import TrainConfig
 
-__all__ = ["ACCURACY_BOUNDS", "INTERVAL", "METRICS", "MIN_SEEDS", "Group", "aggregate", "final_accuracy", "group_runs"]
+__all__ = [
+    "ACCURACY_BOUNDS",
+    "INTERVAL",
+    "METRICS",
+    "MIN_SEEDS",
+    "Group",
+    "aggregate",
+    "final_accuracy",
+    "group_runs",
+]
 
-ACCURACY_BOUNDS, DIFFERENCE_BOUNDS = (0.0, 1.0), (-1.0, 1.0)  # where an accuracy, and a difference of two, lie
+ACCURACY_BOUNDS, DIFFERENCE_BOUNDS = (
+    (0.0, 1.0),
+    (-1.0, 1.0),
+)  # where an accuracy, and a difference of two, lie
 MIN_SEEDS = 3  # fewer seeds per recipe: the intervals say little (t* = 12.7 for 2), compare warns
 INTERVAL = (
     "95% t-interval of the mean over seeds, cut to [0, 1] for accuracies ([-1, 1] for their differences); "
@@ -33,15 +45,31 @@ METRICS = {"greedy": "eval_greedy_accuracy", "avg": "eval_avg_at_k"}
 _FREE_KEYS = RUNTIME_KEYS | {"run.seed", "run.label", "algo.recipe"}
 # Always listed in compare.md's settings, default or not.
 _KEY_SETTINGS = (
-    "model.name", "run.steps", "rollout.prompts_per_step", "rollout.group_size", "rollout.max_new_tokens",
-    "rollout.temperature", "optim.lr", "data.train", "data.eval", "data.eval_size", "eval.every", "eval.samples",
+    "model.name",
+    "run.steps",
+    "rollout.prompts_per_step",
+    "rollout.group_size",
+    "rollout.max_new_tokens",
+    "rollout.temperature",
+    "optim.lr",
+    "data.train",
+    "data.eval",
+    "data.eval_size",
+    "eval.every",
+    "eval.samples",
     "reward.function",
-)  # fmt: skip
+)
 # Per-run means over training steps, then mean ± std over seeds.
 _STEP_MEANS = ("response_length", "credit_gini", "credit_eff_ratio", "gen_rounds")
 _OVER_SEEDS = (
-    "response_length", "tokens_per_s", "credit_gini", "credit_eff_ratio", "gen_rounds", "seconds", "generated_tokens",
-)  # fmt: skip
+    "response_length",
+    "tokens_per_s",
+    "credit_gini",
+    "credit_eff_ratio",
+    "gen_rounds",
+    "seconds",
+    "generated_tokens",
+)
 
 
 @dataclass
@@ -221,7 +249,9 @@ def aggregate(
     for fig, name in (("final_accuracy", "final"), ("accuracy_auc", "auc")):
         for g in groups:
             vals = by_seed[fig]
-            tests[g.label][name] = None if g.label == baseline else _vs_baseline(vals[g.label], vals[baseline])
+            tests[g.label][name] = (
+                None if g.label == baseline else _vs_baseline(vals[g.label], vals[baseline])
+            )
         # Holm across the recipes compared with the baseline, one family per figure
         adjusted = holm({lbl: t[name]["p"] for lbl, t in tests.items() if t[name] is not None})
         for lbl, p_holm in adjusted.items():

@@ -59,14 +59,16 @@ def _stopped(signum: int, todo: list[tuple[PlannedRun, bool]]) -> Interrupted:
             waiting += 1  # counted, not listed: a long plan would fill the screen
             continue
         steps = run.checkpoint_steps()
-        where.append(f"{plan.name} at " + (f"checkpoint step {steps[-1]}" if steps else "step 0 (no checkpoint yet)"))
+        where.append(
+            f"{plan.name} at " + (f"checkpoint step {steps[-1]}" if steps else "step 0 (no checkpoint yet)")
+        )
     if waiting:
         where.append(f"{waiting} not started")
     return Interrupted(
         f"stopped by {signal_name(signum)} ({done} of {len(todo)} runs to train finished; "
         f"{', '.join(where) or 'none left'})",
         signum,
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------------------------------ in this process
@@ -93,7 +95,9 @@ def _run_sequential(todo: list[tuple[PlannedRun, bool]], console: Console) -> di
             for i, (plan, resume) in enumerate(todo, 1):
                 if stop.requested:
                     break
-                console.rule(f"[{i}/{len(todo)}] {plan.name}{' (resuming)' if resume else ''} -> {plan.run_dir}")
+                console.rule(
+                    f"[{i}/{len(todo)}] {plan.name}{' (resuming)' if resume else ''} -> {plan.run_dir}"
+                )
                 t0 = time.perf_counter()
                 try:
                     _train_in_process(plan, resume, console, stop)

@@ -17,9 +17,18 @@ from tokencredit.train.rundir import RunDir
 from tokencredit.train.trainer import resolve_recipe
 
 __all__ = [
-    "DEFAULT_RECIPES", "DEFAULT_SEEDS", "Arm", "PlanOptions", "PlannedRun", "parse_arm", "parse_seeds", "plan_arms",
-    "plan_run", "plan_runs", "plan_state",
-]  # fmt: skip
+    "DEFAULT_RECIPES",
+    "DEFAULT_SEEDS",
+    "Arm",
+    "PlanOptions",
+    "PlannedRun",
+    "parse_arm",
+    "parse_seeds",
+    "plan_arms",
+    "plan_run",
+    "plan_runs",
+    "plan_state",
+]
 
 DEFAULT_RECIPES = "grpo,dapo,dapo+ktae,delta,strace,arca"
 DEFAULT_SEEDS = "0,1,2"

@@ -15,9 +15,17 @@ from tokencredit.report.compare.stats import t_quantile
 from tokencredit.train.rundir import atomic_write_text
 
 __all__ = [
-    "INTERVAL_NOTE", "few_seeds_warning", "markdown", "plot_accuracy", "plot_concentration", "plot_differences",
-    "rich_table", "table_rows", "tune_section", "write_report",
-]  # fmt: skip
+    "INTERVAL_NOTE",
+    "few_seeds_warning",
+    "markdown",
+    "plot_accuracy",
+    "plot_concentration",
+    "plot_differences",
+    "rich_table",
+    "table_rows",
+    "tune_section",
+    "write_report",
+]
 
 INTERVAL_NOTE = (
     "95% CI: the t-interval of the mean over seeds, cut to [0, 1] (Δ CI: to [-1, 1]); an accuracy cannot "
@@ -62,22 +70,51 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     base = result["baseline"]
     metric = "greedy" if result["metric"] == METRICS["greedy"] else "avg@k"
     cols = [
-        "recipe", "LoRA", "seeds", f"final held-out acc. ({metric})", f"Δ vs {base}", "p (paired t)",
-        f"steps to {result['target']:g}", "resp. length", "tokens/s", "credit Gini", "gen. rounds/step",
-        "95% CI", "Δ 95% CI", "p (Holm)", "d_z", "acc. AUC", "Δ AUC", "p AUC (Holm)", "gen. tokens/run",
+        "recipe",
+        "LoRA",
+        "seeds",
+        f"final held-out acc. ({metric})",
+        f"Δ vs {base}",
+        "p (paired t)",
+        f"steps to {result['target']:g}",
+        "resp. length",
+        "tokens/s",
+        "credit Gini",
+        "gen. rounds/step",
+        "95% CI",
+        "Δ 95% CI",
+        "p (Holm)",
+        "d_z",
+        "acc. AUC",
+        "Δ AUC",
+        "p AUC (Holm)",
+        "gen. tokens/run",
         "wall s/run",
-    ]  # fmt: skip
+    ]
     rows = []
     for g in result["recipes"]:
         delta, p = _fmt_test(g["vs_baseline"])
-        rows.append([
-            g["label"], f"r={g['lora_rank']}" if g["lora_rank"] else "-", str(len(g["seeds"])),
-            _fmt(g["final_accuracy"]), delta, p, _fmt_target(g["steps_to_target"]),
-            _fmt(g["response_length"], 1), _fmt(g["tokens_per_s"], 0), _fmt(g["credit_gini"]),
-            _fmt(g["gen_rounds"], 2), _fmt_ci(g["final_accuracy"]), *_fmt_paired(g["vs_baseline"]),
-            _fmt(g.get("accuracy_auc", {})), *_fmt_paired(g.get("auc_vs_baseline"), effect=False),
-            _fmt(g.get("generated_tokens", {}), 0), _fmt(g.get("seconds", {}), 0),
-        ])  # fmt: skip
+        rows.append(
+            [
+                g["label"],
+                f"r={g['lora_rank']}" if g["lora_rank"] else "-",
+                str(len(g["seeds"])),
+                _fmt(g["final_accuracy"]),
+                delta,
+                p,
+                _fmt_target(g["steps_to_target"]),
+                _fmt(g["response_length"], 1),
+                _fmt(g["tokens_per_s"], 0),
+                _fmt(g["credit_gini"]),
+                _fmt(g["gen_rounds"], 2),
+                _fmt_ci(g["final_accuracy"]),
+                *_fmt_paired(g["vs_baseline"]),
+                _fmt(g.get("accuracy_auc", {})),
+                *_fmt_paired(g.get("auc_vs_baseline"), effect=False),
+                _fmt(g.get("generated_tokens", {}), 0),
+                _fmt(g.get("seconds", {}), 0),
+            ]
+        )
     return cols, rows
 
 
@@ -155,11 +192,12 @@ def _notes(result: dict[str, Any]) -> list[str]:
     lora = [g for g in result["recipes"] if g["lora_rank"]]
     if lora and len(lora) < len(result["recipes"]):
         lines += [
-            "LoRA: " + ", ".join(f"`{g['label']}` (r={g['lora_rank']})" for g in lora)
+            "LoRA: "
+            + ", ".join(f"`{g['label']}` (r={g['lora_rank']})" for g in lora)
             + " trained a LoRA adapter; the other recipes fine-tuned all weights (`--lora-rank R` puts every recipe "
             "under the same adapter).",
             "",
-        ]  # fmt: skip
+        ]
     lines += ["Settings shared by every run:", ""]
     lines += [f"- `{k} = {json.dumps(v)}`" for k, v in result["settings"].items()]
     if result["differing_settings"]:
@@ -175,12 +213,16 @@ def _notes(result: dict[str, Any]) -> list[str]:
                 by_value.setdefault(json.dumps(v), []).append(Path(d).name)
             lines.append(
                 f"- `{k}`: "
-                + "; ".join(f"{v} in {len(names)} run{'s' * (len(names) > 1)} ({_run_names(names)})" for v, names in by_value.items())
+                + "; ".join(
+                    f"{v} in {len(names)} run{'s' * (len(names) > 1)} ({_run_names(names)})"
+                    for v, names in by_value.items()
+                )
             )
     sections = (
-        ("Failed runs", result.get("failed")), ("Left out", result.get("left_out")),
+        ("Failed runs", result.get("failed")),
+        ("Left out", result.get("left_out")),
         ("Damaged parts skipped (the rest of each run is used)", result.get("damaged")),
-    )  # fmt: skip
+    )
     for title, items in sections:
         if items:
             lines += ["", f"**{title}:**", ""] + [f"- `{x['run_dir']}`: {x['reason']}" for x in items]
@@ -253,7 +295,20 @@ def markdown(result: dict[str, Any], command: str) -> str:
 
 
 # Terminal columns left out first when the table is wider than the terminal (compare.md keeps them all).
-_DROP_ORDER = ("tok/s", "rounds", "length", "Gini", "tokens", "LoRA", "Δ CI", "95% CI", "p", "Δ AUC", "s", "d_z")
+_DROP_ORDER = (
+    "tok/s",
+    "rounds",
+    "length",
+    "Gini",
+    "tokens",
+    "LoRA",
+    "Δ CI",
+    "95% CI",
+    "p",
+    "Δ AUC",
+    "s",
+    "d_z",
+)
 
 
 def rich_table(result: dict[str, Any], width: int | None = None) -> Table:
@@ -261,8 +316,28 @@ def rich_table(result: dict[str, Any], width: int | None = None) -> Table:
     `width` (the console's), columns are left out in `_DROP_ORDER` until the rest fits, and the caption
     names them."""
     _, rows = table_rows(result)
-    cols = ["recipe", "LoRA", "n", "final acc.", "Δ", "p", f"steps→{result['target']:g}", "length", "tok/s",
-            "Gini", "rounds", "95% CI", "Δ CI", "p Holm", "d_z", "AUC", "Δ AUC", "p AUC", "tokens", "s"]  # fmt: skip
+    cols = [
+        "recipe",
+        "LoRA",
+        "n",
+        "final acc.",
+        "Δ",
+        "p",
+        f"steps→{result['target']:g}",
+        "length",
+        "tok/s",
+        "Gini",
+        "rounds",
+        "95% CI",
+        "Δ CI",
+        "p Holm",
+        "d_z",
+        "AUC",
+        "Δ AUC",
+        "p AUC",
+        "tokens",
+        "s",
+    ]
     keep = list(range(len(cols)))
     need = {i: max([len(cols[i]), *(len(r[i]) for r in rows)]) + 3 for i in keep}  # + borders and padding
     dropped = []
@@ -271,8 +346,12 @@ def rich_table(result: dict[str, Any], width: int | None = None) -> Table:
             break
         keep.remove(cols.index(name))
         dropped.append(name)
-    caption = INTERVAL_NOTE + (f"; left out for the terminal's width: {', '.join(dropped)} (all in compare.md)" if dropped else "")
-    t = Table(title=f"tokencredit compare (vs {result['baseline']}; columns as in compare.md)", caption=caption)
+    caption = INTERVAL_NOTE + (
+        f"; left out for the terminal's width: {', '.join(dropped)} (all in compare.md)" if dropped else ""
+    )
+    t = Table(
+        title=f"tokencredit compare (vs {result['baseline']}; columns as in compare.md)", caption=caption
+    )
     for i in keep:
         t.add_column(cols[i], justify="left" if i == 0 else "right", overflow="fold")
     for r in rows:
@@ -326,7 +405,9 @@ def plot_accuracy(result: dict[str, Any], path: Path, band: str = "std") -> Path
         if band == "minmax":
             lo, hi = c["min"], c["max"]
         elif band == "ci":
-            half = [t_quantile(0.95, n - 1) * sd / n**0.5 if n > 1 else 0.0 for sd, n in zip(c["std"], c["n"])]
+            half = [
+                t_quantile(0.95, n - 1) * sd / n**0.5 if n > 1 else 0.0 for sd, n in zip(c["std"], c["n"])
+            ]
             lo = [max(0.0, m - h) for m, h in zip(c["mean"], half)]  # cut to [0, 1], as the table's intervals
             hi = [min(1.0, m + h) for m, h in zip(c["mean"], half)]
         else:
@@ -353,10 +434,17 @@ def plot_differences(result: dict[str, Any], path: Path) -> Path:
     accuracy (left) and accuracy AUC (right), Holm-corrected p beside each; filled markers where
     p (Holm) < 0.05. Readable where a dozen overlapping accuracy bands are not."""
     plt = _pyplot()
-    rows = [g for g in result["recipes"] if ((g.get("vs_baseline") or {}).get("difference") or {}).get("mean") is not None]
+    rows = [
+        g
+        for g in result["recipes"]
+        if ((g.get("vs_baseline") or {}).get("difference") or {}).get("mean") is not None
+    ]
     rows.sort(key=lambda g: g["vs_baseline"]["difference"]["mean"])
     fig, axes = plt.subplots(1, 2, figsize=(11, 1.2 + 0.38 * max(len(rows), 1)), sharey=True)
-    panels = (("vs_baseline", "final held-out accuracy"), ("auc_vs_baseline", "accuracy AUC (mean over training)"))
+    panels = (
+        ("vs_baseline", "final held-out accuracy"),
+        ("auc_vs_baseline", "accuracy AUC (mean over training)"),
+    )
     for ax, (key, title) in zip(axes, panels):
         for y, g in enumerate(rows):
             test = g.get(key) or {}
@@ -365,11 +453,18 @@ def plot_differences(result: dict[str, Any], path: Path) -> Path:
                 continue
             p = test.get("p_holm")
             significant = p is not None and p < 0.05
-            has_ci = d.get("lo") is not None and d.get("hi") is not None  # no interval for a constant difference
+            has_ci = (
+                d.get("lo") is not None and d.get("hi") is not None
+            )  # no interval for a constant difference
             ax.errorbar(
-                d["mean"], y, xerr=[[d["mean"] - d["lo"]], [d["hi"] - d["mean"]]] if has_ci else None, fmt="o",
-                capsize=3, color="C3" if significant else "C0", mfc="C3" if significant else "white",
-            )  # fmt: skip
+                d["mean"],
+                y,
+                xerr=[[d["mean"] - d["lo"]], [d["hi"] - d["mean"]]] if has_ci else None,
+                fmt="o",
+                capsize=3,
+                color="C3" if significant else "C0",
+                mfc="C3" if significant else "white",
+            )
             label = "n/a" if p is None else (f"p={p:.3f}" if p >= 0.001 else "p<0.001")
             right = d["hi"] if has_ci else d["mean"]
             ax.annotate(label, (right, y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
@@ -377,7 +472,9 @@ def plot_differences(result: dict[str, Any], path: Path) -> Path:
         ax.margins(x=0.18)  # room for the p labels right of the intervals
         ax.set_title(f"{title}: Δ vs {result['baseline']} (95% CI, p Holm)", fontsize=9)
         ax.grid(alpha=0.3, axis="x")
-    axes[0].set_yticks(range(len(rows)), [f"{g['label']} (n={g['vs_baseline']['n']})" for g in rows], fontsize=8)
+    axes[0].set_yticks(
+        range(len(rows)), [f"{g['label']} (n={g['vs_baseline']['n']})" for g in rows], fontsize=8
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -412,9 +509,12 @@ def write_report(result: dict[str, Any], out: Path, *, band: str = "std", smooth
     """Write the plots, compare.md (headed by `result["command"]`) and compare.json into `out`; their paths."""
     out = Path(out)
     paths = {
-        "accuracy": out / ACCURACY_PNG, "concentration": out / CONCENTRATION_PNG,
-        "differences": out / DIFFERENCES_PNG, "markdown": out / "compare.md", "json": out / "compare.json",
-    }  # fmt: skip
+        "accuracy": out / ACCURACY_PNG,
+        "concentration": out / CONCENTRATION_PNG,
+        "differences": out / DIFFERENCES_PNG,
+        "markdown": out / "compare.md",
+        "json": out / "compare.json",
+    }
     out.mkdir(parents=True, exist_ok=True)
     plot_accuracy(result, paths["accuracy"], band=band)
     plot_differences(result, paths["differences"])

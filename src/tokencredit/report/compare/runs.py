@@ -19,8 +19,14 @@ from tokencredit.train.config import TrainConfig
 from tokencredit.train.rundir import RunDir
 
 __all__ = [
-    "RUNTIME_KEYS", "RunData", "collect_runs", "damaged_parts", "expand_run_dirs", "flat_config", "read_run",
-]  # fmt: skip
+    "RUNTIME_KEYS",
+    "RunData",
+    "collect_runs",
+    "damaged_parts",
+    "expand_run_dirs",
+    "flat_config",
+    "read_run",
+]
 
 # Keys that may differ between the runs of one comparison without changing what is compared.
 RUNTIME_KEYS = {"run.threads", "run.progress", "run.device", "run.name", "run.out_dir", "run.report_to"}
@@ -72,9 +78,18 @@ def read_run(run_dir: str | Path) -> RunData:
     trained = [r for r in records if r.get("type") != "eval" and "skipped" not in r]
     skipped = sum(1 for r in records if r.get("type") != "eval" and "skipped" in r)
     return RunData(
-        run.path, recipe.name, int(config["run.seed"]), int(config["model.lora_rank"]), recipe.to_dict(),
-        config, evals, sorted(trained, key=lambda r: r["step"]), skipped, run.read_summary(strict=True), damaged,
-    )  # fmt: skip
+        run.path,
+        recipe.name,
+        int(config["run.seed"]),
+        int(config["model.lora_rank"]),
+        recipe.to_dict(),
+        config,
+        evals,
+        sorted(trained, key=lambda r: r["step"]),
+        skipped,
+        run.read_summary(strict=True),
+        damaged,
+    )
 
 
 def damaged_parts(runs: list[RunData]) -> list[dict[str, str]]:

@@ -19,9 +19,18 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "PairedTest", "curve_area", "finite_or_str", "holm", "mean_ci", "mean_std", "paired_effect", "paired_t_test",
-    "steps_to_target", "t_quantile", "t_two_sided_p",
-]  # fmt: skip
+    "PairedTest",
+    "curve_area",
+    "finite_or_str",
+    "holm",
+    "mean_ci",
+    "mean_std",
+    "paired_effect",
+    "paired_t_test",
+    "steps_to_target",
+    "t_quantile",
+    "t_two_sided_p",
+]
 
 
 def t_two_sided_p(t: float, df: int) -> float:
@@ -140,7 +149,9 @@ def t_quantile(level: float, df: int) -> float:
     return 0.5 * (lo + hi)
 
 
-def mean_ci(values: list[float], level: float = 0.95, bounds: tuple[float, float] | None = None) -> dict[str, Any]:
+def mean_ci(
+    values: list[float], level: float = 0.95, bounds: tuple[float, float] | None = None
+) -> dict[str, Any]:
     """`mean_std` plus the t-interval of the mean: mean ± t*(level, n - 1) sd / sqrt(n) (None for n < 2).
 
     With `bounds` (lo, hi), the range the quantity cannot leave (an accuracy: (0, 1)), the interval is

@@ -30,9 +30,19 @@ from tokencredit.report.compare.stats import curve_area, mean_std
 from tokencredit.tasks import load_problems_for
 
 __all__ = [
-    "DEFAULT_TUNE_SEED", "RULE", "TUNE_DIR", "TuneScore", "check_tune_options", "choose_lrs", "lr_text",
-    "parse_lrs", "plan_tune", "tune_result", "tune_scores", "tune_seeds",
-]  # fmt: skip
+    "DEFAULT_TUNE_SEED",
+    "RULE",
+    "TUNE_DIR",
+    "TuneScore",
+    "check_tune_options",
+    "choose_lrs",
+    "lr_text",
+    "parse_lrs",
+    "plan_tune",
+    "tune_result",
+    "tune_scores",
+    "tune_seeds",
+]
 
 TUNE_DIR = "tune"  # OUT/tune/runs holds the tune runs
 DEFAULT_TUNE_SEED = 1000  # the default tune seeds: the first two from here not among --seeds
@@ -109,13 +119,17 @@ def plan_tune(args: PlanOptions, lrs: list[float], seeds: list[int]) -> list[Pla
     runs = Path(args.out) / TUNE_DIR / "runs"
     plans = [
         plan_run(
-            args, arm, seed, runs, (f"optim.lr={lr!r}", "data.eval_split=validation"),
+            args,
+            arm,
+            seed,
+            runs,
+            (f"optim.lr={lr!r}", "data.eval_split=validation"),
             name=f"{arm.label}-lr{lr_text(lr)}-s{seed}",
         )
         for arm in plan_arms(args)
         for lr in lrs
         for seed in seeds
-    ]  # fmt: skip
+    ]
     for p in plans:
         p.variant = f"lr {lr_text(p.cfg.optim.lr)}"
     checked: set[str] = set()

@@ -103,9 +103,10 @@ def _finite(value: Any, where: str, what: str) -> float:
         raise _data_error(where, f"{what} must be a finite number, got {_short(value)}")
     if abs(x) > _FLOAT32_MAX:
         raise _data_error(
-            where, f"{what} = {x!r} is finite in float64 but not in float32 (|x| > 3.4e38), which credit is "
+            where,
+            f"{what} = {x!r} is finite in float64 but not in float32 (|x| > 3.4e38), which credit is "
             "computed in; rescale it",
-        )  # fmt: skip
+        )
     return x
 
 
@@ -122,9 +123,10 @@ def _text(value: str, where: str, what: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
         raise _data_error(
-            where, f"{what} holds a lone surrogate ({value[e.start]!r} at character {e.start}), not Unicode "
+            where,
+            f"{what} holds a lone surrogate ({value[e.start]!r} at character {e.start}), not Unicode "
             "text: fix that \\u escape in the file",
-        ) from None  # fmt: skip
+        ) from None
     return value
 
 
@@ -302,9 +304,10 @@ def _groups(
         skipped += [damaged_line(path, n, why, len(groups), what="group") for n, why in bad]
     if not groups and (bad or damaged):
         raise _data_error(
-            str(path), f"no readable group in the file ({len(bad) + damaged} damaged line(s)); explain another "
+            str(path),
+            f"no readable group in the file ({len(bad) + damaged} damaged line(s)); explain another "
             "saved step (--step) or copy the file again",
-        )  # fmt: skip
+        )
     if not groups:
         raise _data_error(str(path), "no group in the file")
     return groups
@@ -416,9 +419,10 @@ def check_token_ids(groups: Iterable[GroupInput], vocab_size: int, model: str) -
             for j, x in enumerate(c.token_ids or ()):
                 if x >= vocab_size:
                     raise _data_error(
-                        g.where, f"completions[{i}].token_ids[{j}] = {_short(x)} is outside the vocabulary of {model} "
+                        g.where,
+                        f"completions[{i}].token_ids[{j}] = {_short(x)} is outside the vocabulary of {model} "
                         f"(ids 0 to {vocab_size - 1}): were these rollouts sampled with another model? (--model)",
-                    )  # fmt: skip
+                    )
 
 
 def cut_completion(c: CompletionInput, n: int) -> int:

@@ -119,17 +119,31 @@ def draw_png(data: ReportData, path: str | Path, max_groups: int = 1) -> Path:
     ax.text(0.005, 0.6, title, fontsize=9, weight="bold", **_LITERAL)
     for i, (label, toks) in enumerate(rows, start=1):
         y = i + 0.5
-        ax.text(0.005, y, label, fontsize=7.5, va="center", family="monospace", weight="bold" if not toks else None,
-                **_LITERAL)  # fmt: skip
+        ax.text(
+            0.005,
+            y,
+            label,
+            fontsize=7.5,
+            va="center",
+            family="monospace",
+            weight="bold" if not toks else None,
+            **_LITERAL,
+        )
         for text, val, wrong, x in toks:
             fill = "rgb(255,255,255)" if val is None else colour(val, scale)[0]
             rgb = tuple(int(c) / 255 for c in fill[4:-1].split(","))
             x0 = (16 + x) * _CHAR_W
             edge = {"edgecolor": _FIRST_WRONG, "linewidth": 1.6} if wrong else {"edgecolor": "none"}
             ax.text(
-                x0, y, text, fontsize=7.5, va="center", family="monospace",
-                bbox={"boxstyle": "square,pad=0.12", "facecolor": rgb, **edge}, **_LITERAL,
-            )  # fmt: skip
+                x0,
+                y,
+                text,
+                fontsize=7.5,
+                va="center",
+                family="monospace",
+                bbox={"boxstyle": "square,pad=0.12", "facecolor": rgb, **edge},
+                **_LITERAL,
+            )
     buf = io.BytesIO()
     try:
         with warnings.catch_warnings():

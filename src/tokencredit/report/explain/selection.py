@@ -113,5 +113,6 @@ def select_groups(
         raise ConfigError(f"--select {kind}: none of the {len(groups)} groups is {kind} ({counts})")
     shown = matching[:count]
     return Selection(
-        shown, f"the first {len(shown)} of the {len(matching)} {kind} groups of {len(groups)} (--select {kind})"
+        shown,
+        f"the first {len(shown)} of the {len(matching)} {kind} groups of {len(groups)} (--select {kind})",
     )

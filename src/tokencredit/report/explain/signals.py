@@ -161,9 +161,14 @@ def prepare_tokens(
         if positions is not None:
             prompt_lengths = [len(p) for p in _prompt_ids(src.groups, tokenizer, src.template)]
     _cut_all(
-        src.groups, max_tokens=max_tokens, positions=positions, prompt_lengths=prompt_lengths,
-        model=src.model_path, notes=notes, warnings=warnings,
-    )  # fmt: skip
+        src.groups,
+        max_tokens=max_tokens,
+        positions=positions,
+        prompt_lengths=prompt_lengths,
+        model=src.model_path,
+        notes=notes,
+        warnings=warnings,
+    )
 
 
 def _positions(config: Any) -> int | None:
@@ -321,7 +326,9 @@ def _obtainable(groups: list[Any], wanted: set[str], unavailable: dict[str, str]
     return wanted
 
 
-def _fit_to_model(src: Source, model: Any, tokenizer: Any, notes: list[str], warnings: list[str]) -> list[list[int]]:
+def _fit_to_model(
+    src: Source, model: Any, tokenizer: Any, notes: list[str], warnings: list[str]
+) -> list[list[int]]:
     """Each group's prompt ids, once the completions' ids are checked against the model's embeddings and
     each completion is cut to the model's positions after its prompt (a no-op when `prepare_tokens` read
     the same positions ahead, as for a JSONL; not for a run's model)."""
@@ -330,9 +337,14 @@ def _fit_to_model(src: Source, model: Any, tokenizer: Any, notes: list[str], war
     config = getattr(model, "config", None)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     _cut_all(
-        src.groups, max_tokens=None, positions=_positions(config), prompt_lengths=[len(p) for p in prompt_ids],
-        model=src.model_path, notes=notes, warnings=warnings,
-    )  # fmt: skip
+        src.groups,
+        max_tokens=None,
+        positions=_positions(config),
+        prompt_lengths=[len(p) for p in prompt_ids],
+        model=src.model_path,
+        notes=notes,
+        warnings=warnings,
+    )
     return prompt_ids
 
 
@@ -390,10 +402,13 @@ def batch_with_signals(
         notes.append(f"Monte-Carlo values sampled with {model_desc} (expensive)")
         given.update(sample_mc_signals(model, tokenizer, src, scored, sampled, notes))
     passes = Passes(
-        temperature=src.temperature, batch_size=batch_size, tokenizer=tokenizer,
-        negative_prompts=rendered_negative_prompts([g.problem for g in src.groups for _ in g.completions],
-                                                   src.template, tokenizer),  # type: ignore[misc]
-    )  # fmt: skip
+        temperature=src.temperature,
+        batch_size=batch_size,
+        tokenizer=tokenizer,
+        negative_prompts=rendered_negative_prompts(
+            [g.problem for g in src.groups for _ in g.completions], src.template, tokenizer
+        ),  # type: ignore[misc]
+    )
     need = Needs(forward=frozenset(wanted), sampled=frozenset(sampled))
     batch = build_batch(scored, need, model=model, given=given, passes=passes, device="cpu", who="explain")
     if wanted:

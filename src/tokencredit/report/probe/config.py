@@ -56,7 +56,9 @@ DEFAULT_KS: tuple[int, ...] = (1, 3, 10)
 DEFAULT_GRAD_BATCHES = 4
 """Batches of whole problems the oracle's rollouts are split into for the gradient cosines (`gradients`)."""
 DEFAULT_MAX_NEW_TOKENS = 96
-DEFAULT_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=DEFAULT_MAX_NEW_TOKENS, batch_size=64)
+DEFAULT_SAMPLING = SamplingSettings(
+    temperature=1.0, top_p=1.0, max_new_tokens=DEFAULT_MAX_NEW_TOKENS, batch_size=64
+)
 """The probe's sampling when neither the options nor a probed run say otherwise."""
 
 # Bounds of the probe's sizes, checked before any model loads (`probe_config`). Each is far above what
@@ -143,8 +145,14 @@ class ProbeConfig:
         keys = ("groups", "group_size", "seed", "difficulty", "digits", "operand_digits", "template")
         head = {k: d.pop(k) for k in keys}
         tail = {k: d.pop(k) for k in ("advantage", "advantage_params", "ks", "random_draws")}
-        return {**head, "temperature": s["temperature"], "max_new_tokens": s["max_new_tokens"], **tail,
-                "batch_size": s["batch_size"], **d}  # fmt: skip
+        return {
+            **head,
+            "temperature": s["temperature"],
+            "max_new_tokens": s["max_new_tokens"],
+            **tail,
+            "batch_size": s["batch_size"],
+            **d,
+        }
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
@@ -366,9 +374,12 @@ def probe_config(
     _check_data(data)
     max_new_tokens = max_new_tokens if max_new_tokens is not None else default_max_new_tokens(data)
     _check_counts(
-        groups=groups, group_size=group_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
+        groups=groups,
+        group_size=group_size,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
         random_draws=random_draws,
-    )  # fmt: skip
+    )
     _check_oracle(data, oracle, oracle_delta, bootstrap, grad_batches)
     _check_sizes(groups, group_size, max_new_tokens, batch_size, oracle, seed)
     given = {"difficulty": difficulty, "digits": digits, "operand_digits": operand_digits}

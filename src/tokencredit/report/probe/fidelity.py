@@ -111,11 +111,22 @@ def run_oracle(
     if not idx.numel():
         return None
     credit = oracle_credit(
-        model, tokenizer, select_rollouts(ro, idx), [golds[i] for i in idx.tolist()], reward_fn,
-        temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens, top_p=cfg.sampling.top_p,
-        k=cfg.oracle_k, delta=cfg.oracle_delta, old_log_probs=None if old_log_probs is None else old_log_probs.cpu()[idx],
-        seed=cfg.seed, batch_size=cfg.sampling.batch_size, split_halves=split_halves(cfg), log=log,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        select_rollouts(ro, idx),
+        [golds[i] for i in idx.tolist()],
+        reward_fn,
+        temperature=cfg.sampling.temperature,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        top_p=cfg.sampling.top_p,
+        k=cfg.oracle_k,
+        delta=cfg.oracle_delta,
+        old_log_probs=None if old_log_probs is None else old_log_probs.cpu()[idx],
+        seed=cfg.seed,
+        batch_size=cfg.sampling.batch_size,
+        split_halves=split_halves(cfg),
+        log=log,
+    )
     groups = ro.prompt_index.cpu()[idx]
     return ProbeOracle(
         idx, credit, oracle_targets(credit, ORACLE_Z), groups=groups, bootstrap=cfg.bootstrap, seed=cfg.seed
@@ -159,7 +170,9 @@ def _scores(c: Tensor, oracle: ProbeOracle, ks: Sequence[int]) -> dict[str, Any]
     out = {**fidelity(c, oracle.credit, z=oracle.z), **_blame_vs_oracle(c, oracle, ks)}
     if oracle.bootstrap:
         groups = oracle.groups if oracle.groups is not None else torch.arange(c.shape[0])
-        se = fidelity_stderr(c, oracle.credit, groups, z=oracle.z, resamples=oracle.bootstrap, seed=oracle.seed)
+        se = fidelity_stderr(
+            c, oracle.credit, groups, z=oracle.z, resamples=oracle.bootstrap, seed=oracle.seed
+        )
         out.update(se)
     return out
 

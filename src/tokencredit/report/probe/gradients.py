@@ -119,9 +119,13 @@ class _BatchGradients:
     every credit is one backward of it."""
 
     def __init__(
-        self, model: nn.Module, layout: PromptResponseLayout, params: Sequence[nn.Parameter],
-        temperature: float, micro_batch_size: int,
-    ) -> None:  # fmt: skip
+        self,
+        model: nn.Module,
+        layout: PromptResponseLayout,
+        params: Sequence[nn.Parameter],
+        temperature: float,
+        micro_batch_size: int,
+    ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         self.model, self.params, self.temperature = model, list(params), temperature
@@ -138,9 +142,13 @@ class _BatchGradients:
         if self._kept is not None:
             return self._kept
         out = token_log_probs(
-            self.model, self.sequences[rows].to(self.device), self.attention[rows].to(self.device), self.prompt_len,
-            temperature=self.temperature, response_mask=self.mask[rows].to(self.device),
-        )  # fmt: skip
+            self.model,
+            self.sequences[rows].to(self.device),
+            self.attention[rows].to(self.device),
+            self.prompt_len,
+            temperature=self.temperature,
+            response_mask=self.mask[rows].to(self.device),
+        )
         if len(self.parts) == 1:
             self._kept = out
         return out  # type: ignore[return-value]
@@ -226,7 +234,10 @@ def _grams(kept: Mapping[str, list[Tensor]], refs: Mapping[str, list[Tensor]]) -
         return done[key]
 
     return {
-        name: {"self": [[dot(v, w) for w in vs] for v in vs], **{r: [[dot(v, w) for w in ws] for v in vs] for r, ws in refs.items()}}
+        name: {
+            "self": [[dot(v, w) for w in vs] for v in vs],
+            **{r: [[dot(v, w) for w in ws] for v in vs] for r, ws in refs.items()},
+        }
         for name, vs in kept.items()
     }
 
@@ -402,7 +413,7 @@ def _oracle_halves(oracle: ProbeOracle, k: int) -> tuple[tuple[Tensor, Tensor] |
 
 
 def _ceiling(cos: Mapping[str, Any], k: int, why_not: str | None) -> dict[str, Any]:
-    """"reliability" and "headroom_corrected" (`noise_ceiling`) and {name: corrected summary} under
+    """ "reliability" and "headroom_corrected" (`noise_ceiling`) and {name: corrected summary} under
     "credits"; without the halves, "reliability": {"status": "n/a", "reason"} only."""
     if why_not is not None:
         return {"reliability": {"status": "n/a", "reason": why_not}}
@@ -413,7 +424,7 @@ def _ceiling(cos: Mapping[str, Any], k: int, why_not: str | None) -> dict[str, A
 
 
 def _summaries(cos: Mapping[str, Any], corrected: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-    """"references" and "credits": {name: {"cos_<ref>": summary}}, the credits' with `corrected` as
+    """ "references" and "credits": {name: {"cos_<ref>": summary}}, the credits' with `corrected` as
     "cos_oracle_corrected"."""
     out = {
         part: {n: {f"cos_{r}": _summary(v) for r, v in per_ref.items()} for n, per_ref in cos[part].items()}
@@ -472,10 +483,17 @@ def gradient_fidelity(
     kept_bytes = 4 * head["parameter_count"] * len(batches) * (len(credits) + len(references))
     start = time.perf_counter()
     cos, passes = gradient_cosines(
-        model, _rows(layout, rows), credits, references, batches, params,
-        temperature=cfg.sampling.temperature, micro_batch_size=cfg.sampling.batch_size, halves=halves,
+        model,
+        _rows(layout, rows),
+        credits,
+        references,
+        batches,
+        params,
+        temperature=cfg.sampling.temperature,
+        micro_batch_size=cfg.sampling.batch_size,
+        halves=halves,
         grams=kept_bytes <= EXPECTED_MAX_BYTES,
-    )  # fmt: skip
+    )
     seconds = time.perf_counter() - start
     _, inv = torch.unique(groups.cpu(), return_inverse=True)
     headroom = [None if c is None else 1.0 - c for c in cos["references"]["grpo"]["oracle"]]

@@ -87,7 +87,9 @@ def _checker_result(
     }
 
 
-def _sample(model: Any, tokenizer: Any, cfg: ProbeConfig, say: Callable[[str], None]) -> tuple[Rollouts, list[Any]]:
+def _sample(
+    model: Any, tokenizer: Any, cfg: ProbeConfig, say: Callable[[str], None]
+) -> tuple[Rollouts, list[Any]]:
     """(rollouts, each rollout's problem) of the probe's problems."""
     problems = probe_problems(cfg)
     say(f"sampling {len(problems)} x {cfg.group_size} rollouts ...")
@@ -96,16 +98,23 @@ def _sample(model: Any, tokenizer: Any, cfg: ProbeConfig, say: Callable[[str], N
 
 
 def _signals(
-    model: Any, tokenizer: Any, rollouts: ScoredRollouts, rows: Sequence[Any], needs: Needs, cfg: ProbeConfig,
+    model: Any,
+    tokenizer: Any,
+    rollouts: ScoredRollouts,
+    rows: Sequence[Any],
+    needs: Needs,
+    cfg: ProbeConfig,
     say: Callable[[str], None],
-) -> dict[str, Tensor]:  # fmt: skip
+) -> dict[str, Tensor]:
     """The forward signals of `needs` (one no-grad pass of `model`; rows[i]: rollout i's problem, for GCPO)."""
     if needs.forward:
         say(f"signals: {', '.join(sorted(needs.forward))}")
     passes = Passes(
-        temperature=cfg.sampling.temperature, batch_size=cfg.sampling.batch_size, tokenizer=tokenizer,
+        temperature=cfg.sampling.temperature,
+        batch_size=cfg.sampling.batch_size,
+        tokenizer=tokenizer,
         negative_prompts=rendered_negative_prompts([p.problem for p in rows], cfg.template, tokenizer),
-    )  # fmt: skip
+    )
     return forward_signals(model, rollouts, needs.forward, passes, who="probe")
 
 
@@ -134,9 +143,18 @@ def _grpo_credit(
 
 
 def _oracle_result(
-    model: Any, ro: Rollouts, oracle: ProbeOracle | None, got: dict[str, MethodCredit], batch: RolloutBatch,
-    cfg: ProbeConfig, truth: ProbeTruth | None, *, lora: bool, special_ids: Sequence[int], say: Callable[[str], None],
-) -> dict[str, Any]:  # fmt: skip
+    model: Any,
+    ro: Rollouts,
+    oracle: ProbeOracle | None,
+    got: dict[str, MethodCredit],
+    batch: RolloutBatch,
+    cfg: ProbeConfig,
+    truth: ProbeTruth | None,
+    *,
+    lora: bool,
+    special_ids: Sequence[int],
+    say: Callable[[str], None],
+) -> dict[str, Any]:
     """The point's "oracle" section (`oracle_section`), with the gradient cosines when `cfg.grad_batches` > 0."""
     section = oracle_section(oracle, got, cfg, reward=REWARD_NAMES[cfg.synthetic], truth=truth)
     if oracle is None or not cfg.grad_batches:
@@ -170,9 +188,17 @@ def probe_model(
         if needs.sampled:
             say(f"Monte-Carlo signals of the {', '.join(sorted(needs.sampled))} columns (expensive) ...")
             mc, mc_cost = mc_column_signals(
-                model, tokenizer, ro, golds, reward, mixed_rows(ro.prompt_index, scores), set(needs.sampled), cfg,
-                old_log_probs=signals.get("old_log_probs"), log=say,
-            )  # fmt: skip
+                model,
+                tokenizer,
+                ro,
+                golds,
+                reward,
+                mixed_rows(ro.prompt_index, scores),
+                set(needs.sampled),
+                cfg,
+                old_log_probs=signals.get("old_log_probs"),
+                log=say,
+            )
             signals = {**signals, **mc}
         batch = build_batch(rollouts, needs, given=signals, device="cpu", who="probe")
         say("scoring credit ...")
@@ -188,9 +214,16 @@ def probe_model(
         if cfg.oracle_k:
             say(f"Monte-Carlo A*: K = {cfg.oracle_k} continuations per state ...")
             oracle = run_oracle(
-                model, tokenizer, ro, golds, reward, mixed_rows(batch.group_ids, scores), cfg,
-                old_log_probs=signals.get("old_log_probs"), log=say,
-            )  # fmt: skip
+                model,
+                tokenizer,
+                ro,
+                golds,
+                reward,
+                mixed_rows(batch.group_ids, scores),
+                cfg,
+                old_log_probs=signals.get("old_log_probs"),
+                log=say,
+            )
             out["oracle"] = _oracle_result(
                 model, ro, oracle, got, batch, cfg, truth, lora=lora, special_ids=special_ids, say=say
             )

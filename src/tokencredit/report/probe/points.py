@@ -95,8 +95,11 @@ def _usable_checkpoints(run: RunDir, log: Callable[[str], None]) -> list[int]:
         else:
             bad.append(f"{path}: checkpoint step {step} is unusable ({why})")
     for line in bad:
-        log(f"{line}; skipped, the other {len(usable)} checkpoint(s) are probed (restore it from a copy to probe it)"
-            if usable else f"{line}; skipped")
+        log(
+            f"{line}; skipped, the other {len(usable)} checkpoint(s) are probed (restore it from a copy to probe it)"
+            if usable
+            else f"{line}; skipped"
+        )
     return usable
 
 
@@ -141,7 +144,11 @@ def _stderr(msg: str) -> None:
 
 
 def resolve_points(
-    model: str, *, checkpoint: str | None = None, all_checkpoints: bool = False, device: str = "auto",
+    model: str,
+    *,
+    checkpoint: str | None = None,
+    all_checkpoints: bool = False,
+    device: str = "auto",
     log: Callable[[str], None] = _stderr,
 ) -> tuple[list[ProbePoint], TrainConfig | None, Recipe | None, Path | None]:
     """(points to probe, run TrainConfig or None, run recipe or None, run directory or None).

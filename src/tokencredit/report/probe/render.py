@@ -153,8 +153,11 @@ def _fidelity_row(name: str, r: dict[str, Any], ks: Sequence[int], grads: int = 
 def _reference_cells(gradients: dict[str, Any], ref: str) -> dict[str, Any]:
     """A reference's own gradient cosines (the oracle's A*: 1 with itself) as a row's grad_cos keys."""
     got = gradients["references"][ref]
-    return {f"grad_cos_{r}{tail}": got[f"cos_{r}"][key] for r in ("oracle", "grpo")
-            for tail, key in (("", "mean"), ("_se", "se"))}  # fmt: skip
+    return {
+        f"grad_cos_{r}{tail}": got[f"cos_{r}"][key]
+        for r in ("oracle", "grpo")
+        for tail, key in (("", "mean"), ("_se", "se"))
+    }
 
 
 def _cost_text(cost: dict[str, Any]) -> str:
@@ -232,7 +235,7 @@ def _ceiling_text(gradients: dict[str, Any]) -> str:
     capped = gradients["headroom_corrected"]["capped"]
     capped += sum(c.get("cos_oracle_corrected", {}).get("capped", 0) for c in gradients["credits"].values())
     return (
-        "Noise-corrected (column \"corrected\"): A* is a Monte-Carlo estimate whose noise lowers every "
+        'Noise-corrected (column "corrected"): A* is a Monte-Carlo estimate whose noise lowers every '
         "cosine with g*; per batch, cos(g, g*) / sqrt(r_K) estimates the cosine with the exact A*'s gradient, "
         "r_K = 2 r_half / (1 + r_half) (Spearman-Brown) the reliability of g*, r_half = cos(g*_a, g*_b) "
         f"between the gradients of A* from each half (K/2 = {rel['k_half']}) of the continuations; capped "
@@ -303,7 +306,11 @@ def _fidelity_section(oracle: dict[str, Any], ks: Sequence[int]) -> list[str]:
     )
     out += ["", fidelity_table(oracle, ks)]
     if "gradients" in oracle:
-        out += ["", gradient_line(oracle["gradients"]), *expected_table(oracle["gradients"].get("expected", {}))]
+        out += [
+            "",
+            gradient_line(oracle["gradients"]),
+            *expected_table(oracle["gradients"].get("expected", {})),
+        ]
     return out
 
 

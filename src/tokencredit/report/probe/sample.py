@@ -69,9 +69,14 @@ def sample_rollouts(model: Any, tokenizer: Any, problems: Sequence[Any], cfg: Pr
 def scored(ro: Rollouts, scores: Tensor) -> ScoredRollouts:
     """The sampled rollouts with `scores` [N] (the reward), each prompt's samples a group, for the batch builder."""
     return ScoredRollouts(
-        response_ids=ro.response_ids, response_mask=ro.response_mask, group_ids=ro.prompt_index.long(), scores=scores,
-        truncated=ro.truncated, prompt_ids=ro.prompt_ids, prompt_mask=ro.prompt_mask,
-    )  # fmt: skip
+        response_ids=ro.response_ids,
+        response_mask=ro.response_mask,
+        group_ids=ro.prompt_index.long(),
+        scores=scores,
+        truncated=ro.truncated,
+        prompt_ids=ro.prompt_ids,
+        prompt_mask=ro.prompt_mask,
+    )
 
 
 def select_rollouts(ro: Rollouts, rows: Tensor) -> Rollouts:
@@ -112,10 +117,18 @@ def mc_column_signals(
     if not wanted or not idx.numel():
         return full, {"rows": 0}
     got, cost = mc_signals(
-        model, tokenizer, select_rollouts(ro, idx), [golds[i] for i in idx.tolist()], reward_fn, wanted,
-        sampling=cfg.sampling, settings=MCSettings(batch_size=cfg.sampling.batch_size),
-        old_log_probs=None if old_log_probs is None else old_log_probs.cpu()[idx], seed=cfg.seed, log=log,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        select_rollouts(ro, idx),
+        [golds[i] for i in idx.tolist()],
+        reward_fn,
+        wanted,
+        sampling=cfg.sampling,
+        settings=MCSettings(batch_size=cfg.sampling.batch_size),
+        old_log_probs=None if old_log_probs is None else old_log_probs.cpu()[idx],
+        seed=cfg.seed,
+        log=log,
+    )
     for s, v in got.items():
         full[s][idx] = v
     return full, {"rows": int(idx.numel()), **cost.as_dict()}

@@ -1,6 +1,8 @@
-"""`tokencredit recipes`: the recipe table (advantage, credit method, objective, paper); `-v` adds every
-recipe's hyperparameters as ``key = value`` lines; `recipes NAME` prints one recipe as the TOML of a
-trainer config file (``[algo]`` with the recipe's every field as ``[algo.overrides]``).
+"""`tokencredit recipes`: the recipe table (advantage, credit method, objective, paper) and the table of
+every registered credit method with its parameters and defaults (a method needs no recipe row to be
+listed or used: ``credit:NAME``); `-v` adds every recipe's hyperparameters as ``key = value`` lines;
+`recipes NAME` prints one recipe as the TOML of a trainer config file (``[algo]`` with the recipe's
+every field as ``[algo.overrides]``, and each registered function's parameters with their defaults).
 
 No transformers import here (nor `tokencredit.train.config`, which loads it): the command answers in
 the time torch takes to import.
@@ -20,11 +22,19 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from tokencredit import objectives
+from tokencredit import advantages, credit, objectives
 from tokencredit.errors import ConfigError
 from tokencredit.recipes import CLIP_FIELDS, RECIPES, Recipe, resolve
 
-__all__ = ["add_arguments", "recipe_toml", "run", "toml_value", "unread_fields"]
+__all__ = [
+    "add_arguments",
+    "credit_table",
+    "parameter_defaults",
+    "recipe_toml",
+    "run",
+    "toml_value",
+    "unread_fields",
+]
 
 # Fields that describe a recipe rather than set it: comments in the TOML, the heading in `-v`.
 DESCRIPTIVE = ("name", "paper", "notes", "kind")
@@ -80,6 +90,23 @@ def _config_name(recipe: Recipe) -> str:
     return f"credit:{recipe.name}" if recipe.kind == "method" else recipe.name
 
 
+def parameter_defaults(recipe: Recipe) -> dict[str, dict[str, Any]]:
+    """Each ``*_params`` field of the recipe -> every parameter its registered function takes, with its
+    default (what a parameter left out of the recipe's own table is run with)."""
+    return {
+        "advantage_params": dict(advantages.get_estimator(recipe.advantage).defaults),
+        "credit_params": dict(credit.get(recipe.credit).defaults),
+        "loss_params": {
+            k: v for k, v in objectives.get_loss(recipe.loss).defaults.items() if k not in CLIP_FIELDS
+        },
+        "kernel_params": dict(objectives.get_kernel(recipe.kernel).defaults),
+    }
+
+
+def _params_text(defaults: dict[str, Any], where: str) -> str:
+    return ", ".join(f"{k} = {toml_value(v, f'{where}.{k}')}" for k, v in defaults.items()) or "none"
+
+
 def unread_fields(recipe: Recipe) -> list[str]:
     """The fields the recipe's policy loss never reads: the clip range of a loss without one, the ratio
     kernel of a loss without a ratio (`resolve` refuses an override of either)."""
@@ -113,9 +140,14 @@ def recipe_toml(recipe: Recipe) -> str:
     if unread:
         note = f"not read by policy loss {recipe.loss!r}: {', '.join(unread)}"
         out += textwrap.wrap(note, 78, initial_indent="# ", subsequent_indent="# ")
+    defaults = parameter_defaults(recipe)
     for key, value in recipe.to_dict().items():
         if key in DESCRIPTIVE or key in unread:
             continue
+        if defaults.get(key):
+            fn = recipe.to_dict()[key.removesuffix("_params")]
+            note = f"{fn!r} takes (defaults): {_params_text(defaults[key], key)}"
+            out += textwrap.wrap(note, 78, initial_indent="# ", subsequent_indent="#   ")
         if value is None:
             out.append(f"# {key} = (unset)")
         else:
@@ -151,6 +183,29 @@ def _table(width: int) -> Table:
     return table
 
 
+def credit_table() -> Table:
+    """Every registered credit method: its parameters with their defaults, the per-token signals it
+    reads, and the recipes built on it (none: use it as ``credit:NAME``)."""
+    table = Table(
+        title="credit methods (tokencredit recipes credit:NAME)",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for col in ("method", "parameters (defaults)", "reads", "recipes"):
+        table.add_column(col, no_wrap=col == "method", overflow="fold")
+    for name, method in credit.CREDIT_METHODS.items():
+        used_by = [r.name for r in RECIPES.values() if r.credit == name]
+        shown = ", ".join(used_by[:3]) + (f" + {len(used_by) - 3} more" if len(used_by) > 3 else "")
+        table.add_row(
+            name,
+            _params_text(dict(method.defaults), name),
+            ", ".join(sorted(method.needs)) or "-",
+            shown or "-",
+        )
+    return table
+
+
 def _print_hyperparameters(console: Console) -> None:
     for r in RECIPES.values():
         console.print()
@@ -167,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     console = Console()
     console.print(_table(console.width))
+    console.print(credit_table())
     if args.verbose:
         _print_hyperparameters(console)
     return 0

@@ -175,6 +175,20 @@ def test_listed_by_the_registry_and_by_tokencredit_recipes(halves, capsys, monke
     assert f" {halves} " in verbose and verbose.count("\n") > out.count("\n")
 
 
+def test_a_method_without_a_recipe_row_is_listed_with_its_parameters(capsys, monkeypatch):
+    """Step (a)'s promise: the module alone makes the method visible, with its parameters and defaults."""
+    with halves_registered():
+        assert HALVES not in RECIPES
+        monkeypatch.setenv("COLUMNS", "250")
+        assert cli_main(["recipes"]) == 0
+        out = capsys.readouterr().out
+        row = next(line for line in out.splitlines() if line.lstrip().startswith(f"{HALVES} "))
+        assert "low = 0.5" in row and "entropy" in row
+        assert cli_main(["recipes", f"credit:{HALVES}"]) == 0
+        toml = capsys.readouterr().out
+        assert f"# '{HALVES}' takes (defaults): low = 0.5" in toml and f'credit = "{HALVES}"' in toml
+
+
 def test_unknown_parameter_names_the_closest(halves, fixed):
     batch, _, _ = fixed
     adv = advantages.grpo(batch.scores, batch.group_ids)
@@ -242,11 +256,10 @@ def test_an_engine_plugin_through_the_builder(halves, fixed):
 
 @pytest.mark.parametrize("form", ["credit:{}", "{}"])
 def test_explain_and_probe_agree_with_the_core(form, halves, fixed, tokenizer):
-    from tokencredit import models
+    from tokencredit import models, probe
+    from tokencredit.columns import resolve_methods
     from tokencredit.data.synthetic import ArithmeticTask
-    from tokencredit.report import probe
-    from tokencredit.report.explain import explain_batch, make_groups
-    from tokencredit.report.methods import resolve_methods
+    from tokencredit.explain import explain_batch, make_groups
 
     name = form.format(halves)
     batch, special, _ = fixed

@@ -1,13 +1,15 @@
-"""The front pages stay true: README.md, docs/results.md, BENCHMARKS.md and examples/core.py.
+"""The front pages stay true: README.md, BENCHMARKS.md, the findings, guide and experiment pages, and
+examples/core.py.
 
-- README.md is at most 250 lines, starts with the install + main job and test commands, and links
-  the other pages;
-- its recipe table names exactly the recipes of `tokencredit.recipes.RECIPES`;
+- README.md is short, starts with the install + main job and test commands, says on its first screen
+  what the project found (linking docs/findings.md), and links the other pages;
 - examples/core.py runs, and the README's code block of the core example is a part of it (and runs
   on its own), so the two cannot drift apart;
-- BENCHMARKS.md opens with its summary table (one command per row), the history below it;
-- every relative link (and image) in README.md, docs/results.md and BENCHMARKS.md points at a file of
-  the repository, and every #anchor at a heading of its page.
+- BENCHMARKS.md is one table of current figures: one line per figure, each with its command and a link
+  to its record;
+- the user-facing pages name no internal issue numbers (they say what changed instead);
+- every relative link (and image) in those pages points at a file of the repository, and every
+  #anchor at a heading of its page.
 """
 
 from __future__ import annotations
@@ -20,16 +22,28 @@ from pathlib import Path
 
 import pytest
 
-from tokencredit.recipes import RECIPES
-
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
-RESULTS = ROOT / "docs" / "results.md"
+CHANGELOG = ROOT / "CHANGELOG.md"
+FINDINGS = ROOT / "docs" / "findings.md"
 CORE = ROOT / "examples" / "core.py"
 DOCS = ROOT / "docs"
-LINKED_PAGES = (README, RESULTS, BENCHMARKS, DOCS / "inputs.md")
-MAX_README_LINES = 250
+# The pages written for users: what they read first, the findings, the guide and every experiment's record.
+USER_PAGES = (
+    README,
+    BENCHMARKS,
+    CHANGELOG,
+    FINDINGS,
+    DOCS / "getting-started.md",
+    *sorted((DOCS / "guide").glob("*.md")),
+    *sorted((DOCS / "experiments").glob("*.md")),
+)
+LINKED_PAGES = (*USER_PAGES, DOCS / "inputs.md")
+MAX_README_LINES = 220
+FIRST_SCREEN = 25  # lines of the README a reader sees before scrolling
+MAX_CELL = 120  # characters of a BENCHMARKS.md cell other than its command: a figure, not a paragraph
+ISSUE_NUMBER = re.compile(r"\bissues?\s*#?\d+|#\d{2,}\b", re.IGNORECASE)
 
 FENCE = re.compile(r"^(```|~~~)")
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -189,7 +203,7 @@ def test_markdown_helpers_on_a_sample():
 def test_readme_is_short():
     n = len(_read(README).splitlines())
     assert n <= MAX_README_LINES, (
-        f"README.md has {n} lines (at most {MAX_README_LINES}); move detail to docs/results.md"
+        f"README.md has {n} lines (at most {MAX_README_LINES}); move detail to docs/ (findings, guide, experiments)"
     )
 
 
@@ -203,7 +217,14 @@ def test_readme_starts_with_install_and_test_commands():
 def test_readme_links_the_other_pages():
     targets = {t.split("#")[0] for _, line in _prose_lines(_read(README)) for t in LINK.findall(line)}
     wanted = {
-        "docs/results.md",
+        "docs/getting-started.md",
+        "docs/findings.md",
+        "docs/guide/train.md",
+        "docs/guide/explain.md",
+        "docs/guide/compare.md",
+        "docs/guide/probe.md",
+        "docs/guide/eval.md",
+        "docs/experiments/index.md",
         "docs/methods.md",
         "docs/integrations.md",
         "docs/extending.md",
@@ -212,21 +233,26 @@ def test_readme_links_the_other_pages():
     assert not wanted - targets, f"README.md does not link {sorted(wanted - targets)}"
 
 
-def test_readme_recipe_table_lists_exactly_the_registry():
-    tables = [t for t in _tables(_read(README)) if t[1] and t[1][0].lower() == "recipe"]
-    assert len(tables) == 1, f"expected one README table whose first column is 'recipe', found {len(tables)}"
-    line_no, _, rows = tables[0]
-    listed: list[str] = []
-    for row in rows:
-        names = re.findall(r"`([^`]+)`", row[0])
-        assert names, f"README.md table at line {line_no}: row without a `recipe` name: {row[0]!r}"
-        listed += names
-    duplicated = sorted({n for n in listed if listed.count(n) > 1})
-    missing = sorted(set(RECIPES) - set(listed))
-    extra = sorted(set(listed) - set(RECIPES))
-    assert not (missing or extra or duplicated), (
-        f"README.md recipe table (line {line_no}) out of step with tokencredit.recipes.RECIPES: "
-        f"missing {missing}, not in the registry {extra}, listed twice {duplicated}"
+def test_readme_first_screen_says_what_the_project_found():
+    """The headline result is on the first screen, above the feature list, and links its evidence."""
+    lines = _read(README).splitlines()[:FIRST_SCREEN]
+    first = "\n".join(lines)
+    assert any("docs/findings.md" in t for line in lines for t in LINK.findall(line)), (
+        f"README.md's first {FIRST_SCREEN} lines do not link docs/findings.md"
+    )
+    for phrase in ("GRPO", "rollouts"):
+        assert phrase in first, (
+            f"README.md's first {FIRST_SCREEN} lines do not say what was found ({phrase!r})"
+        )
+
+
+def test_readme_points_at_the_recipe_listing_instead_of_a_table():
+    """The recipes are listed by `tokencredit recipes` and docs/methods.md, not by a table to keep in step."""
+    text = _read(README)
+    assert "`tokencredit recipes`" in text, "README.md does not point at `tokencredit recipes`"
+    tables = [t for t in _tables(text) if t[1] and t[1][0].lower() == "recipe"]
+    assert not tables, (
+        f"README.md has a recipe table again (line {tables[0][0]}); point at `tokencredit recipes`"
     )
 
 
@@ -285,32 +311,42 @@ def test_readme_core_block_runs_on_its_own(tmp_path):
 # -- BENCHMARKS.md ---------------------------------------------------------------------------------
 
 
-def test_benchmarks_opens_with_the_summary_table():
+def test_benchmarks_is_one_table_of_current_figures():
+    """BENCHMARKS.md: a title, a short intro, then the table; nothing after it. Every row is one figure
+    with its command and a link to the experiment page that records how it was measured."""
     text = _read(BENCHMARKS)
     heads = _headings(text)
-    sections = [(ln, title) for ln, level, title in heads if level == 2]
-    assert sections, "BENCHMARKS.md has no sections"
-    first_line, first_title = sections[0]
-    assert "summary" in first_title.lower(), (
-        f"BENCHMARKS.md's first section is {first_title!r}, not the summary"
+    assert [level for _, level, _ in heads] == [1], (
+        f"BENCHMARKS.md should be one table, has sections {heads[1:]}"
     )
-    body = [line for line in text.splitlines()[first_line:] if line.strip()]
-    assert body and body[0].lstrip().startswith("|"), (
-        f"BENCHMARKS.md's summary section should start with its table, starts with {body[:1]}"
-    )
-    table_line, header, rows = next(t for t in _tables(text) if t[0] > first_line)
-    assert table_line == first_line + 1 + text.splitlines()[first_line:].index(body[0]), (
-        "the table comes first"
-    )
+    tables = _tables(text)
+    assert len(tables) == 1, f"BENCHMARKS.md should hold one table, holds {len(tables)}"
+    table_line, header, rows = tables[0]
+    prose = [(i, line) for i, line in _prose_lines(text) if line.strip() and not line.startswith(("#", "|"))]
+    assert all(i < table_line for i, _ in prose), "BENCHMARKS.md has text after its table"
+    assert len(prose) <= 6, f"BENCHMARKS.md's intro is {len(prose)} lines; the table is the page"
     columns = [h.lower() for h in header]
-    assert "command" in columns, f"the summary table has no 'command' column: {header}"
-    command = columns.index("command")
-    assert len(rows) >= 5, f"the summary table has {len(rows)} rows"
+    for name in ("measurement", "figure", "command", "record"):
+        assert name in columns, f"the BENCHMARKS.md table has no {name!r} column: {header}"
+    command, record = columns.index("command"), columns.index("record")
+    assert len(rows) >= 10, f"the table has {len(rows)} rows"
     for row in rows:
-        assert len(row) == len(header), f"summary row with {len(row)} cells for {len(header)} columns: {row}"
-        assert "`" in row[command], f"summary row without its command: {row[0]!r}"
-    later = [title.lower() for _, title in sections[1:]]
-    assert any("history" in t for t in later), "BENCHMARKS.md keeps its history below the summary"
+        assert len(row) == len(header), f"row with {len(row)} cells for {len(header)} columns: {row}"
+        assert row[command].startswith("`"), f"row without its command: {row[0]!r}"
+        assert "docs/experiments/" in row[record], f"row {row[0]!r} does not link its record: {row[record]!r}"
+        for i, cell in enumerate(row):
+            if i not in (command, record):
+                assert len(cell) <= MAX_CELL, f"a paragraph in a cell of row {row[0]!r}: {cell!r}"
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_user_pages_name_no_internal_issue_numbers(page):
+    found = [
+        f"{page.name}:{i}: {m.group(0)!r}"
+        for i, line in _prose_lines(_read(page))
+        for m in ISSUE_NUMBER.finditer(line)
+    ]
+    assert not found, "internal issue numbers (say what changed instead):\n" + "\n".join(found)
 
 
 # -- links -----------------------------------------------------------------------------------------

@@ -178,7 +178,8 @@ TOY_HARD_CONFIG = WarmStartConfig(difficulty=6, forget_rate=0.55)
 # step opened and closed by one of PHRASINGS equivalent words the teacher draws uniformly
 # (`synthetic.CONNECTIVES` / `ENDINGS`; solutions up to 108 characters plus EOS). The reward never
 # depends on them, so they are high-entropy tokens with zero exact advantage. Chosen among the
-# variants screened by the headroom index (docs/results.md, "A task with headroom").
+# variants screened by the headroom index
+# (docs/experiments/toy-free.md#screening-by-the-headroom-index-before-training-anything).
 TOY_FREE_CONFIG = WarmStartConfig(phrasings=4)
 
 TOY_VARIANTS: dict[str, ToyVariant] = {

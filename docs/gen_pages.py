@@ -8,7 +8,8 @@ Nothing here is checked in as Markdown, so adding a method or a module never tou
   advantage estimator, all read from the registries;
 - ``reference/``: the API reference, one page per public package or top-level module of
   ``src/tokencredit`` (its docstring and each public submodule's, rendered by mkdocstrings), with its
-  navigation in ``reference/SUMMARY.md`` (mkdocs-literate-nav);
+  navigation in ``reference/SUMMARY.md`` (mkdocs-literate-nav); the overview, ``reference/index.md``,
+  is checked in;
 - ``benchmarks.md``, ``changelog.md``, ``contributing.md``: the repository's root pages (their links
   are fixed up by docs/hooks.py).
 
@@ -248,7 +249,7 @@ def reference_pages() -> dict[str, str]:
     modules = public_modules()
     tops = sorted({".".join(m.split(".")[:2]) for m in modules if m != "tokencredit"})
     pages: dict[str, str] = {}
-    nav = ["* [Overview](index.md)"]
+    nav = ["* [Overview](index.md)"]  # docs/reference/index.md, checked in (the README links it)
     for top in tops:
         members = [m for m in modules if m == top or m.startswith(top + ".")]
         blocks = [f"# `{top}`", ""]
@@ -264,28 +265,6 @@ def reference_pages() -> dict[str, str]:
         short = top.split(".", 1)[1]
         pages[f"reference/{short}.md"] = "\n".join(blocks)
         nav.append(f"* [{short}]({short}.md)")
-    pages["reference/index.md"] = "\n".join(
-        [
-            "# API reference",
-            "",
-            "Generated from the docstrings at every build: one page per package or top-level module of "
-            "`tokencredit`, with each public submodule (a module whose name starts with `_` is private). "
-            "Shapes use N rollouts, T response positions, H hidden size; each function's docstring names the "
-            "paper's equation it implements.",
-            "",
-            "The core (pure functions on tensors): [batch](batch.md), [advantages](advantages.md), "
-            "[credit](credit.md), [objectives](objectives.md), [recipes](recipes.md), [builder](builder.md), "
-            "[signals](signals.md), [diagnostics](diagnostics.md), [distributed](distributed.md). "
-            "Around it: the trainer ([train](train.md)), the reports ([explain](explain.md), "
-            "[compare](compare.md), [probe](probe.md)), the engines ([integrations](integrations.md)).",
-            "",
-            "::: tokencredit",
-            "    options:",
-            "      heading_level: 2",
-            "      members: false",
-            "",
-        ]
-    )
     pages["reference/SUMMARY.md"] = "\n".join(nav) + "\n"
     return pages
 

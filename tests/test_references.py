@@ -15,6 +15,8 @@ docs/spec/ (see docs/methods.md#method-notes).
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import io
 import re
 import tokenize
@@ -30,6 +32,9 @@ SKIP_PARTS = {"__pycache__", ".pytest_cache", ".ruff_cache"}
 MAX_BYTES = 2_000_000
 # Files tokencredit itself writes (a report's output name), not citations of a page.
 OUTPUT_NAMES = {"compare.md", "probe.md"}
+# The documentation site's page generator: its strings are the site's page paths (relative to each
+# generated page), not citations; the pages it writes exist in the site, so a link to one resolves.
+GENERATOR = Path("docs", "gen_pages.py")
 # Bare file names are looked up here (besides the citing file's own folder).
 BARE_DIRS = ("", "docs", "docs/spec")
 
@@ -57,8 +62,25 @@ def scanned_files(root: Path = ROOT) -> Iterator[Path]:
                 and not SKIP_PARTS.intersection(rel)
                 and not any(part.endswith(".egg-info") for part in rel)
                 and p.stat().st_size <= MAX_BYTES
+                and p.relative_to(root) != GENERATOR
             ):
                 yield p
+
+
+@functools.cache
+def generated_pages(root: Path = ROOT) -> frozenset[Path]:
+    """The pages docs/gen_pages.py writes into the site at `mkdocs build` (as paths under docs/)."""
+    if not (root / GENERATOR).is_file():
+        return frozenset()
+    spec = importlib.util.spec_from_file_location("gen_pages", root / GENERATOR)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return frozenset((root / "docs" / page).resolve() for page in module.all_pages())
+
+
+def _generated(path: Path, root: Path) -> bool:
+    return root == ROOT and path.resolve() in generated_pages(root)
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -182,6 +204,8 @@ def problems_in_text(text: str, citing: Path, root: Path = ROOT) -> list[str]:
             if Path(ref).name in OUTPUT_NAMES or ref.startswith("/"):
                 continue
             target = resolve_citation(ref, citing, root)
+            if target is None and _generated(citing.parent / ref, root):
+                continue
             if target is None:
                 leaves = ref.startswith("../") and not _inside(citing.parent / ref, root)
                 why = "leaves the repository" if leaves else "does not exist in the repository"
@@ -204,7 +228,7 @@ def problems_in_text(text: str, citing: Path, root: Path = ROOT) -> list[str]:
             target = citing if not path_part else citing.parent / path_part
             if not _inside(target, root):
                 found.append(f"{where}: link {link!r} leaves the repository")
-            elif not target.exists():
+            elif not target.exists() and not _generated(target, root):
                 found.append(
                     f"{where}: link {link!r} does not resolve ({target.relative_to(root)} is missing)"
                 )

@@ -25,14 +25,22 @@ from typing import Any, Generic, Protocol, TypeVar
 from tokencredit.errors import ConfigError, closest
 
 
-class _Entry(Protocol):
-    name: str
+class Entry(Protocol):
+    """What a registry holds: a name and the defaults of its hyperparameters.
+
+    Both are read-only properties, so a frozen dataclass (a field) and a class computing `defaults`
+    (a property, as `objectives.Kernel`) both satisfy it; a plain attribute here would demand a
+    settable one, which no frozen entry has.
+    """
+
+    @property
+    def name(self) -> str: ...
 
     @property
     def defaults(self) -> Mapping[str, Any]: ...
 
 
-E = TypeVar("E", bound=_Entry)
+E = TypeVar("E", bound=Entry)
 
 
 def keyword_defaults(fn: Callable[..., Any], skip: int) -> dict[str, Any]:
@@ -52,14 +60,20 @@ def keyword_defaults(fn: Callable[..., Any], skip: int) -> dict[str, Any]:
     return out
 
 
-def import_submodules(package: str, path: Iterable[str]) -> list[ModuleType]:
+def import_submodules(package: str, path: Iterable[str], skip: Iterable[str] = ()) -> list[ModuleType]:
     """Import every public module of `package` (its `__path__` is `path`), sorted by name.
 
     A package whose modules register entries calls it as ``import_submodules(__name__, __path__)``
-    once the names those modules import from the package are defined. Modules (and subpackages)
-    whose name starts with an underscore are left out; importing one twice is a no-op.
+    from its ``__init__``. Modules (and subpackages) whose name starts with an underscore are left
+    out, and so are the names in `skip` (the package's own registry module, imported before);
+    importing one twice is a no-op.
     """
-    names = sorted(m.name for m in pkgutil.iter_modules(list(path)) if not m.name.startswith("_"))
+    left_out = set(skip)
+    names = sorted(
+        m.name
+        for m in pkgutil.iter_modules(list(path))
+        if not m.name.startswith("_") and m.name not in left_out
+    )
     return [importlib.import_module(f"{package}.{name}") for name in names]
 
 

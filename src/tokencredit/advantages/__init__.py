@@ -19,6 +19,7 @@ from tokencredit.advantages.core import (
     register_estimator,
     rloo,
 )
+from tokencredit.registry import import_submodules as _import_submodules
 
 __all__ = [
     "ESTIMATORS",
@@ -33,7 +34,5 @@ __all__ = [
     "register_estimator",
     "rloo",
 ]
-
-from tokencredit.registry import import_submodules as _import_submodules  # noqa: E402
 
 _import_submodules(__name__, __path__)  # `estimators` (and any new module) registers here, sorted by name

@@ -1,44 +1,24 @@
-"""Registry of token credit methods.
+"""Token credit methods: Â [N,T] from a `RolloutBatch` and the group advantages A [N] (or A [N,T]).
 
-A credit method maps a `RolloutBatch` and the sequence-level group advantages A[N] to a
-per-token advantage Â[N,T]. Each method declares the per-token signals it needs (names from
-`tokencredit.batch.SIGNALS`) so that the trainer and the plugins compute exactly those in the
-old-policy pass, and nothing else.
+`registry` holds the registry and the one entry point (`compute`, `register`, `get`; its docstring
+states the contract every method meets); each other module holds methods and registers them on
+import: `uniform` (GRPO, Â = A), `arca` (ARCA and its salience baselines), `delta` (DelTA),
+`entropy` (the 80/20 rule), `gcpo`, `ktae`, `montecarlo` (oracle, VinePPO) and `token_shaping`
+(entropy-advantage, advantage-reweighting).
 
-    @register("uniform", paper="GRPO (Shao et al. 2024)")
-    def uniform(batch, advantages):
-        return advantages[:, None].expand_as(batch.mask)
-
-`compute(name, batch, advantages, **params)` is the one entry point callers use: it checks
-the signals, merges the method's defaults with `params` (unknown keys are an error), zeroes
-masked positions, detaches, and refuses non-finite output.
-
-Token-level advantages. A token-level estimator (REINFORCE++, OTB; `tokencredit.advantages`)
-gives A [N,T] instead of A [N]. Only the methods registered with ``token_advantages=True`` take
-it: `uniform` (Â = A) and the per-token shapings that are functions of each token's own A
-(entropy-advantage, advantage-reweighting). The others are defined on a sequence advantage
-(KTAE adds a per-id value to A_i, DelTA and ARCA redistribute A_i over the response, ...), so
-`compute` refuses A [N,T] for them with a ConfigError, and `tokencredit.recipes.validate`
-refuses such a recipe before any model loads.
-
-Data-parallel ranks. A batch whose `shard` is set holds one rank's rows of a batch split across
-ranks; the methods with whole-batch statistics (delta, entropy-80-20, ktae) reduce them over the
-ranks with `tokencredit.distributed`, the others are functions of each response alone, so every
-rank gets its rows of the single-process Â (tests/test_distributed.py, 2 gloo processes).
+Adding a method is one module: every public module of this package is imported below, sorted by
+name (`tokencredit.registry.import_submodules`), so a new ``credit/my_method.py`` whose function is
+decorated with ``@register("my-method", ...)`` is registered on ``import tokencredit.credit`` and
+usable as ``credit:my-method`` by every engine, with no list to edit.
 """
 
-from __future__ import annotations
+from tokencredit.credit.registry import CREDIT_METHODS, CreditMethod, compute, get, register, token_view
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
-import torch
-from torch import Tensor
-
-from tokencredit.batch import REDUCED_SIGNALS, SIGNALS, RolloutBatch
+# `uniform` first, so that every listing of the registry (`tokencredit recipes`, the plugins' names)
+# starts with the baseline, as it always has; then the other modules in name order.
+from tokencredit.credit.uniform import uniform
 from tokencredit.errors import ConfigError
-from tokencredit.registry import Registry, import_submodules, keyword_defaults
+from tokencredit.registry import import_submodules as _import_submodules
 
 __all__ = [
     "CREDIT_METHODS",
@@ -51,107 +31,4 @@ __all__ = [
     "uniform",
 ]
 
-CreditFn = Callable[..., Tensor]
-
-
-@dataclass(frozen=True)
-class CreditMethod:
-    name: str
-    fn: CreditFn
-    needs: frozenset[str]
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-    paper: str = ""
-    description: str = ""
-    requires_lora: bool = False
-    token_advantages: bool = False  # also accepts a token-level A [N,T] (see the module docstring)
-    reduced: str | None = None  # a REDUCED_SIGNALS name that stands in for `needs` when the batch carries it
-
-
-CREDIT_METHODS: Registry[CreditMethod] = Registry("credit method")
-
-
-def register(
-    name: str,
-    *,
-    needs: tuple[str, ...] = (),
-    paper: str = "",
-    description: str = "",
-    requires_lora: bool = False,
-    token_advantages: bool = False,
-    reduced: str | None = None,
-) -> Callable[[CreditFn], CreditFn]:
-    """Register `fn(batch, advantages, **params) -> Â[N,T]`; its keyword defaults are its hyperparameters.
-
-    `advantages` is A [N] float32, or A [N,T] when `token_advantages` (the method takes a token-level A).
-    `reduced`: the signal of `tokencredit.batch.REDUCED_SIGNALS` an engine may hand over instead of the
-    hidden states in `needs` (computed where they live); fn must then read it."""
-    unknown = [n for n in needs if n not in SIGNALS]
-    if unknown:
-        raise ValueError(f"credit method {name!r}: unknown signal(s) {unknown}; known: {sorted(SIGNALS)}")
-    if reduced is not None and reduced not in REDUCED_SIGNALS:
-        raise ValueError(f"credit method {name!r}: reduced={reduced!r} is not one of {REDUCED_SIGNALS}")
-
-    def deco(fn: CreditFn) -> CreditFn:
-        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
-        defaults = keyword_defaults(fn, skip=2)
-        CREDIT_METHODS.add(
-            CreditMethod(
-                name, fn, frozenset(needs), defaults, paper, doc, requires_lora, token_advantages, reduced
-            )
-        )
-        return fn
-
-    return deco
-
-
-def get(name: str) -> CreditMethod:
-    return CREDIT_METHODS.get(name)
-
-
-def compute(name: str, batch: RolloutBatch, advantages: Tensor, **params: Any) -> Tensor:
-    """Â[N,T] for method `name`: float32, detached, exactly 0 where `batch.mask` is False.
-
-    advantages: A [N], or a token-level A [N,T] for a method registered with token_advantages=True."""
-    method = get(name)
-    CREDIT_METHODS.check_params(name, params)
-    shape = tuple(advantages.shape)
-    if shape == tuple(batch.mask.shape) and advantages.dim() == 2:
-        if not method.token_advantages:
-            raise ConfigError(
-                f"credit method {name!r} assigns a sequence advantage A [N] to tokens; it cannot take a token-level "
-                f"A [N,T] (from REINFORCE++ or OTB). Use credit 'uniform' or a per-token shaping "
-                f"({', '.join(m for m, c in CREDIT_METHODS.items() if c.token_advantages)})"
-            )
-    elif shape != (batch.num_rollouts,):
-        raise ValueError(
-            f"credit method {name!r}: advantages must have shape ({batch.num_rollouts},)"
-            f"{' or ' + str(tuple(batch.mask.shape)) if method.token_advantages else ''}, got {shape}"
-        )
-    reduced = method.reduced is not None and getattr(batch, method.reduced) is not None
-    batch.require((method.reduced,) if reduced else method.needs, f"credit method {name!r}")
-    with torch.no_grad():
-        out = method.fn(batch, advantages.detach().float(), **params)
-        out = torch.where(batch.mask, out.float(), torch.zeros((), dtype=torch.float32, device=out.device))
-    bad = ~torch.isfinite(out)
-    if bool(bad.any()):
-        i, j = (int(x) for x in bad.nonzero()[0])
-        raise FloatingPointError(
-            f"credit method {name!r} produced a non-finite advantage at rollout {i}, token {j}"
-        )
-    return out.detach()
-
-
-def token_view(batch: RolloutBatch, advantages: Tensor) -> Tensor:
-    """A as [N,T]: a token-level A unchanged, a sequence A [N] broadcast over the response."""
-    return advantages if advantages.dim() == 2 else advantages[:, None].expand(batch.mask.shape)
-
-
-@register("uniform", paper="GRPO, Shao et al. 2024 (arXiv 2402.03300)", token_advantages=True)
-def uniform(batch: RolloutBatch, advantages: Tensor) -> Tensor:
-    """Every valid token gets its rollout's sequence advantage: Â[i,t] = A_i (a token-level A passes unchanged)."""
-    return token_view(batch, advantages).clone()
-
-
-# Every public module of this package registers its methods on import (sorted by module name; a new
-# module needs no list). Last, so that `register` and `token_view` exist when the modules import them.
-import_submodules(__name__, __path__)
+_import_submodules(__name__, __path__, skip=("registry",))

@@ -65,3 +65,15 @@ def test_require_and_select():
     s = b.select(torch.tensor([1]))
     assert s.num_rollouts == 1 and s.entropy.shape == (1, 3)
     assert b.available_signals() == {"entropy"}
+
+
+def test_signal_returns_the_tensor_or_names_the_reader_and_the_signal():
+    entropy = torch.rand(2, 3)
+    b = make(entropy=entropy)
+    assert b.signal("entropy", "credit method 'x'") is b.entropy
+    with pytest.raises(
+        BatchValidationError, match=r"credit method 'delta' needs the per-token signal\(s\) hidden"
+    ):
+        b.signal("hidden", "credit method 'delta'")
+    with pytest.raises(BatchValidationError, match="unknown per-token signal 'entropyy'"):
+        b.signal("entropyy", "credit method 'x'")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -215,12 +216,31 @@ class RolloutBatch:
                 "compute them with tokencredit.signals (the trainer and plugins do this from the method's `needs`)"
             )
 
+    def signal(self, name: str, who: str) -> Tensor:
+        """The per-token signal `name` ([N,T], or [N,T,H] for the hidden states; see `SIGNALS`), never None.
+
+        The one way a consumer reads an optional signal: the field is `Tensor | None`, and this returns
+        the tensor or raises `require`'s BatchValidationError naming `who` (e.g. "credit method
+        'entropy-80-20'") and the missing signal, where a plain attribute read would fail later on None.
+        """
+        if name not in SIGNALS:
+            raise BatchValidationError(
+                f"{who} reads an unknown per-token signal {name!r}; known: {', '.join(SIGNALS)}"
+            )
+        value = getattr(self, name)
+        if not isinstance(value, Tensor):
+            self.require((name,), who)  # None: the message every consumer gives for a missing signal
+            raise BatchValidationError(
+                f"RolloutBatch.{name}: expected a torch.Tensor, got {type(value).__name__}"
+            )
+        return value
+
     def select(self, rows: Tensor) -> RolloutBatch:
         """A new batch with the rollouts `rows` (index or bool mask over N); not for a rank's shard (the
         selection would no longer be a split of the whole batch)."""
         if self.shard is not None:
             raise BatchValidationError("RolloutBatch.select: a sharded batch cannot be sub-selected")
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         for f in fields(self):
             v = getattr(self, f.name)
             kwargs[f.name] = None if v is None else v[rows]

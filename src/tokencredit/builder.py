@@ -92,7 +92,7 @@ def needs_of(
       shows those columns as unavailable).
     """
     rs = [recipes] if isinstance(recipes, Recipe) else list(recipes)
-    names, fields_ = set(extra), set()
+    names, fields_ = set(extra), set[str]()
     for r in rs:
         if not lora and requires_lora(r):
             continue
@@ -263,8 +263,8 @@ def build_batch(
             f"{who} needs the Monte-Carlo signal(s) {', '.join(missing)}: values of the policy's prefixes, sampled "
             "with continuations and the reward (tokencredit.oracle.mc_signals) by the engine"
         )
-    if compute:
-        have.update(forward_signals(model, rollouts, compute, passes, who=who))  # type: ignore[arg-type]
+    if compute and model is not None:  # (compute without a model was refused above)
+        have.update(forward_signals(model, rollouts, compute, passes, who=who))
     dev = torch.device(device) if device is not None else rollouts.response_ids.device
 
     def on(x: Tensor | None) -> Tensor | None:

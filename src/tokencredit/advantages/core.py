@@ -23,7 +23,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -133,6 +133,8 @@ def grpo_batch(scores: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
 
 # ---------------------------------------------------------------------------------------------- registry
 EstimatorFn = Callable[..., Tensor]
+# `register_estimator` hands back the function it was given, with its own signature (not widened).
+F = TypeVar("F", bound=EstimatorFn)
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,7 @@ def register_estimator(
     token_level: bool = False,
     paper: str = "",
     sharded: bool = False,
-) -> Callable[[EstimatorFn], EstimatorFn]:
+) -> Callable[[F], F]:
     """Register `fn(batch, **params) -> A`; its keyword defaults are its hyperparameters.
 
     sharded=True: fn computes the whole batch's statistics when `batch.shard` is set (this rank's rows of
@@ -178,7 +180,7 @@ def register_estimator(
     if unknown:
         raise ValueError(f"advantage estimator {name!r}: unknown signal or field(s) {unknown}")
 
-    def deco(fn: EstimatorFn) -> EstimatorFn:
+    def deco(fn: F) -> F:
         ESTIMATORS.add(
             Estimator(
                 name,
@@ -263,9 +265,10 @@ def _sharded(est: Estimator, name: str, batch: RolloutBatch, params: Mapping[str
     """An estimator on one rank's part of a split batch (`RolloutBatch.shard`): a score-only one on the
     whole batch's gathered scores and prompt ids; one that reads more must say it reduces over the ranks
     itself (`register_estimator(..., sharded=True)`), any other is refused."""
-    if est.scores_fn is not None:
+    scores_fn = est.scores_fn  # bound here: the lambda below sees it narrowed (not None)
+    if scores_fn is not None:
         return on_whole_batch(
-            batch, lambda s, g: est.scores_fn(s, g, **params), batch.scores, batch.group_ids
+            batch, lambda s, g: scores_fn(s, g, **params), batch.scores, batch.group_ids
         ).float()
     if not est.sharded:
         raise ConfigError(

@@ -60,7 +60,7 @@ def _whiten(values: Tensor, weights: Tensor, eps: float, shard: Shard | None) ->
     at most 1 (the variance is undefined)."""
     w = weights.double()
     x = values.double()
-    n, total = all_sum(torch.stack([w.sum(), (x * w).sum()]), shard)
+    n, total = all_sum(torch.stack([w.sum(), (x * w).sum()]), shard).unbind()
     if float(n) <= 1:
         return torch.zeros_like(values, dtype=torch.float64)
     mean = total / n
@@ -185,12 +185,13 @@ def optimal_token_baseline(batch: RolloutBatch, handle_zero_tail: bool = True, e
     cumulative path-variance proxy). handle_zero_tail: where one response of a group is strictly the
     longest, its baseline is 0 past the second-longest length (B_t would equal its own return there)."""
     _check_eps("otb", eps)
-    assert batch.old_log_probs is not None and batch.sum_sq_probs is not None  # estimate() checks the needs
+    old_log_probs = batch.signal("old_log_probs", "advantage estimator 'otb'")
+    sum_sq_probs = batch.signal("sum_sq_probs", "advantage estimator 'otb'")
     size = on_whole_batch(batch, _group_sizes, batch.scores, batch.group_ids)
     _warn_singletons(size)
     m = batch.mask.double()
     returns = batch.scores.double()[:, None] * m  # reward-to-go of an outcome reward at the last valid token
-    per_step = (1.0 - 2.0 * batch.old_log_probs.double().exp() + batch.sum_sq_probs.double()) * m
+    per_step = (1.0 - 2.0 * old_log_probs.double().exp() + sum_sq_probs.double()) * m
     w = per_step.cumsum(-1) * m
     num, den = _group_position_sums(batch, torch.stack([returns * w, w], 1)).unbind(1)
     base = num / (den + eps)

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
-from tokencredit.credit import register
+from tokencredit.credit.registry import register
 from tokencredit.errors import ConfigError, closest
 
 __all__ = [
@@ -159,16 +159,27 @@ def _adapter_residual(batch: RolloutBatch) -> Tensor:
     carries it, else from the two hidden states."""
     if batch.adapter_residual is not None:
         return batch.adapter_residual.float()
-    return residual_norm(batch.hidden, batch.base_hidden, batch.mask)
+    who = "salience 'arca'"
+    return residual_norm(batch.signal("hidden", who), batch.signal("base_hidden", who), batch.mask)
 
 
 SALIENCE: dict[str, tuple[tuple[str, ...], Callable[[RolloutBatch], Tensor]]] = {
     "arca": (("hidden", "base_hidden"), _adapter_residual),
-    "surprisal": (("old_log_probs",), lambda b: surprisal(b.old_log_probs, b.mask)),
-    "entropy-reduction": (("entropy",), lambda b: entropy_reduction(b.entropy, b.mask)),
+    "surprisal": (
+        ("old_log_probs",),
+        lambda b: surprisal(b.signal("old_log_probs", "salience 'surprisal'"), b.mask),
+    ),
+    "entropy-reduction": (
+        ("entropy",),
+        lambda b: entropy_reduction(b.signal("entropy", "salience 'entropy-reduction'"), b.mask),
+    ),
     "policy-divergence": (
         ("old_log_probs", "base_log_probs"),
-        lambda b: policy_divergence(b.old_log_probs, b.base_log_probs, b.mask),
+        lambda b: policy_divergence(
+            b.signal("old_log_probs", "salience 'policy-divergence'"),
+            b.signal("base_log_probs", "salience 'policy-divergence'"),
+            b.mask,
+        ),
     ),
     "uniform": ((), _uniform),
 }

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
-from tokencredit.credit import register
+from tokencredit.credit.registry import register
 from tokencredit.distributed import Shard, all_sum
 from tokencredit.errors import ConfigError
 
@@ -384,7 +384,6 @@ def delta(
     """
     if batch.delta_coefficients is not None:
         return advantages.float()[:, None] * batch.delta_coefficients.float()
-    assert batch.hidden is not None and batch.old_log_probs is not None  # checked by compute()
     return advantages.float()[:, None] * delta_coefficients(batch, advantages, lam_min, lam_max, refine_iters)
 
 
@@ -393,7 +392,8 @@ def delta_coefficients(
 ) -> Tensor:
     """c~ [N,T] of a batch carrying `hidden` and `old_log_probs` (the proxy's s = 1 - p_old), for A [N];
     the whole batch's statistics when `batch.shard` is set (collective)."""
-    logp = batch.old_log_probs.to(torch.float32)
+    who = "credit method 'delta'"
+    logp = batch.signal("old_log_probs", who).to(torch.float32)
     bad = (logp > 1e-3) & batch.mask
     if bool(bad.any()):
         i, j = (int(x) for x in bad.nonzero()[0])
@@ -403,5 +403,12 @@ def delta_coefficients(
     # 1 - p via expm1 keeps precision for small p; clamp absorbs rounding of log p ~ 0.
     scale = (-torch.expm1(logp)).clamp(0.0, 1.0)
     return coefficients_from_hidden(
-        batch.hidden, scale, advantages, batch.mask, lam_min, lam_max, refine_iters, shard=batch.shard
+        batch.signal("hidden", who),
+        scale,
+        advantages,
+        batch.mask,
+        lam_min,
+        lam_max,
+        refine_iters,
+        shard=batch.shard,
     )

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
-from tokencredit.credit import register
+from tokencredit.credit.registry import register
 from tokencredit.distributed import Shard, all_sum, global_top_k
 
 __all__ = ["entropy_80_20", "entropy_from_logits", "keep_count", "top_entropy_mask"]
@@ -125,5 +125,6 @@ def entropy_80_20(
     batch: RolloutBatch, advantages: Tensor, keep_ratio: float = 0.2, scope: str = "batch"
 ) -> Tensor:
     """Â = A on the top-`keep_ratio` high-entropy tokens (exactly ceil(keep_ratio * n)), 0 elsewhere."""
-    keep = top_entropy_mask(batch.entropy, batch.mask, keep_ratio, scope, shard=batch.shard)
+    entropy = batch.signal("entropy", "credit method 'entropy-80-20'")
+    keep = top_entropy_mask(entropy, batch.mask, keep_ratio, scope, shard=batch.shard)
     return advantages[:, None] * keep.to(advantages.dtype)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
-from tokencredit.credit import register
+from tokencredit.credit.registry import register
 from tokencredit.errors import ConfigError
 
 __all__ = [
@@ -139,5 +139,8 @@ def negative_prompt(problem: str) -> str:
 @register("gcpo", needs=("old_log_probs", "neg_log_probs"), paper="Li et al. 2026, GCPO (arXiv 2605.29198)")
 def gcpo(batch: RolloutBatch, advantages: Tensor, a: float = DEFAULT_POWER, ties: str = "average") -> Tensor:
     """GCPO: Â = A * w, w the rank-power weights of the real- vs negative-prompt divergence (mean 1)."""
-    w = rank_power_weights(batch.old_log_probs, batch.neg_log_probs, batch.mask, a, ties)
+    who = "credit method 'gcpo'"
+    w = rank_power_weights(
+        batch.signal("old_log_probs", who), batch.signal("neg_log_probs", who), batch.mask, a, ties
+    )
     return advantages.float()[:, None] * w.float()

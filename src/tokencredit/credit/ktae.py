@@ -32,7 +32,6 @@ import torch
 from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
-from tokencredit.credit import register
 from tokencredit.credit.ktae_tables import (
     FISHER_MODES,
     _combo_table,
@@ -40,6 +39,7 @@ from tokencredit.credit.ktae_tables import (
     fisher_pvalue_official_fp32,
     table_statistics,
 )
+from tokencredit.credit.registry import register
 from tokencredit.distributed import Shard, sum_by_key
 from tokencredit.errors import ConfigError, closest
 

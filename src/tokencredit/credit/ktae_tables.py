@@ -88,8 +88,11 @@ def fisher_pvalue_official_fp32(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> T
 
 
 def _binary_entropy_bits(p: Tensor) -> Tensor:
+    """H(p) in bits, elementwise: -(p log p + q log q) / log 2 with q = 1 - p (0 log 0 = 0 through xlogy)."""
     q = 1.0 - p
-    return -(torch.special.xlogy(p, p) + torch.special.xlogy(q, q)) / math.log(2.0)
+    # torch.special's functions are untyped (they return Any): the annotation types the result
+    nats: Tensor = -(torch.special.xlogy(p, p) + torch.special.xlogy(q, q))
+    return nats / math.log(2.0)
 
 
 def table_statistics(

@@ -16,7 +16,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
-from tokencredit.credit import register
+from tokencredit.credit.registry import register
 
 __all__ = ["oracle", "vineppo"]
 
@@ -24,7 +24,7 @@ __all__ = ["oracle", "vineppo"]
 @register("oracle", needs=("mc_advantages",), paper="Monte-Carlo token advantages A* (tokencredit, issue 17)")
 def oracle(batch: RolloutBatch, advantages: Tensor) -> Tensor:
     """Â[i,t] = A*_{i,t} = V(s_{t+1}) - V(s_t), Monte-Carlo values of the policy (0 where the delta rule skipped)."""
-    return batch.mc_advantages.float()
+    return batch.signal("mc_advantages", "credit method 'oracle'").float()
 
 
 @register(
@@ -32,4 +32,4 @@ def oracle(batch: RolloutBatch, advantages: Tensor) -> Tensor:
 )
 def vineppo(batch: RolloutBatch, advantages: Tensor) -> Tensor:
     """Â[i,t] = V(end of t's step) - V(start of t's step), Monte-Carlo values at line breaks."""
-    return batch.mc_step_advantages.float()
+    return batch.signal("mc_step_advantages", "credit method 'vineppo'").float()

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
-from tokencredit.credit import register, token_view
+from tokencredit.credit.registry import register, token_view
 from tokencredit.errors import ConfigError
 
 
@@ -49,7 +49,8 @@ def entropy_advantage(
     if not kappa > 1:
         raise ConfigError(f"entropy-advantage: kappa must be > 1 (the bonus must not reach |A|), got {kappa}")
     a = token_view(batch, advantages)
-    bonus = torch.minimum(alpha * batch.entropy.detach().float().clamp(min=0), a.abs() / kappa)
+    entropy = batch.signal("entropy", "credit method 'entropy-advantage'")
+    bonus = torch.minimum(alpha * entropy.detach().float().clamp(min=0), a.abs() / kappa)
     return a + bonus
 
 
@@ -64,5 +65,5 @@ def advantage_reweighting(batch: RolloutBatch, advantages: Tensor, alpha: float 
     if not 0.0 <= alpha <= 1.0:
         raise ConfigError(f"advantage-reweighting: alpha must be in [0, 1], got {alpha}")
     a = token_view(batch, advantages)
-    prob = batch.old_log_probs.detach().float().exp()
+    prob = batch.signal("old_log_probs", "credit method 'advantage-reweighting'").detach().float().exp()
     return (alpha * prob + (1.0 - alpha)) * a

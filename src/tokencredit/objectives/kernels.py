@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import Tensor
 
@@ -35,6 +35,8 @@ __all__ = [
 ]
 
 KernelFn = Callable[..., Tensor]
+# `register_kernel` hands back the function it was given, with its own signature (not widened to KernelFn).
+F = TypeVar("F", bound=KernelFn)
 
 
 @dataclass(frozen=True)
@@ -80,10 +82,10 @@ KERNELS: Registry[Kernel] = Registry("ratio kernel")
 
 def register_kernel(
     name: str, *, per_token: bool = False, prepare: Preparation | None = None
-) -> Callable[[KernelFn], KernelFn]:
+) -> Callable[[F], F]:
     """Register `fn(log_ratio, mask, **arguments) -> log_w`; its keyword defaults are its hyperparameters."""
 
-    def deco(fn: KernelFn) -> KernelFn:
+    def deco(fn: F) -> F:
         KERNELS.add(Kernel(name, fn, per_token, prepare, keyword_defaults(fn, skip=2)))
         return fn
 

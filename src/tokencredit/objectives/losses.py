@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -48,6 +49,8 @@ class LossInputs:
 
 
 LossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+# `register_loss` hands back the function it was given, with its own signature (not widened to LossFn).
+F = TypeVar("F", bound=LossFn)
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,10 @@ LOSSES: Registry[Loss] = Registry("policy loss")
 
 def register_loss(
     name: str, *, uses_ratio: bool = True, per_token: bool = True, paper: str = ""
-) -> Callable[[LossFn], LossFn]:
+) -> Callable[[F], F]:
     """Register `fn(inputs, **params) -> (loss [N,T], indicators)`; its keyword defaults are its hyperparameters."""
 
-    def deco(fn: LossFn) -> LossFn:
+    def deco(fn: F) -> F:
         LOSSES.add(Loss(name, fn, uses_ratio, per_token, keyword_defaults(fn, skip=1), paper))
         return fn
 

@@ -163,7 +163,7 @@ def trace_log_weights(
         num = causal_decay_filter(x, lam)
         with torch.no_grad():
             den = causal_decay_filter(active.to(dtype), lam) if normalized else None
-    if normalized:
+    if den is not None:  # normalized: the P-trace / S-trace weight N_t / D_t
         num = num / torch.where(active, den, torch.ones((), dtype=dtype, device=x.device))
     return torch.where(active, num, zero)
 
@@ -181,7 +181,8 @@ def _geometric_sum(clock: Tensor, lam: float, dtype: torch.dtype) -> Tensor:
 
 def kept_set(batch: RolloutBatch, keep_ratio: float = 0.2, scope: str = "batch") -> dict[str, Tensor]:
     """S-trace's kept set: the top-`keep_ratio` old-policy entropy tokens (as the 80/20 rule), detached."""
-    return {"keep": top_entropy_mask(batch.entropy, batch.mask, keep_ratio, scope, shard=batch.shard)}
+    entropy = batch.signal("entropy", "S-trace's kept set")
+    return {"keep": top_entropy_mask(entropy, batch.mask, keep_ratio, scope, shard=batch.shard)}
 
 
 KEPT_SET = Preparation(kept_set, needs=frozenset({"entropy"}), provides=frozenset({"keep"}))
@@ -235,6 +236,7 @@ def grpo_lambda_log_weights(log_ratio: Tensor, mask: Tensor, decay: float, trace
     x = torch.where(active, log_ratio.to(dtype), zero)
     n, length = x.shape
     prefix = bool((active[:, 1:] <= active[:, :-1]).all()) if length > 1 else True
+    dest: Tensor | None = None  # set when the rows are compacted: where each token went
     if not prefix:  # move each row's valid tokens, in order, to the front (positions count valid tokens)
         n_act = active.sum(-1, keepdim=True)
         dest = torch.where(active, active.cumsum(-1) - 1, n_act + (~active).cumsum(-1) - 1)
@@ -248,7 +250,7 @@ def grpo_lambda_log_weights(log_ratio: Tensor, mask: Tensor, decay: float, trace
     recent = y - lead * y[:, prev]
     head = torch.cumsum(powers.to(dtype) * x, -1)[:, prev]
     out = recent + torch.where(c >= 1, head, torch.zeros_like(head))
-    if not prefix:
+    if dest is not None:
         out = out.gather(1, dest)
     return torch.where(active, out, zero)
 

@@ -46,7 +46,8 @@ class Recipe:
             raise ConfigError(
                 f"recipe has no field {unknown[0]!r}{closest(unknown[0], self.__dataclass_fields__)}"
             )
-        merged = {
+        # values from a config file: their types are checked by `validate`, after the replace
+        merged: dict[str, Any] = {
             k: {**getattr(self, k), **v}
             if isinstance(v, Mapping) and isinstance(getattr(self, k), dict)
             else v

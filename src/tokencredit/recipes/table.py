@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tokencredit import credit
 from tokencredit.errors import ConfigError, closest
 from tokencredit.recipes.recipe import Recipe
 
 __all__ = ["RECIPES", "get_recipe", "known_names", "method_recipe"]
 
-_DAPO = dict(
+# Rows that share another row's objective are that row with a few fields replaced (`dataclasses.replace`,
+# which the type checker reads against Recipe's fields, as it reads a Recipe(...) call): each row is a
+# typed Recipe, never a splat of an untyped dict.
+# DAPO's objective: clip-higher 0.2/0.28, dual clip 10, token-mean, dynamic sampling, overlong shaping.
+_DAPO = Recipe(
+    "dapo",
+    "Yu et al. 2025, DAPO (arXiv 2503.14476)",
     eps_low=0.2,
     eps_high=0.28,
     dual_clip=10.0,
@@ -16,11 +24,18 @@ _DAPO = dict(
     dynamic_sampling=True,
     overlong_buffer=16,
     mask_truncated=False,
+    notes="clip-higher 0.2/0.28, dual clip 10, token-mean, dynamic sampling, overlong shaping",
 )
-_SALIENCE = dict(
+# ARCA's objective (REINFORCE, per-response mean), shared by the salience baselines it is compared with.
+_ARCA = Recipe(
+    "arca",
+    "Lafuente-Mercado 2026, ARCA (arXiv 2606.00257)",
     advantage_params={"eps": 1e-8},
+    credit="arca",
+    credit_params={"sharpening": 1.0},
     loss="reinforce",
     loss_agg_mode="seq-mean-token-mean",
+    notes="LoRA only: weights from the adapter's hidden-state residual; REINFORCE (the paper's runs: sharpening 2)",
 )
 
 _TABLE: list[Recipe] = [
@@ -43,12 +58,7 @@ _TABLE: list[Recipe] = [
         advantage="rloo",
         notes="leave-one-out baseline, PPO-clip 0.2, token-mean",
     ),
-    Recipe(
-        "dapo",
-        "Yu et al. 2025, DAPO (arXiv 2503.14476)",
-        **_DAPO,
-        notes="clip-higher 0.2/0.28, dual clip 10, token-mean, dynamic sampling, overlong shaping",
-    ),
+    _DAPO,
     Recipe(
         "gspo",
         "Zheng et al. 2025, GSPO (arXiv 2507.18071)",
@@ -58,12 +68,12 @@ _TABLE: list[Recipe] = [
         loss_agg_mode="seq-mean-token-mean",
         notes="sequence ratio exp(mean log-ratio), clip 3e-4/4e-4",
     ),
-    Recipe(
-        "entropy-80-20",
-        "Wang et al. 2025, 80/20 rule (arXiv 2506.01939)",
+    replace(
+        _DAPO,
+        name="entropy-80-20",
+        paper="Wang et al. 2025, 80/20 rule (arXiv 2506.01939)",
         credit="entropy-80-20",
         credit_params={"keep_ratio": 0.2, "scope": "batch"},
-        **_DAPO,
         notes="DAPO loss on the top-20% entropy tokens only; normaliser = all valid tokens",
     ),
     Recipe(
@@ -73,11 +83,11 @@ _TABLE: list[Recipe] = [
         kl_coef=0.001,
         notes="Â = A + key-token value k(id); clip 0.2, KL 0.001, token-mean",
     ),
-    Recipe(
-        "dapo+ktae",
-        "Sun et al. 2025, KTAE, NeurIPS (arXiv 2505.16826)",
+    replace(
+        _DAPO,
+        name="dapo+ktae",
+        paper="Sun et al. 2025, KTAE, NeurIPS (arXiv 2505.16826)",
         credit="ktae",
-        **_DAPO,
         notes="DAPO with KTAE's additive key-token values",
     ),
     Recipe(
@@ -108,36 +118,29 @@ _TABLE: list[Recipe] = [
         eps_high=0.28,
         notes="P-trace over the top-20% entropy tokens only (reconstruction from the abstract)",
     ),
-    Recipe(
-        "arca",
-        "Lafuente-Mercado 2026, ARCA (arXiv 2606.00257)",
-        credit="arca",
-        credit_params={"sharpening": 1.0},
-        **_SALIENCE,
-        notes="LoRA only: weights from the adapter's hidden-state residual; REINFORCE (the paper's runs: sharpening 2)",
-    ),
-    Recipe(
-        "surprisal",
-        "salience baseline in ARCA (arXiv 2606.00257)",
+    _ARCA,
+    replace(
+        _ARCA,
+        name="surprisal",
+        paper="salience baseline in ARCA (arXiv 2606.00257)",
         credit="surprisal",
         credit_params={"sharpening": 1.0},
-        **_SALIENCE,
         notes="weights proportional to -log pi(y_t); REINFORCE",
     ),
-    Recipe(
-        "entropy-reduction",
-        "salience baseline in ARCA (arXiv 2606.00257)",
+    replace(
+        _ARCA,
+        name="entropy-reduction",
+        paper="salience baseline in ARCA (arXiv 2606.00257)",
         credit="entropy-reduction",
         credit_params={"sharpening": 1.0},
-        **_SALIENCE,
         notes="weights from entropy drops H_t - H_t+1; REINFORCE",
     ),
-    Recipe(
-        "policy-divergence",
-        "salience baseline in ARCA (arXiv 2606.00257)",
+    replace(
+        _ARCA,
+        name="policy-divergence",
+        paper="salience baseline in ARCA (arXiv 2606.00257)",
         credit="policy-divergence",
         credit_params={"sharpening": 1.0},
-        **_SALIENCE,
         notes="LoRA only: weights |log pi - log pi_base|; REINFORCE",
     ),
     Recipe(

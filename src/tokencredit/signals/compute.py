@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
 
 from tokencredit.batch import MC_SIGNALS, REDUCED_SIGNALS, SIGNALS
 from tokencredit.errors import ConfigError, closest
-from tokencredit.signals.forward import _check_ids, _check_layout, _forward_stats
-from tokencredit.signals.head import DEFAULT_CHUNK_SIZE
+from tokencredit.signals.forward import _asked, _check_ids, _check_layout, _forward_stats
+from tokencredit.signals.head import DEFAULT_CHUNK_SIZE, cat_rows
 from tokencredit.signals.model import (
     _LORA_ERROR,
     _adapter_disabled,
@@ -23,6 +23,14 @@ from tokencredit.signals.model import (
 
 _POLICY_SIGNALS = ("old_log_probs", "entropy", "hidden", "sum_sq_probs")
 _BASE_SIGNALS = ("base_hidden", "base_log_probs")
+
+
+class _PassSettings(TypedDict):
+    """The keyword arguments every `_pass` of one `compute_signals` call shares."""
+
+    temperature: float
+    chunk_size: int
+    batch_size: int
 
 
 def _pass(
@@ -65,7 +73,8 @@ def _pass(
                 chunk_size=chunk_size,
             )
         )
-    return tuple(torch.cat([p[k] for p in parts]) if parts[0][k] is not None else None for k in range(4))  # type: ignore[return-value]
+    lp, ent, hid, sq = (cat_rows([p[k] for p in parts]) for k in range(4))
+    return lp, ent, hid, sq
 
 
 def _check_needs(needs: Iterable[str]) -> set[str]:
@@ -117,13 +126,17 @@ def compute_signals(
     ref_from_base = "ref_log_probs" in needs and ref_model is None
     base_needed = bool(needs & set(_BASE_SIGNALS)) or ref_from_base
     _check_base(model, needs, base_needed)
-    if "neg_log_probs" in needs:
+    neg = (
         _check_negative(
             sequences, prompt_len, response_mask, t, neg_sequences, neg_attention_mask, neg_prompt_len
         )
-    kw = {"temperature": temperature, "chunk_size": chunk_size, "batch_size": batch_size}
+        if "neg_log_probs" in needs
+        else None
+    )
+    kw = _PassSettings(temperature=temperature, chunk_size=chunk_size, batch_size=batch_size)
     args = (sequences, attention_mask, prompt_len, response_mask)
-    out: dict[str, Tensor] = {}
+    # None: a statistic a pass was not asked for (dropped below with the signals not in `needs`)
+    out: dict[str, Tensor | None] = {}
     with torch.no_grad(), eval_mode(model, ref_model):
         if needs & set(_POLICY_SIGNALS):
             lp, ent, hid, sq = _pass(
@@ -148,15 +161,14 @@ def compute_signals(
                 )
             out.update(base_log_probs=lp, base_hidden=hid)
             if ref_from_base:
-                out["ref_log_probs"] = lp.clone()
+                out["ref_log_probs"] = _asked(lp, "base_log_probs").clone()
         if "ref_log_probs" in needs and ref_model is not None:
             out["ref_log_probs"] = _pass(
                 ref_model, *args, want_log_p=True, want_entropy=False, want_hidden=False, **kw
             )[0]
-        if "neg_log_probs" in needs:
-            neg = (neg_sequences, neg_attention_mask, neg_prompt_len, response_mask)
+        if neg is not None:
             out["neg_log_probs"] = _pass(
-                model, *neg, want_log_p=True, want_entropy=False, want_hidden=False, **kw
+                model, *neg, response_mask, want_log_p=True, want_entropy=False, want_hidden=False, **kw
             )[0]
     return {name: value.detach() for name, value in out.items() if name in needs and value is not None}
 
@@ -185,8 +197,10 @@ def _check_negative(
     neg_sequences: Tensor | None,
     neg_attention_mask: Tensor | None,
     neg_prompt_len: int | None,
-) -> None:
-    """GCPO's negative-prompt inputs: present, the same N rows and T response columns, the same response tokens."""
+) -> tuple[Tensor, Tensor, int]:
+    """GCPO's negative-prompt inputs: present, the same N rows and T response columns, the same response tokens.
+
+    Returns them, no longer optional: (neg_sequences [N, P'+T], neg_attention_mask [N, P'+T], P')."""
     if neg_sequences is None or neg_attention_mask is None or neg_prompt_len is None:
         raise ValueError(
             "neg_log_probs needs neg_sequences, neg_attention_mask and neg_prompt_len (GCPO's negative prompt)"
@@ -207,6 +221,7 @@ def _check_negative(
     if bool(differs.any()):
         i, j = (int(x) for x in differs.nonzero()[0])
         raise ValueError(f"neg_sequences: response token {j} of rollout {i} differs from sequences'")
+    return neg_sequences, neg_attention_mask, neg_prompt_len
 
 
 def negative_prompt_inputs(

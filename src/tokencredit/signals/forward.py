@@ -95,7 +95,10 @@ def _forward_stats(
 
     mask = response_mask[:, :t_keep].bool()
     rows, cols = mask.nonzero(as_tuple=True)
-    log_p = entropy = hidden = sum_sq = None
+    log_p: Tensor | None = None
+    entropy: Tensor | None = None
+    hidden: Tensor | None = None
+    sum_sq: Tensor | None = None
     if want_log_p or want_entropy or want_sum_sq:
         targets = sequences[:, prompt_len : prompt_len + t_keep][rows, cols]
         lp, ent, sq = _chunked_stats(
@@ -109,10 +112,10 @@ def _forward_stats(
             logit_softcap=softcap,
         )
         zeros = torch.zeros(n, t, dtype=torch.float32, device=h.device)
-        log_p, entropy, sum_sq = (
-            zeros.index_put((rows, cols), v) if want else None
-            for v, want in ((lp, want_log_p), (ent, want_entropy), (sq, want_sum_sq))
-        )
+        # ent and sq are computed exactly when asked for (with_entropy / with_sum_sq above)
+        log_p = zeros.index_put((rows, cols), lp) if want_log_p else None
+        entropy = None if ent is None else zeros.index_put((rows, cols), ent)
+        sum_sq = None if sq is None else zeros.index_put((rows, cols), sq)
     if want_hidden:
         hidden = torch.zeros(n, t, h.shape[-1], dtype=torch.float32, device=h.device)
         hidden[:, :t_keep] = torch.where(mask[..., None], h.float(), 0.0)
@@ -142,7 +145,7 @@ def token_log_probs(
         response_mask = torch.ones(sequences.shape[0], t, dtype=torch.bool, device=sequences.device)
     decoder, head, softcap = _model_parts(model)
     _check_ids(model, sequences, "sequences")
-    log_p, entropy, _, _ = _forward_stats(
+    lp, ent, _, _ = _forward_stats(
         decoder,
         head,
         softcap,
@@ -157,4 +160,15 @@ def token_log_probs(
         temperature=temperature,
         chunk_size=chunk_size,
     )
-    return (log_p, entropy) if with_entropy else log_p
+    log_p = _asked(lp, "log_p")
+    return (log_p, _asked(ent, "entropy")) if with_entropy else log_p
+
+
+def _asked(value: Tensor | None, what: str) -> Tensor:
+    """A statistic of `_forward_stats` whose `want_*` flag was set: computed, so never None.
+
+    The four statistics are optional because each pass asks for some of them; where the flag is known
+    to be set this narrows the value (a None here is a bug in the pass, named)."""
+    if value is None:
+        raise RuntimeError(f"tokencredit.signals: {what} was asked of the forward pass but not computed")
+    return value

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
@@ -60,9 +62,14 @@ def _chunk_stats_autograd(
         z = z / temperature
     lse = torch.logsumexp(z, -1)
     log_p = z.gather(-1, y[:, None]).squeeze(-1) - lse
-    probs = torch.softmax(z, -1) if with_entropy or with_sum_sq else None
-    ent = lse - (probs * z).sum(-1) if with_entropy else None
-    sum_sq = probs.square().sum(-1) if with_sum_sq else None
+    ent: Tensor | None = None
+    sum_sq: Tensor | None = None
+    if with_entropy or with_sum_sq:
+        probs = torch.softmax(z, -1)
+        if with_entropy:
+            ent = lse - (probs * z).sum(-1)
+        if with_sum_sq:
+            sum_sq = probs.square().sum(-1)
     return log_p, ent, sum_sq
 
 
@@ -145,8 +152,26 @@ def _chunked_stats(
             parts.append(
                 _chunk_stats_inplace(lm_head, h, y, temperature, logit_softcap, with_entropy, with_sum_sq)
             )
-    wanted = (True, with_entropy, with_sum_sq)
     if not parts:
         empty = hidden.new_zeros(0, dtype=torch.float32)
-        return tuple(empty.clone() if w else None for w in wanted)  # type: ignore[return-value]
-    return tuple(torch.cat([p[k] for p in parts]) if w else None for k, w in enumerate(wanted))  # type: ignore[return-value]
+        return (
+            empty.clone(),
+            empty.clone() if with_entropy else None,
+            empty.clone() if with_sum_sq else None,
+        )
+    return (
+        torch.cat([p[0] for p in parts]),
+        cat_rows([p[1] for p in parts]),
+        cat_rows([p[2] for p in parts]),
+    )
+
+
+def cat_rows(blocks: Sequence[Tensor | None]) -> Tensor | None:
+    """The blocks of one optional statistic concatenated along rows, or None when it was not asked for.
+
+    blocks: one entry per chunk of rows ([rows, ...] or None). They come from one set of `with_*` /
+    `want_*` flags, so either every block carries the statistic or none does; the first decides.
+    """
+    if blocks[0] is None:
+        return None
+    return torch.cat([b for b in blocks if b is not None])

@@ -29,9 +29,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:  # transformers is imported only when a cache is made (importing it costs seconds)
+    from transformers import DynamicCache
 
 __all__ = ["MIN_COMMON", "common_prefix", "decoder_hidden", "distinct_prompts"]
 
@@ -72,7 +77,7 @@ def _cache_argument(decoder: nn.Module) -> str | None:
     return next((name for name in ("cache", "past_key_values") if name in params), None)
 
 
-def _full_attention_cache(decoder: nn.Module) -> object | None:
+def _full_attention_cache(decoder: nn.Module) -> DynamicCache | None:
     """An empty `DynamicCache` for `decoder`'s config when every layer is a plain `DynamicLayer`, else None."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
@@ -119,6 +124,22 @@ def distinct_prompts(
     return first[order], rank[inverse]
 
 
+def _sharing_plan(
+    decoder: nn.Module, sequences: Tensor, attention_mask: Tensor, lead: int, stop: int
+) -> tuple[str, DynamicCache, Tensor, Tensor] | None:
+    """How `decoder_hidden` shares the prompt columns [lead, stop): (the decoder's cache argument, an empty
+    cache, first row of each distinct prompt [U], each row's prompt [N]); None where sharing would change
+    the result, is not supported, or saves nothing (no repeated prompt): then the plain forward runs."""
+    cache_arg = _cache_argument(decoder)
+    if stop <= lead or cache_arg is None or _sharing_changes_result(decoder):
+        return None
+    first, rows = distinct_prompts(sequences, attention_mask, lead, stop)
+    if len(first) == sequences.shape[0]:
+        return None
+    cache = _full_attention_cache(decoder)
+    return None if cache is None else (cache_arg, cache, first, rows)
+
+
 def decoder_hidden(
     decoder: nn.Module,
     sequences: Tensor,
@@ -132,13 +153,8 @@ def decoder_hidden(
     the state at column P-1+t predicting response token t. Columns before `lead` are padding in every
     row and are dropped. Each distinct prompt runs once when that is exact (module docstring)."""
     stop = prompt_len - 1  # the shared part: the prompt without its last token
-    cache_arg = _cache_argument(decoder)
-    cache = None
-    if stop > lead and cache_arg is not None and not _sharing_changes_result(decoder):
-        first, rows = distinct_prompts(sequences, attention_mask, lead, stop)
-        if len(first) < sequences.shape[0]:
-            cache = _full_attention_cache(decoder)
-    if cache is None:
+    plan = _sharing_plan(decoder, sequences, attention_mask, lead, stop)
+    if plan is None:
         out = decoder(
             input_ids=sequences[:, lead:end],
             attention_mask=attention_mask[:, lead:end],
@@ -146,6 +162,7 @@ def decoder_hidden(
             use_cache=False,
         )
         return _last_hidden(out)[:, stop - lead :]
+    cache_arg, cache, first, rows = plan
     run = functools.partial(decoder, use_cache=True, **{cache_arg: cache})
     ids, mask = sequences[first, lead:stop], attention_mask[first, lead:stop]
     u = len(first)
@@ -176,14 +193,31 @@ def decoder_hidden(
     return _last_hidden(out)
 
 
-def _repeat_rows(cache: object, rows: Tensor) -> None:
+def _repeat_rows(cache: DynamicCache, rows: Tensor) -> None:
     """Row i of every layer's keys / values := row rows[i]: `DynamicLayer.batch_select_indices` with
     index_select instead of advanced indexing, whose backward (index_put with accumulate) costs 5x more
     on CPU; both backwards sum the rows' gradients into their shared prompt."""
+    from transformers.cache_utils import DynamicLayer  # loaded already: the cache is one of its classes
+
     for layer in cache.layers:
+        # `_full_attention_cache` made every layer a DynamicLayer and the prompt pass filled it; the check
+        # narrows the types of `cache.layers` (any cache layer) and of keys / values (None before a pass)
+        if not isinstance(layer, DynamicLayer) or layer.keys is None or layer.values is None:
+            raise RuntimeError(
+                f"shared-prompt cache: layer {type(layer).__name__} is not a filled DynamicLayer"
+            )
         layer.keys = layer.keys.index_select(0, rows)
         layer.values = layer.values.index_select(0, rows)
 
 
 def _last_hidden(out: object) -> Tensor:
-    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    """The final hidden state [rows, cols, H] of a decoder's output (`nn.Module.__call__` is untyped): a
+    transformers `ModelOutput`'s last_hidden_state, or the first item of its tuple form (return_dict=False)."""
+    hidden: object = None
+    if hasattr(out, "last_hidden_state"):
+        hidden = getattr(out, "last_hidden_state", None)
+    elif isinstance(out, Sequence):
+        hidden = out[0]
+    if not isinstance(hidden, Tensor):
+        raise TypeError(f"the decoder returned {type(out).__name__}, which holds no final hidden state")
+    return hidden

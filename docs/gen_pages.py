@@ -73,7 +73,7 @@ def method_page(name: str) -> str:
         f"{_cell(m.description)}",
         "",
         f"- **Source:** {_cell(m.paper) or 'tokencredit'}",
-        f"- **Reconstruction:** {_cell(getattr(m, 'reconstruction', '')) if getattr(m, 'reconstruction', '') else 'no (follows the source)'}",
+        f"- **Reconstruction:** {_cell(m.reconstruction) if m.reconstruction else 'no (follows the source)'}",
         f"- **Reads:** {', '.join(f'`{s}`' for s in sorted(m.needs)) or 'only the response tokens and A'}",
         f"- **Needs a LoRA adapter:** {'yes' if m.requires_lora else 'no'}",
         f"- **Takes a token-level A [N,T]:** {'yes' if m.token_advantages else 'no'}",
@@ -136,7 +136,7 @@ def catalog_index() -> str:
                     _cell(m.description),
                     _params(m.defaults),
                     ", ".join(sorted(m.needs)) or "-",
-                    "yes" if getattr(m, "reconstruction", "") else "no",
+                    "yes" if m.reconstruction else "no",
                 )
                 for n, m in methods
             ),
@@ -181,7 +181,7 @@ def catalog_index() -> str:
                     "yes" if k.per_token else "no",
                     _params(k.defaults),
                     ", ".join(sorted(k.needs)) or "-",
-                    _cell(getattr(k, "reconstruction", "")) or "no",
+                    _cell(k.reconstruction) or "no",
                 )
                 for n, k in objectives.KERNELS.items()
             ),

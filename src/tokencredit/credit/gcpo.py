@@ -136,7 +136,13 @@ def negative_prompt(problem: str) -> str:
     )
 
 
-@register("gcpo", needs=("old_log_probs", "neg_log_probs"), paper="Li et al. 2026, GCPO (arXiv 2605.29198)")
+@register(
+    "gcpo",
+    needs=("old_log_probs", "neg_log_probs"),
+    paper="Li et al. 2026, GCPO (arXiv 2605.29198)",
+    reconstruction="the negative prompt is our own wording (the released template's differs), so results are "
+    "not directly comparable with the paper's",
+)
 def gcpo(batch: RolloutBatch, advantages: Tensor, a: float = DEFAULT_POWER, ties: str = "average") -> Tensor:
     """GCPO: Â = A * w, w the rank-power weights of the real- vs negative-prompt divergence (mean 1)."""
     who = "credit method 'gcpo'"

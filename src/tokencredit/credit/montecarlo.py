@@ -21,14 +21,19 @@ from tokencredit.credit.registry import register
 __all__ = ["oracle", "vineppo"]
 
 
-@register("oracle", needs=("mc_advantages",), paper="Monte-Carlo token advantages A* (tokencredit, issue 17)")
+@register("oracle", needs=("mc_advantages",), paper="Monte-Carlo token advantages A* (tokencredit's own)")
 def oracle(batch: RolloutBatch, advantages: Tensor) -> Tensor:
     """Â[i,t] = A*_{i,t} = V(s_{t+1}) - V(s_t), Monte-Carlo values of the policy (0 where the delta rule skipped)."""
     return batch.signal("mc_advantages", "credit method 'oracle'").float()
 
 
 @register(
-    "vineppo", needs=("mc_step_advantages",), paper="Kazemnejad et al. 2025, VinePPO, ICML (arXiv 2410.01679)"
+    "vineppo",
+    needs=("mc_step_advantages",),
+    paper="Kazemnejad et al. 2025, VinePPO, ICML (arXiv 2410.01679)",
+    reconstruction="the released code's step splitting where it does not carry over: a step ends at each "
+    "oracle.delimiter (line break), the final answer line is a step of its own, the first 20 boundaries "
+    "are valued (docs/methods.md)",
 )
 def vineppo(batch: RolloutBatch, advantages: Tensor) -> Tensor:
     """Â[i,t] = V(end of t's step) - V(start of t's step), Monte-Carlo values at line breaks."""

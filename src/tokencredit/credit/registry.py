@@ -54,7 +54,9 @@ class CreditMethod:
 
     needs: the per-token signals fn reads (names from `tokencredit.batch.SIGNALS`); defaults: fn's
     keyword defaults, its hyperparameters; paper: what it implements; description: one line for listings
-    (fn's first docstring line unless given); requires_lora: it reads a LoRA adapter's base pass.
+    (fn's first docstring line unless given); requires_lora: it reads a LoRA adapter's base pass;
+    reconstruction: what in it is our reading rather than the source's algorithm ("": it follows the
+    paper or its released code), shown by the documentation's catalog.
     """
 
     name: str
@@ -66,6 +68,7 @@ class CreditMethod:
     requires_lora: bool = False
     token_advantages: bool = False  # also accepts a token-level A [N,T] (see the module docstring)
     reduced: str | None = None  # a REDUCED_SIGNALS name that stands in for `needs` when the batch carries it
+    reconstruction: str = ""
 
 
 CREDIT_METHODS: Registry[CreditMethod] = Registry("credit method")
@@ -80,12 +83,14 @@ def register(
     requires_lora: bool = False,
     token_advantages: bool = False,
     reduced: str | None = None,
+    reconstruction: str = "",
 ) -> Callable[[F], F]:
     """Register `fn(batch, advantages, **params) -> Â[N,T]`; its keyword defaults are its hyperparameters.
 
     `advantages` is A [N] float32, or A [N,T] when `token_advantages` (the method takes a token-level A).
     `reduced`: the signal of `tokencredit.batch.REDUCED_SIGNALS` an engine may hand over instead of the
-    hidden states in `needs` (computed where they live); fn must then read it."""
+    hidden states in `needs` (computed where they live); fn must then read it. `reconstruction`: what in
+    the method is our reading rather than the source's ("" when it follows the paper or released code)."""
     unknown = [n for n in needs if n not in SIGNALS]
     if unknown:
         raise ValueError(f"credit method {name!r}: unknown signal(s) {unknown}; known: {sorted(SIGNALS)}")
@@ -97,7 +102,16 @@ def register(
         defaults = keyword_defaults(fn, skip=2)
         CREDIT_METHODS.add(
             CreditMethod(
-                name, fn, frozenset(needs), defaults, paper, doc, requires_lora, token_advantages, reduced
+                name,
+                fn,
+                frozenset(needs),
+                defaults,
+                paper,
+                doc,
+                requires_lora,
+                token_advantages,
+                reduced,
+                reconstruction,
             )
         )
         return fn

@@ -39,6 +39,8 @@ from tokencredit.errors import ConfigError
     needs=("entropy",),
     token_advantages=True,
     paper="Cheng et al. 2025, Reasoning with Exploration: An Entropy Perspective (arXiv 2506.14758)",
+    reconstruction="the paper's text beyond its abstract was not reachable: the formula as a follow-up (CEEH) "
+    "restates it; alpha = 0.4 and kappa = 2 are our choice",
 )
 def entropy_advantage(
     batch: RolloutBatch, advantages: Tensor, alpha: float = 0.4, kappa: float = 2.0

@@ -59,6 +59,7 @@ class Kernel:
     per_token: bool  # log w_t depends on l_t alone: the on-policy gradient weight of token t is Â_t
     prepare: Preparation | None = None
     arguments: Mapping[str, Any] = field(default_factory=dict)  # every keyword argument of fn
+    reconstruction: str = ""  # what is our reading rather than the source's ("": follows the source)
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -81,12 +82,14 @@ KERNELS: Registry[Kernel] = Registry("ratio kernel")
 
 
 def register_kernel(
-    name: str, *, per_token: bool = False, prepare: Preparation | None = None
+    name: str, *, per_token: bool = False, prepare: Preparation | None = None, reconstruction: str = ""
 ) -> Callable[[F], F]:
-    """Register `fn(log_ratio, mask, **arguments) -> log_w`; its keyword defaults are its hyperparameters."""
+    """Register `fn(log_ratio, mask, **arguments) -> log_w`; its keyword defaults are its hyperparameters.
+
+    reconstruction: what in the kernel is our reading rather than the source's ("" when it follows it)."""
 
     def deco(fn: F) -> F:
-        KERNELS.add(Kernel(name, fn, per_token, prepare, keyword_defaults(fn, skip=2)))
+        KERNELS.add(Kernel(name, fn, per_token, prepare, keyword_defaults(fn, skip=2), reconstruction))
         return fn
 
     return deco

@@ -188,19 +188,30 @@ def kept_set(batch: RolloutBatch, keep_ratio: float = 0.2, scope: str = "batch")
 KEPT_SET = Preparation(kept_set, needs=frozenset({"entropy"}), provides=frozenset({"keep"}))
 
 
-@register_kernel("ptrace")
+# The trace kernels' faithfulness, shown by the documentation's catalog (docs/methods.md has the details).
+_TRACE_RECONSTRUCTION = (
+    "only the abstract of Mou et al. 2026 (arXiv 2605.05965) was available: the normalised causal trace, "
+    "the kept set and the decay are our reading of it"
+)
+_GRPO_LAMBDA_RECONSTRUCTION = (
+    "the form independent re-implementations report for Parthasarathi et al. 2025, Eq. (2) (the full text was "
+    "not reachable); gamma 1, lambda 0.95 and the 'recent' trace are our defaults"
+)
+
+
+@register_kernel("ptrace", reconstruction=_TRACE_RECONSTRUCTION)
 def _ptrace_kernel(log_ratio: Tensor, mask: Tensor, lam: float = 0.95, decay: str = "kept") -> Tensor:
     """P-trace (our reconstruction of Mou et al. 2026): normalised causal trace over all valid tokens."""
     return trace_log_weights(log_ratio, mask, lam, normalized=True, keep=None, decay=decay)
 
 
-@register_kernel("accumulating")
+@register_kernel("accumulating", reconstruction=_GRPO_LAMBDA_RECONSTRUCTION)
 def _accumulating_kernel(log_ratio: Tensor, mask: Tensor, lam: float = 0.95, decay: str = "kept") -> Tensor:
     """Accumulating trace z_t = lam z_{t-1} + l_t over all valid tokens (no trust-region property)."""
     return trace_log_weights(log_ratio, mask, lam, normalized=False, keep=None, decay=decay)
 
 
-@register_kernel("strace", prepare=KEPT_SET)
+@register_kernel("strace", prepare=KEPT_SET, reconstruction=_TRACE_RECONSTRUCTION)
 def _strace_kernel(
     log_ratio: Tensor, mask: Tensor, lam: float = 0.95, keep: Tensor | None = None, decay: str = "kept"
 ) -> Tensor:
@@ -255,7 +266,7 @@ def grpo_lambda_log_weights(log_ratio: Tensor, mask: Tensor, decay: float, trace
     return torch.where(active, out, zero)
 
 
-@register_kernel("grpo-lambda")
+@register_kernel("grpo-lambda", reconstruction=_GRPO_LAMBDA_RECONSTRUCTION)
 def _grpo_lambda_kernel(
     log_ratio: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95, trace: str = "recent"
 ) -> Tensor:

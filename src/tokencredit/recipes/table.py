@@ -284,7 +284,7 @@ _TABLE: list[Recipe] = [
     # is printed every step); K and delta in the config's [oracle] section
     Recipe(
         "oracle",
-        "Monte-Carlo token advantages A* (tokencredit; issue 17)",
+        "Monte-Carlo token advantages A* (tokencredit's own)",
         credit="oracle",
         loss_agg_mode="seq-mean-token-mean",
         notes="EXPENSIVE: Â = A*_t = V(s_t+1) - V(s_t), K continuations per uncertain token; grpo's objective",

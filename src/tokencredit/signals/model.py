@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from torch import Tensor, nn
 
@@ -16,7 +16,12 @@ _LORA_ERROR = "ARCA / policy-divergence need a LoRA adapter (set lora.rank > 0)"
 def _unwrap(model: nn.Module) -> nn.Module:
     """The transformers model under a peft wrapper (LoRA layers are injected into it in place)."""
     get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
+    base = get_base() if callable(get_base) else model
+    if not isinstance(base, nn.Module):  # (narrows the duck-typed call's result)
+        raise TypeError(
+            f"{type(model).__name__}.get_base_model() returned {type(base).__name__}, not a module"
+        )
+    return base
 
 
 def _model_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, float | None]:
@@ -26,7 +31,7 @@ def _model_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, float | None]:
     get_head = getattr(core, "get_output_embeddings", None)
     decoder = get_decoder() if callable(get_decoder) else None
     head = get_head() if callable(get_head) else None
-    if decoder is None or head is None or decoder is core:
+    if not isinstance(decoder, nn.Module) or not isinstance(head, nn.Module) or decoder is core:
         raise ConfigError(
             f"tokencredit.signals needs a transformers causal LM with get_decoder() and get_output_embeddings() "
             f"(got {type(core).__name__})"
@@ -70,7 +75,10 @@ def _adapter_disabled(model: nn.Module) -> Iterator[None]:
     """Run with every adapter switched off, then restore each layer's previous state."""
     disable = getattr(model, "disable_adapter", None)
     if callable(disable):  # peft.PeftModel: its own context also covers modules_to_save
-        with disable():
+        context = disable()
+        if not isinstance(context, AbstractContextManager):  # (narrows the duck-typed call's result)
+            raise TypeError(f"{type(model).__name__}.disable_adapter() returned no context manager")
+        with context:
             yield
         return
     # LoRA injected without a PeftModel wrapper (e.g. transformers' load_adapter): toggle the layers.

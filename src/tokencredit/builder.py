@@ -105,16 +105,28 @@ def needs_of(
 
 
 class Scored(Protocol):
-    """What `build_batch` reads from an engine's rollouts (`ScoredRollouts`, or the trainer's `StepRollouts`)."""
+    """What `build_batch` reads from an engine's rollouts (`ScoredRollouts`, or the trainer's `StepRollouts`).
 
-    response_ids: Tensor
-    response_mask: Tensor
-    group_ids: Tensor
-    scores: Tensor
-    truncated: Tensor | None
-    baseline_scores: Tensor | None
-    prompt_ids: Tensor | None
-    prompt_mask: Tensor | None
+    Read-only properties, not attributes: the builder only reads them, so a frozen dataclass matches, and
+    so does a class whose field is narrower (the trainer's `truncated: Tensor` for `Tensor | None`).
+    """
+
+    @property
+    def response_ids(self) -> Tensor: ...  # [N,T] int64
+    @property
+    def response_mask(self) -> Tensor: ...  # [N,T] bool
+    @property
+    def group_ids(self) -> Tensor: ...  # [N] int64
+    @property
+    def scores(self) -> Tensor: ...  # [N] float
+    @property
+    def truncated(self) -> Tensor | None: ...  # [N] bool
+    @property
+    def baseline_scores(self) -> Tensor | None: ...  # [N] float
+    @property
+    def prompt_ids(self) -> Tensor | None: ...  # [N,P] int64, left-padded
+    @property
+    def prompt_mask(self) -> Tensor | None: ...  # [N,P]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 from torch import Tensor, nn
 
@@ -122,6 +124,43 @@ def _forward_stats(
     return log_p, entropy, hidden, sum_sq
 
 
+# The result's form follows with_entropy: log_p alone, or (log_p, entropy); a plain bool gives either.
+@overload
+def token_log_probs(
+    model: nn.Module,
+    sequences: Tensor,
+    attention_mask: Tensor,
+    prompt_len: int,
+    *,
+    temperature: float = ...,
+    with_entropy: Literal[False] = ...,
+    chunk_size: int = ...,
+    response_mask: Tensor | None = ...,
+) -> Tensor: ...
+@overload
+def token_log_probs(
+    model: nn.Module,
+    sequences: Tensor,
+    attention_mask: Tensor,
+    prompt_len: int,
+    *,
+    temperature: float = ...,
+    with_entropy: Literal[True],
+    chunk_size: int = ...,
+    response_mask: Tensor | None = ...,
+) -> tuple[Tensor, Tensor]: ...
+@overload
+def token_log_probs(
+    model: nn.Module,
+    sequences: Tensor,
+    attention_mask: Tensor,
+    prompt_len: int,
+    *,
+    temperature: float = ...,
+    with_entropy: bool,
+    chunk_size: int = ...,
+    response_mask: Tensor | None = ...,
+) -> Tensor | tuple[Tensor, Tensor]: ...
 def token_log_probs(
     model: nn.Module,
     sequences: Tensor,

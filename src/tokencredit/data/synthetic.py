@@ -390,8 +390,8 @@ class ArithmeticTask:
         seed: sampling seed (split membership does not depend on it).
         heldout_fraction: share of the problem space reserved for the held-out split, in (0, 1).
         phrasings: free choices per step line (0 = none; k in 1..`MAX_PHRASINGS`: the teacher opens
-          each step with one of the first k `CONNECTIVES` and closes it with one of the first k
-          `ENDINGS`). The problems and the checker do not depend on it.
+            each step with one of the first k `CONNECTIVES` and closes it with one of the first k
+            `ENDINGS`). The problems and the checker do not depend on it.
     """
 
     def __init__(

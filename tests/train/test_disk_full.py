@@ -9,9 +9,10 @@ import json
 import pytest
 import torch
 
+from tokencredit.atomic import atomic_write_text
 from tokencredit.errors import DiskFullError
 from tokencredit.train import checkpoint as ck
-from tokencredit.train.rundir import MetricsLog, RunDir, atomic_write_text
+from tokencredit.train.rundir import MetricsLog, RunDir
 
 
 def _leftovers(root):

@@ -25,9 +25,10 @@ import torch
 from torch import nn
 
 from tokencredit import models
+from tokencredit.atomic import atomic_write_bytes, atomic_write_text
 from tokencredit.errors import ConfigError
 from tokencredit.train.config import TrainConfig
-from tokencredit.train.rundir import RunDir, atomic_write_bytes, atomic_write_text
+from tokencredit.train.rundir import RunDir
 
 __all__ = [
     "load_latest_checkpoint",

@@ -23,13 +23,14 @@ lock on RUN_DIR/.lock for the life of the process (`tokencredit.train.lock.RunLo
 take no lock. A new run never lands in a directory that holds another (`RunDir.check_fresh`):
 `--overwrite` replaces a run directory whole (`replace_run`), never a folder of other files.
 
-Every file is written atomically (temporary file, fsync, rename): a crash leaves the old file or
-the new one, never a torn one. `metrics.jsonl` is append-only; on resume, lines after the
+Every file is written atomically (`tokencredit.atomic`: temporary file, fsync, rename): a crash leaves
+the old file or the new one, never a torn one. `metrics.jsonl` is append-only; on resume, lines after the
 checkpoint's step and a torn last line are dropped, and a damaged line before the last is an error
 naming file:line (nothing is dropped that the user has not seen). A failed write leaves nothing
 behind: the temporary file is removed and a partly appended metrics line is cut off; a full disk
 (ENOSPC, or EDQUOT for a quota) raises `DiskFullError` naming the file, and a file system that turned
-read-only, a permission taken away or an I/O error raises its parent `WriteFailedError` (`write_error`).
+read-only, a permission taken away or an I/O error raises its parent `WriteFailedError`
+(`tokencredit.atomic.write_error`).
 
 Reading has two modes. Strict (the default, what `tokencredit train --resume` needs): a config key
 or recipe field this version does not know, or a saved-rollouts line that is not JSON, is an error
@@ -41,7 +42,6 @@ there naming file:line, what was skipped and what to do. `metrics.jsonl` always 
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -53,8 +53,9 @@ from typing import Any
 
 import torch
 
+from tokencredit.atomic import atomic_write_text, fsync_dir, write_all, write_error
 from tokencredit.batch import MC_SIGNALS
-from tokencredit.errors import ConfigError, DiskFullError, WriteFailedError
+from tokencredit.errors import ConfigError
 from tokencredit.recipes import Recipe, from_dict, resolve
 from tokencredit.rollout import records
 from tokencredit.train.config import TrainConfig, dump_toml, load_config
@@ -63,97 +64,15 @@ from tokencredit.train.lock import LOCK_NAME, RunLock
 __all__ = [
     "MetricsLog",
     "RunDir",
-    "atomic_write_bytes",
-    "atomic_write_text",
     "damaged_line",
-    "disk_full",
     "check_replaceable",
-    "fsync_dir",
-    "is_disk_full",
     "parse_json_line",
     "replace_run",
     "rollout_records",
-    "write_error",
 ]
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.(jsonl|json|pt)$")
 _REMEDY = "repair or delete that line, or copy the file again, to silence this"
-
-
-def fsync_dir(d: Path) -> None:
-    """Make a rename inside `d` durable (best effort: not every file system supports it)."""
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def is_disk_full(e: BaseException) -> bool:
-    """True for the OSError of a write to a full disk or an exhausted quota."""
-    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
-def disk_full(path: Path, e: OSError) -> DiskFullError:
-    """The one-line error of a write to `path` that found the disk full."""
-    return DiskFullError(
-        f"disk full while writing {path} ({e.strerror or e}); that write was undone", str(path)
-    )
-
-
-# A write refused by the system rather than by the program: the run's state is kept, and it resumes once fixed.
-_WRITE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
-
-
-def write_error(path: Path, e: BaseException) -> WriteFailedError | None:
-    """The one-line error of a failed write to `path`: DiskFullError for a full disk or quota,
-    WriteFailedError for a read-only file system, a lost permission or an I/O error; None for any
-    other failure (a bug, not the machine: the caller re-raises it)."""
-    if is_disk_full(e):
-        return disk_full(path, e)  # type: ignore[arg-type]
-    if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
-        return WriteFailedError(f"cannot write {path} ({e.strerror or e}); that write was undone", str(path))
-    return None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """os.write until all of `data` is written (a write may be short, e.g. when the disk fills up)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, fsync it, rename it over `path`. On any
-    failure the temporary file is removed and `path` is untouched; a full disk raises DiskFullError."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as e:  # also KeyboardInterrupt: never leave a temporary file behind
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass  # a read-only file system refuses the clean-up too; nothing was renamed over `path`
-        if (err := write_error(path, e)) is not None:
-            raise err from e
-        raise
-    fsync_dir(path.parent)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(Path(path), text.encode())
 
 
 class MetricsLog:
@@ -191,7 +110,7 @@ class MetricsLog:
         try:
             size = os.fstat(fd).st_size
             try:
-                _write_all(fd, data)
+                write_all(fd, data)
                 os.fsync(fd)
             except BaseException as e:
                 try:

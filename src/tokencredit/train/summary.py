@@ -10,9 +10,9 @@ import torch
 from rich.table import Table
 
 from tokencredit import diagnostics
+from tokencredit.atomic import atomic_write_bytes
 from tokencredit.batch import RolloutBatch
 from tokencredit.recipes import TokenCredit
-from tokencredit.train.rundir import atomic_write_bytes
 from tokencredit.train.sampling import StepRollouts
 from tokencredit.train.update import UpdateStats
 

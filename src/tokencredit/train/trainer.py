@@ -26,6 +26,7 @@ from rich.console import Console
 from torch import Tensor
 
 from tokencredit import models, recipes
+from tokencredit.atomic import write_error
 from tokencredit.batch import BatchValidationError, RolloutBatch
 from tokencredit.builder import Passes, build_batch, needs_of, rendered_negative_prompts
 from tokencredit.data.templates import chat_template_warning, render
@@ -40,7 +41,7 @@ from tokencredit.tasks import load_problems_for
 from tokencredit.train import checkpoint as ckpt
 from tokencredit.train.config import TrainConfig, check_recipe, validate_config
 from tokencredit.train.progress import StepProgress
-from tokencredit.train.rundir import RunDir, check_replaceable, replace_run, rollout_records, write_error
+from tokencredit.train.rundir import RunDir, check_replaceable, replace_run, rollout_records
 from tokencredit.train.sampling import (
     PromptSampler,
     StepRollouts,

@@ -53,15 +53,15 @@ from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
 from tokencredit.builder import Passes, build_batch, forward_signals, needs_of, rendered_negative_prompts
+from tokencredit.columns import resolve_methods
 from tokencredit.credit.delta import discriminate
 from tokencredit.models import special_token_ids
 from tokencredit.oracle import spearman
-from tokencredit.report.methods import resolve_methods
-from tokencredit.report.probe import blame_hits, probe_config, resolve_points, run_oracle
-from tokencredit.report.probe.pipeline import REWARD_NAMES
-from tokencredit.report.probe.sample import probe_problems, sample_rollouts, scored
-from tokencredit.report.probe.score import method_credits
-from tokencredit.report.probe.truth import build_truth, checker_reward, mixed_rows
+from tokencredit.probe import blame_hits, probe_config, resolve_points, run_oracle
+from tokencredit.probe.pipeline import REWARD_NAMES
+from tokencredit.probe.sample import probe_problems, sample_rollouts, scored
+from tokencredit.probe.score import method_credits
+from tokencredit.probe.truth import build_truth, checker_reward, mixed_rows
 from tokencredit.rewards import Reward, check_rewards
 
 FLIP = -0.5

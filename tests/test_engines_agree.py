@@ -16,14 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from tokencredit import models, objectives
+from tokencredit import models, objectives, probe
 from tokencredit.batch import RolloutBatch
+from tokencredit.columns import resolve_methods
 from tokencredit.data.synthetic import ArithmeticTask
 from tokencredit.errors import ConfigError
+from tokencredit.explain import explain_batch, make_groups
 from tokencredit.recipes import RECIPES, known_names, token_credit, zero_outside
-from tokencredit.report import probe
-from tokencredit.report.explain import explain_batch, make_groups
-from tokencredit.report.methods import resolve_methods
 from tokencredit.train.config import load_config
 from tokencredit.train.trainer import Trainer
 

@@ -4,7 +4,7 @@ rollout, step). Non-finite numbers during training stop the step, keep the last 
 metrics, and the run resumes from there. Faults (issue 22): a full disk during each writer, SIGTERM,
 and verifications that time out are each explained, keep the last good state, and resume. The rest of
 the catalogue: damaged run directories given to explain / probe / compare --collect in
-tests/report/test_damaged_runs.py, `tokencredit compare` stopped by SIGTERM in tests/report/test_compare_stop.py."""
+tests/test_damaged_runs.py, `tokencredit compare` stopped by SIGTERM in tests/compare/test_compare_stop.py."""
 
 from __future__ import annotations
 

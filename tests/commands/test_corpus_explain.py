@@ -55,7 +55,7 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], names: list[st
 @pytest.fixture
 def no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
     """Loading a model's weights fails the test: what it guards must have been refused before."""
-    from tokencredit.report.explain import signals
+    from tokencredit.explain import signals
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the bad input was refused")
@@ -410,7 +410,7 @@ def test_a_200kb_completion_is_cut_to_the_models_positions_with_a_note(tiny_mode
 
 
 def test_a_large_page_is_warned_of_before_the_model_scores(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    from tokencredit.report.explain import pipeline
+    from tokencredit.explain import pipeline
 
     monkeypatch.setattr(pipeline, "PAGE_WARN_BYTES", 50_000)  # the tiny pages of a test as if large
     real = pipeline.batch_with_signals

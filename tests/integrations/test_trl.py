@@ -248,9 +248,9 @@ def test_credit_diagnostics_in_trl_logs_and_saved_rollouts_explained(model_dir, 
     from tokencredit import diagnostics
     from tokencredit.cli import main
     from tokencredit.data.loaders import load_problems
+    from tokencredit.explain.inputs import load_jsonl
     from tokencredit.models import special_token_ids
     from tokencredit.recipes import token_credit
-    from tokencredit.report.explain.inputs import load_jsonl
 
     tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
     ds = Dataset.from_list([{"prompt": p, "answer": a} for p, a in PROMPTS.items()] * 4)

@@ -696,7 +696,7 @@ def test_oracle_blames_the_checkers_first_wrong_token_on_the_warm_start(one_thre
     from tokencredit import models
     from tokencredit.data.synthetic import extract_answer, locate_first_error
     from tokencredit.data.templates import render
-    from tokencredit.report.probe import char_to_token, token_char_spans
+    from tokencredit.probe import char_to_token, token_char_spans
     from tokencredit.rollout import generate
 
     model, tok = models.load_model("toy")

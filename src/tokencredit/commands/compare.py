@@ -1,7 +1,7 @@
 """`tokencredit compare`: the method shoot-out, recipes x seeds on equal terms (see
-`tokencredit.report.compare`). Parses the flags, plans and trains the runs (or collects existing
+`tokencredit.compare`). Parses the flags, plans and trains the runs (or collects existing
 ones), aggregates them, writes compare.md / compare.json / the plots into --out and prints the table.
-With --tune-lr the learning-rate sweep on the validation split runs first (`report.compare.tune`)."""
+With --tune-lr the learning-rate sweep on the validation split runs first (`compare.tune`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from tokencredit.errors import ConfigError, Interrupted
-from tokencredit.report.compare import (
+from tokencredit.compare import (
     DEFAULT_RECIPES,
     DEFAULT_SEEDS,
     METRICS,
@@ -28,8 +27,8 @@ from tokencredit.report.compare import (
     rich_table,
     write_report,
 )
-from tokencredit.report.compare.plan import PlannedRun, parse_seeds
-from tokencredit.report.compare.tune import (
+from tokencredit.compare.plan import PlannedRun, parse_seeds
+from tokencredit.compare.tune import (
     DEFAULT_TUNE_SEED,
     TUNE_DIR,
     check_tune_options,
@@ -39,6 +38,7 @@ from tokencredit.report.compare.tune import (
     tune_scores,
     tune_seeds,
 )
+from tokencredit.errors import ConfigError, Interrupted
 from tokencredit.train.lock import RunLock
 
 
@@ -203,7 +203,7 @@ def _execute(
 
 
 def _tune(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    """The --tune-lr sweep on the validation split (`tokencredit.report.compare.tune`); compare.json's "tune"."""
+    """The --tune-lr sweep on the validation split (`tokencredit.compare.tune`); compare.json's "tune"."""
     check_tune_options(args)
     lrs = parse_lrs(args.tune_lr)
     seeds = tune_seeds(args.tune_seeds, parse_seeds(args.seeds or DEFAULT_SEEDS))

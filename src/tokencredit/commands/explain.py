@@ -1,4 +1,4 @@
-"""`tokencredit explain`: per-token credit of several methods as one HTML file (`tokencredit.report.explain`).
+"""`tokencredit explain`: per-token credit of several methods as one HTML file (`tokencredit.explain`).
 
 tokencredit explain RUN_DIR [--step N] [--methods ktae,delta,strace,arca,uniform] [--groups K] [--out F.html]
 tokencredit explain --jsonl FILE --model PATH [--methods ...] [--groups K] [--out F.html]
@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tokencredit.report.explain import DEFAULT_METHODS, GROUP_KINDS, ExplainOptions, write_report
-from tokencredit.report.explain.options import DEFAULT_MAX_TOKENS
+from tokencredit.explain import DEFAULT_METHODS, GROUP_KINDS, ExplainOptions, write_report
+from tokencredit.explain.options import DEFAULT_MAX_TOKENS
 
 __all__ = ["add_arguments", "run"]
 

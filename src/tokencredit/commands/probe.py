@@ -4,7 +4,7 @@
                       [--methods grpo,ktae,delta,strace,arca,...] [--groups N] [--group-size G] [--seed S]
                       [--data toy|toy-hard|BENCHMARK|FILE] [--oracle K [--oracle-delta D] [--grad-batches B]]
 
-Parses the arguments, calls `tokencredit.report.probe` (points -> config -> methods -> probe ->
+Parses the arguments, calls `tokencredit.probe` (points -> config -> methods -> probe ->
 report) and prints the Markdown; the JSON goes to --out and the Markdown beside it.
 """
 
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
+from tokencredit.columns import resolve_methods
 from tokencredit.errors import ConfigError
 from tokencredit.oracle import DEFAULT_DELTA
-from tokencredit.report.methods import resolve_methods
-from tokencredit.report.probe import (
+from tokencredit.probe import (
     DEFAULT_GRAD_BATCHES,
     DEFAULT_KS,
     DEFAULT_MAX_NEW_TOKENS,

@@ -1,1 +1,0 @@
-"""Reports: training curves, the credit explorer (`explain`), the method shoot-out (`compare`)."""

@@ -317,7 +317,7 @@ def test_trl_path(name, trl_module, fixed, tiny_model_dir, tmp_path, monkeypatch
 
 # ---------------------------------------------------------------------------------------------- verl
 @pytest.fixture(scope="module")
-def verl_plugin():
+def tc_verl():
     pytest.importorskip("verl", reason="verl is not installed (extra tokencredit[verl])")
     import tokencredit.integrations.verl
 
@@ -326,20 +326,20 @@ def verl_plugin():
 
 @pytest.mark.extras
 @pytest.mark.parametrize("name", ALL_NAMES)
-def test_verl_path(name, verl_plugin, fixed, tokenizer):
+def test_verl_path(name, tc_verl, fixed, tokenizer):
     from verl import DataProto
     from verl.trainer.config import AlgoConfig
     from verl.trainer.ppo import ray_trainer
 
-    from tokencredit.integrations._common import slug
+    from tokencredit.integrations.verl.estimators import slug
 
     if name in SAMPLED_VALUES:  # verl does not sample Monte-Carlo values: no tc_ estimator is registered
-        assert f"tc_{slug(name)}" not in verl_plugin.ESTIMATORS
+        assert f"tc_{slug(name)}" not in tc_verl.ESTIMATORS
         return
     batch, special, _ = fixed
     lengths = batch.mask.sum(-1)
     rewards = torch.zeros(N, T).scatter(1, (lengths - 1)[:, None], batch.scores[:, None])
-    keys = {name: verl_plugin.SIGNAL_KEYS[name][0] for name in verl_plugin.SIGNAL_KEYS}
+    keys = {name: tc_verl.SIGNAL_KEYS[name][0] for name in tc_verl.SIGNAL_KEYS}
     tensors = {
         "responses": batch.token_ids,
         "response_mask": batch.mask.long(),
@@ -357,7 +357,7 @@ def test_verl_path(name, verl_plugin, fixed, tokenizer):
     def old_log_prob(self, data):
         return DataProto.from_dict(tensors={"old_log_probs": batch.old_log_probs}), 0.0
 
-    verl_plugin._wrap_legacy_old_log_prob(old_log_prob)(Legacy(), None)  # reads the tokenizer's special ids
+    tc_verl.hooks._wrap_legacy_old_log_prob(old_log_prob)(Legacy(), None)  # reads the tokenizer's special ids
     estimator = f"tc_{slug(name)}"
     try:
         if (
@@ -372,7 +372,7 @@ def test_verl_path(name, verl_plugin, fixed, tokenizer):
             data, adv_estimator=estimator, config=AlgoConfig(adv_estimator=estimator)
         )
     finally:
-        verl_plugin._LEGACY_SPECIAL_IDS[0] = None
+        tc_verl.estimators._LEGACY_SPECIAL_IDS[0] = None
     got = out.batch["advantages"]
     assert_same(got, reference(name, batch, special), "verl", name)
     assert_special_ids_get_no_key_value(name, got, batch, special, "verl")

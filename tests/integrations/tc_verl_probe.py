@@ -2,12 +2,12 @@
 and what each actor worker held and returned for DelTA.
 
 Imported in every verl process of the run through ``VERL_USE_EXTERNAL_MODULES`` (after
-tokencredit.integrations.verl_local, before the entry-point plugins).
+tokencredit.integrations.verl.local, before the entry-point plugins).
 
 - Driver: it wraps ``core_algos.get_adv_estimator_fn``, which tokencredit's compute_advantage hook calls
   at each step, so it sees the registered estimator whichever route registered it, and saves the
   DataProto fields the core needs plus the estimator's Â to ``$TC_VERL_PROBE_DIR/<estimator>-<pid>-<n>.pt``.
-- Actor workers: it wraps ``tokencredit.integrations.verl_actor.worker.delta_coefficients`` (the rank's
+- Actor workers: it wraps ``tokencredit.integrations.verl.actor.worker.delta_coefficients`` (the rank's
   DelTA, called by the hooked ``infer_batch``) and saves the rank's hidden states, old log-probs, response
   mask, the sequence advantages it got and the coefficient rows it returned to
   ``$TC_VERL_PROBE_DIR/worker-rank<r>-<pid>-<n>.pt``.
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from verl.trainer.ppo import core_algos
 
-from tokencredit.integrations.verl_actor import worker
+from tokencredit.integrations.verl.actor import worker
 
 OUT = Path(os.environ["TC_VERL_PROBE_DIR"])
 KEYS = (

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tokencredit.integrations.verl_actor import worker
+from tokencredit.integrations.verl.actor import worker
 
 
 def jagged(padded: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,8 @@ from tokencredit import advantages, credit, objectives  # noqa: E402
 from tokencredit.batch import RolloutBatch  # noqa: E402
 from tokencredit.credit.entropy import top_entropy_mask  # noqa: E402
 from tokencredit.errors import ConfigError  # noqa: E402
-from tokencredit.integrations._common import slug  # noqa: E402
+from tokencredit.integrations.verl import import_hooks  # noqa: E402
+from tokencredit.integrations.verl.estimators import slug  # noqa: E402
 from tokencredit.recipes import RECIPES  # noqa: E402
 
 N, T, H, VOCAB = 12, 7, 5, 9
@@ -204,7 +205,7 @@ def test_ktae_ignores_the_trainer_tokenizer_special_ids():
             tensors={"entropys": torch.ones(2, 3), "old_log_probs": torch.zeros(2, 3)}
         ), 0.0
 
-    wrapped = tc_verl._wrap_legacy_old_log_prob(old_log_prob)
+    wrapped = tc_verl.hooks._wrap_legacy_old_log_prob(old_log_prob)
     old, _ = wrapped(Trainer(), None)
     assert "tc_entropy" in old.batch.keys()
     old.batch.pop("entropys")  # what verl's fit does next
@@ -212,7 +213,7 @@ def test_ktae_ignores_the_trainer_tokenizer_special_ids():
     try:
         out = ray_trainer.compute_advantage(_dataproto(), adv_estimator="tc_ktae", config=AlgoConfig())
     finally:
-        tc_verl._LEGACY_SPECIAL_IDS[0] = None
+        tc_verl.estimators._LEGACY_SPECIAL_IDS[0] = None
     token_ids, mask, scores, uid, _, _ = _fixture()
     gids = _gids(uid)
     b = RolloutBatch(token_ids, mask, gids, scores)
@@ -270,7 +271,7 @@ def test_v1_hook_fetches_responses_and_entropy_from_the_transfer_queue():
     out = hooked(Trainer(), Batch(), {})
     assert calls == [(tuple(Batch.keys), "train", ("responses", "entropy"))]
     torch.testing.assert_close(out.batch["advantages"], _core("tc_strace"), rtol=0, atol=0)
-    assert tc_verl._CONTEXT.get() is None
+    assert tc_verl.estimators._CONTEXT.get() is None
 
 
 def _loss_inputs():
@@ -336,19 +337,19 @@ def test_strace_loss_refuses_an_estimator_without_the_kept_set():
 def test_hooks_patch_verl_modules_when_they_are_imported(tmp_path, monkeypatch):
     assert getattr(ray_trainer.compute_advantage, "tokencredit_hook", False)
     assert getattr(ray_trainer.RayPPOTrainer._compute_old_log_prob, "tokencredit_hook", False)
-    assert "verl.trainer.ppo.ray_trainer" not in tc_verl._PENDING
+    assert "verl.trainer.ppo.ray_trainer" not in import_hooks.PENDING
     assert set(tc_verl.install_hooks()) == set(tc_verl.HOOK_TARGETS)  # idempotent: wrapped once
     assert ray_trainer.compute_advantage.__wrapped__.__module__ == "verl.trainer.ppo.ray_trainer"
     # A module imported after the plugin is patched right after its code runs.
     (tmp_path / "tc_late_module.py").write_text("VALUE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(tc_verl._PENDING, "tc_late_module", lambda m: setattr(m, "VALUE", m.VALUE + 41))
+    monkeypatch.setitem(import_hooks.PENDING, "tc_late_module", lambda m: setattr(m, "VALUE", m.VALUE + 41))
     monkeypatch.delitem(sys.modules, "tc_late_module", raising=False)
-    if not any(isinstance(f, tc_verl._PostImportPatcher) for f in sys.meta_path):
-        monkeypatch.setattr(sys, "meta_path", [tc_verl._PostImportPatcher(), *sys.meta_path])
+    if not any(isinstance(f, import_hooks.PostImportPatcher) for f in sys.meta_path):
+        monkeypatch.setattr(sys, "meta_path", [import_hooks.PostImportPatcher(), *sys.meta_path])
     import tc_late_module
 
-    assert tc_late_module.VALUE == 42 and "tc_late_module" not in tc_verl._PENDING
+    assert tc_late_module.VALUE == 42 and "tc_late_module" not in import_hooks.PENDING
 
 
 @pytest.mark.slow
@@ -359,10 +360,11 @@ def test_loaded_through_verl_use_external_modules():
         import sys
         import verl
         from verl.trainer.ppo import core_algos
-        plugin = sys.modules["tokencredit.integrations.verl"]
+        assert "tokencredit.integrations.verl" in sys.modules
+        import_hooks = sys.modules["tokencredit.integrations.verl.import_hooks"]
         assert "tc_ktae" in core_algos.ADV_ESTIMATOR_REGISTRY and "tc_strace" in core_algos.POLICY_LOSS_REGISTRY
         assert "verl.trainer.ppo.ray_trainer" not in sys.modules  # import verl stays light
-        assert "verl.trainer.ppo.ray_trainer" in plugin._PENDING  # patched when first imported
+        assert "verl.trainer.ppo.ray_trainer" in import_hooks.PENDING  # patched when first imported
         print("OK")
         """
     )
@@ -422,7 +424,7 @@ def _saving_dataproto():
 
 
 def _check_saved(path, out, tok, *, legacy):
-    from tokencredit.report.explain.inputs import load_jsonl
+    from tokencredit.explain.inputs import load_jsonl
 
     token_ids, mask, scores, uid, _, _ = _fixture()
     groups = load_jsonl(path)
@@ -459,7 +461,7 @@ def test_saved_rollouts_every_n_steps_from_the_legacy_trainer(tmp_path, monkeypa
     monkeypatch.setenv("TOKENCREDIT_VERL_SAVE_ROLLOUTS", str(tmp_path / "saved"))
     monkeypatch.setenv("TOKENCREDIT_VERL_SAVE_ROLLOUTS_EVERY", "2")
     trainer = Trainer()
-    tc_verl._wrap_legacy_old_log_prob(old_log_prob)(
+    tc_verl.hooks._wrap_legacy_old_log_prob(old_log_prob)(
         trainer, None
     )  # records the trainer, as verl's fit calls it
     try:
@@ -470,7 +472,7 @@ def test_saved_rollouts_every_n_steps_from_the_legacy_trainer(tmp_path, monkeypa
             _saving_dataproto(), adv_estimator="tc_strace", config=AlgoConfig()
         )
     finally:
-        tc_verl._LEGACY_SPECIAL_IDS[0] = None
+        tc_verl.estimators._LEGACY_SPECIAL_IDS[0] = None
     assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == ["step_000004.jsonl"]
     adv = out.batch["advantages"]
     assert (adv == 0).any() and (adv != 0).any()  # S-trace: Â zero outside the kept set, as saved

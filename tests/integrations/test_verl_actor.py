@@ -55,7 +55,7 @@ from verl.trainer.ppo import ray_trainer  # noqa: E402
 
 import tokencredit.integrations.verl as tc_verl  # noqa: E402
 from tokencredit.errors import ConfigError  # noqa: E402
-from tokencredit.integrations import verl_actor  # noqa: E402
+from tokencredit.integrations.verl import actor as tc_actor  # noqa: E402
 from tokencredit.recipes import credit_needs  # noqa: E402
 
 ACTOR_ESTIMATORS = {  # estimator -> (credit method, what the workers compute for it)
@@ -93,30 +93,30 @@ def _plain_dataproto() -> DataProto:
 
 @pytest.mark.parametrize("name", sorted(ACTOR_ESTIMATORS))
 def test_without_the_extension_the_error_names_the_switch(name, monkeypatch):
-    monkeypatch.delenv(verl_actor.SWITCH, raising=False)
-    with pytest.raises(ConfigError, match=f"{verl_actor.SWITCH}=1.*trainer.use_v1=False"):
+    monkeypatch.delenv(tc_actor.SWITCH, raising=False)
+    with pytest.raises(ConfigError, match=f"{tc_actor.SWITCH}=1.*trainer.use_v1=False"):
         ray_trainer.compute_advantage(
             _plain_dataproto(), adv_estimator=name, config=AlgoConfig(adv_estimator=name)
         )
 
 
 def test_switch_and_requests(monkeypatch):
-    monkeypatch.delenv(verl_actor.SWITCH, raising=False)
-    assert not verl_actor.enabled()
+    monkeypatch.delenv(tc_actor.SWITCH, raising=False)
+    assert not tc_actor.enabled()
     assert (
         "verl.workers.engine.fsdp.transformer_impl" not in tc_verl.install_hooks()
     )  # off: verl's engine untouched
-    monkeypatch.setenv(verl_actor.SWITCH, "1")
-    assert verl_actor.enabled()
+    monkeypatch.setenv(tc_actor.SWITCH, "1")
+    assert tc_actor.enabled()
     for name, (_, extra) in ACTOR_ESTIMATORS.items():
         spec = tc_verl.estimator_spec(name)
-        assert verl_actor.requested(spec.credit, credit_needs(spec)) == extra
+        assert tc_actor.requested(spec.credit, credit_needs(spec)) == extra
     for name in ("tc_ktae", "tc_entropy_80_20", "tc_strace", "tc_grpo"):  # stock verl covers these
         spec = tc_verl.estimator_spec(name)
-        assert verl_actor.requested(spec.credit, credit_needs(spec)) == ()
+        assert tc_actor.requested(spec.credit, credit_needs(spec)) == ()
     # hidden states never leave a worker: a method that reads them without a reduction is refused
     with pytest.raises(ConfigError, match="do not send hidden states"):
-        verl_actor.requested("my-hidden-method", {"hidden", "old_log_probs"})
+        tc_actor.requested("my-hidden-method", {"hidden", "old_log_probs"})
 
 
 def test_version_mismatch_of_a_wrapped_method_is_refused():
@@ -124,7 +124,7 @@ def test_version_mismatch_of_a_wrapped_method_is_refused():
         return None
 
     with pytest.raises(ImportError, match="verl 0.9.x"):
-        verl_actor.wrap_forward_step(forward_step)
+        tc_actor.wrap_forward_step(forward_step)
 
 
 def test_actor_signals_are_dropped_after_the_advantage_step():
@@ -140,7 +140,7 @@ def test_actor_signals_are_dropped_after_the_advantage_step():
 def test_actor_extension_through_verl_old_log_prob_path(tmp_path, layout):
     out = tmp_path / "result.json"
     # The switch is set before the child imports anything, as a launch sets it before `import verl`.
-    env = {**os.environ, verl_actor.SWITCH: "1", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, tc_actor.SWITCH: "1", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     res = subprocess.run(
         [sys.executable, __file__, str(out), layout], env=env, capture_output=True, text=True, timeout=600
     )
@@ -330,7 +330,7 @@ def _core_advantages(
     from tokencredit import advantages, credit
     from tokencredit.batch import RolloutBatch
     from tokencredit.credit.gcpo import negative_prompt
-    from tokencredit.integrations._common import group_ids_from_labels
+    from tokencredit.integrations.verl.batch import group_ids_from_labels
     from tokencredit.signals import compute_signals
 
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(root / "model"), root / "adapter")
@@ -367,7 +367,7 @@ def _core_advantages(
     rb = RolloutBatch(b["responses"], mask, gids, scores, **signals)
     seq = advantages.grpo(scores, gids)
     by_key = {
-        verl_actor.BATCH_KEYS[s]: v for s, v in signals.items() if s in ("base_log_probs", "neg_log_probs")
+        tc_actor.BATCH_KEYS[s]: v for s, v in signals.items() if s in ("base_log_probs", "neg_log_probs")
     }
     if method == "delta":
         from tokencredit.credit.delta import discriminate
@@ -383,8 +383,8 @@ def _core_advantages(
 
 
 def _child(out: Path, packed: bool) -> None:
-    if not verl_actor.enabled():
-        raise SystemExit(f"run with {verl_actor.SWITCH}=1 in the environment")
+    if not tc_actor.enabled():
+        raise SystemExit(f"run with {tc_actor.SWITCH}=1 in the environment")
     os.environ.update(
         {
             "VERL_ENGINE_DEVICE": "cuda",
@@ -458,7 +458,7 @@ def _child(out: Path, packed: bool) -> None:
             meta_info=dict(batch.meta_info),
         )
         old, _ = trainer._compute_old_log_prob(step)
-        returned = sorted(k for k in old.batch.keys() if k in verl_actor.ADDED_KEYS)
+        returned = sorted(k for k in old.batch.keys() if k in tc_actor.ADDED_KEYS)
         max_dim = max(old.batch[k].dim() for k in returned)
         step = step.union(old)
         step.batch["token_level_rewards"] = rewards
@@ -470,7 +470,7 @@ def _child(out: Path, packed: bool) -> None:
         result[name] = {
             "returned": returned,
             "max_dim": max_dim,
-            "dropped": not any(k in step.batch.keys() for k in verl_actor.ADDED_KEYS),
+            "dropped": not any(k in step.batch.keys() for k in tc_actor.ADDED_KEYS),
             "signal_err": {k: float((signals_verl[k].float() - by_key[k]).abs().max()) for k in returned},
             "adv_err": float((adv - want).abs().max()),
             "adv_abs_mean": float(adv[mask].abs().mean()),

@@ -1,6 +1,6 @@
 """verl's real trainer, end to end on the CPU, with tokencredit's estimators: 2 GRPO steps per case.
 
-Each case runs ``python -m tokencredit.integrations.verl_local --toy DIR ...``, i.e. verl's own
+Each case runs ``python -m tokencredit.integrations.verl.local --toy DIR ...``, i.e. verl's own
 ``verl.trainer.main_ppo`` (hydra config, Ray, TransferQueue on the v1 trainer, FSDP2 engine, agent
 loop with the hf rollout backend, reward loop) on the embedded toy model and toy arithmetic data:
 
@@ -51,7 +51,7 @@ import tokencredit.integrations.verl as tc_verl  # noqa: E402
 from tokencredit import advantages, credit  # noqa: E402
 from tokencredit.batch import RolloutBatch  # noqa: E402
 from tokencredit.credit.delta import discriminate  # noqa: E402
-from tokencredit.integrations import verl_actor  # noqa: E402
+from tokencredit.integrations.verl import actor as tc_actor  # noqa: E402
 from tokencredit.models import TOY_ASSET_DIR  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -68,7 +68,7 @@ CASES = {
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",  # 8 rows per rank: 2 micro-batches
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",  # and 2 accumulation steps in the update
         ],
-        {verl_actor.SWITCH: "1"},
+        {tc_actor.SWITCH: "1"},
         "delta",
         "TaskRunner",
     ),
@@ -81,7 +81,7 @@ CASES = {
             "actor_rollout_ref.model.lora.merge=True",  # the hf rollout backend takes merged weights
             "actor_rollout_ref.actor.optim.lr=1e-3",  # B = 0 at init: step 2 needs an adapter that moved
         ],
-        {verl_actor.SWITCH: "1"},
+        {tc_actor.SWITCH: "1"},
         "arca",
         "TaskRunner",
     ),
@@ -129,7 +129,7 @@ def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, floa
 
 def _core(record: dict, method: str, special_ids: tuple[int, ...]) -> torch.Tensor:
     """tokencredit's Â on the recorded batch: verl's GRPO baseline (eps 1e-6), then the credit method."""
-    from tokencredit.integrations._common import group_ids_from_labels
+    from tokencredit.integrations.verl.batch import group_ids_from_labels
 
     mask = record["response_mask"].bool()
     scores = record["token_level_rewards"].float().sum(-1)
@@ -145,9 +145,9 @@ def _check_arca(records: list[dict]) -> None:
     """ARCA's residual norms came back as [bs, T] (no hidden state): 0 at step 1 (LoRA's B starts at 0, so
     the adapter changes nothing and the credit is uniform), > 0 once the adapter trained. The estimator's Â is
     the core's salience credit on them (the worker's norms equal the core's residual_norm on the same model:
-    test_verl_actor.py)."""
+    the actor extension's end-to-end test)."""
     from tokencredit.credit.arca import normalize_scores, weighted_advantages
-    from tokencredit.integrations._common import group_ids_from_labels
+    from tokencredit.integrations.verl.batch import group_ids_from_labels
 
     spec = tc_verl.estimator_spec("tc_arca")
     params = {**credit.get("arca").defaults, **spec.credit_params}
@@ -244,7 +244,7 @@ def test_main_ppo_runs_tokencredit_estimators_end_to_end(tmp_path, case):
     probe = tmp_path / "probe"
     env = child_env(
         pythonpath=[entry_point_dir(tmp_path / "ep"), HERE],
-        drop=("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS", verl_actor.SWITCH),
+        drop=("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS", tc_actor.SWITCH),
         VERL_USE_EXTERNAL_MODULES="tc_verl_probe",
         TC_VERL_PROBE_DIR=str(probe),
         OMP_NUM_THREADS="1",
@@ -254,7 +254,7 @@ def test_main_ppo_runs_tokencredit_estimators_end_to_end(tmp_path, case):
     cmd = [
         python,
         "-m",
-        "tokencredit.integrations.verl_local",
+        "tokencredit.integrations.verl.local",
         "--toy",
         str(tmp_path / "data"),
         *overrides,

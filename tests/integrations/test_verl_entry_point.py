@@ -43,7 +43,7 @@ print(json.dumps({{
 
 
 def test_pyproject_declares_the_plugin_entry_point():
-    assert declared_entry_points()[PLUGIN_GROUP] == {"tokencredit": "tokencredit.integrations.verl_plugin"}
+    assert declared_entry_points()[PLUGIN_GROUP] == {"tokencredit": "tokencredit.integrations.verl.plugin"}
 
 
 def _child(tmp_path, prelude: str = "", **env: str) -> dict:
@@ -73,6 +73,6 @@ def test_a_fresh_process_that_imports_verl_has_every_estimator_and_loss(tmp_path
 
 def test_a_plugin_that_cannot_load_says_why(tmp_path):
     # verl swallows an entry point's exception; ours turns an ImportError into a visible warning.
-    got = _child(tmp_path, prelude="sys.modules['tokencredit.integrations.verl'] = None")
+    got = _child(tmp_path, prelude="sys.modules['tokencredit.integrations.verl.register'] = None")
     assert got["estimators"] == [] and len(got["warnings"]) == 1
     assert "tokencredit's verl plugin is not loaded" in got["warnings"][0]

@@ -31,7 +31,7 @@ from verl.workers.config import FSDPActorConfig  # noqa: E402
 import tokencredit.integrations.verl  # noqa: E402, F401  (registers the tc_ names)
 from tokencredit import advantages  # noqa: E402
 from tokencredit.credit.entropy import entropy_from_logits, top_entropy_mask  # noqa: E402
-from tokencredit.integrations import verl_actor  # noqa: E402
+from tokencredit.integrations.verl import actor as tc_actor  # noqa: E402
 
 N, T, G = 10, 20, 5
 
@@ -123,7 +123,7 @@ def test_actor_extension_entropy_is_float32_in_forward_only_steps(forward_only):
     batch = TensorDict({"logits": logits}, batch_size=[6])
     tu.assign_non_tensor(batch, calculate_entropy=True)
     engine = _Engine()
-    step = verl_actor.wrap_forward_step(_Engine.forward_step)
+    step = tc_actor.wrap_forward_step(_Engine.forward_step)
     got = step(engine, batch, None, forward_only)[1]["model_output"]["entropy"]
     want = entropy_from_logits(logits) if forward_only else verls
     for value in got:
@@ -139,5 +139,5 @@ def test_actor_extension_leaves_steps_without_entropy_alone():
     batch = TensorDict({"logits": _confident_logits()}, batch_size=[6])
     tu.assign_non_tensor(batch, calculate_entropy=False)
     engine = _Engine()
-    with verl_actor.float32_entropy(engine, batch):
+    with tc_actor.float32_entropy(engine, batch):
         assert engine.compute_entropy_from_logits is verl_f.entropy_from_logits

@@ -1,7 +1,7 @@
-"""tokencredit.integrations.verl_local: the CPU platform, the hf rollout backend and the launcher, in-process.
+"""tokencredit.integrations.verl.local: the CPU platform, the hf rollout backend and the launcher, in-process.
 
 verl's whole trainer on these pieces runs in test_verl_e2e.py; here each piece is checked on its own.
-Importing verl_local selects the CPU platform for this process; the fixture puts verl's platform
+Importing verl.local selects the CPU platform for this process; the fixture puts verl's platform
 singleton and VERL_ENGINE_DEVICE back afterwards, so later tests see verl as they would without it.
 """
 
@@ -29,7 +29,7 @@ from tokencredit.models import build_toy_model, build_toy_tokenizer  # noqa: E40
 def local():
     saved_platform = platform_manager._current_platform
     saved_env = os.environ.get("VERL_ENGINE_DEVICE")
-    import tokencredit.integrations.verl_local as local
+    import tokencredit.integrations.verl.local as local
 
     local.install()  # idempotent: a no-op when an earlier test already imported it
     yield local
@@ -44,7 +44,7 @@ def local():
 def test_cpu_platform_is_selected_and_registered(local):
     from verl.utils import device
 
-    from tokencredit.integrations.verl_local.platform import PLATFORM_NAME, PlatformCPU
+    from tokencredit.integrations.verl.local.platform import PLATFORM_NAME, PlatformCPU
 
     assert isinstance(platform_manager.get_platform(), PlatformCPU)
     assert platform_manager.PlatformRegistry.get(PLATFORM_NAME) is PlatformCPU
@@ -71,7 +71,7 @@ def test_cpu_platform_is_selected_and_registered(local):
 def test_gloo_is_the_default_backend_only_on_the_cpu_platform(local):
     from verl.utils import distributed
 
-    from tokencredit.integrations.verl_local import _default_gloo
+    from tokencredit.integrations.verl.local.hooks import _default_gloo
 
     calls = []
     wrapped = _default_gloo(lambda timeout_second=None, backend=None: calls.append(backend))
@@ -107,7 +107,7 @@ def test_hf_backend_is_registered_in_both_of_verls_registries(local):
     from verl.workers.rollout.base import get_rollout_class
     from verl.workers.rollout.replica import get_rollout_replica_class
 
-    from tokencredit.integrations.verl_local.rollout import HFReplica, HFServerAdapter
+    from tokencredit.integrations.verl.local.rollout import HFReplica, HFServerAdapter
 
     assert get_rollout_replica_class("hf") is HFReplica
     assert get_rollout_class("hf", "async") is HFServerAdapter
@@ -124,7 +124,7 @@ def test_version_gate_matches_the_plugin(local):
 
 # ---------------------------------------------------------------------------------------------- sampling
 def test_filter_logits_top_k_and_top_p():
-    from tokencredit.integrations.verl_local.sampling import filter_logits
+    from tokencredit.integrations.verl.local.sampling import filter_logits
 
     z = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     assert torch.isinf(filter_logits(z, 2, 1.0)).tolist() == [False, False, True, True]
@@ -142,7 +142,7 @@ def toy():
 
 
 def test_sample_greedy_matches_a_full_forward(toy):
-    from tokencredit.integrations.verl_local.sampling import sample
+    from tokencredit.integrations.verl.local.sampling import sample
 
     model, tok, prompt = toy
     ids, lps, stopped = sample(model, prompt, 12, temperature=0.0, stop_ids=())
@@ -157,7 +157,7 @@ def test_sample_greedy_matches_a_full_forward(toy):
 
 
 def test_sample_with_temperature_is_seeded_and_reports_processed_log_probs(toy):
-    from tokencredit.integrations.verl_local.sampling import sample
+    from tokencredit.integrations.verl.local.sampling import sample
 
     model, _, prompt = toy
 
@@ -175,7 +175,7 @@ def test_sample_with_temperature_is_seeded_and_reports_processed_log_probs(toy):
 
 # ---------------------------------------------------------------------------------------------- server
 def _server(tmp_path: Path, toy, **config):
-    from tokencredit.integrations.verl_local.rollout import HFRolloutServer
+    from tokencredit.integrations.verl.local.rollout import HFRolloutServer
 
     model, tok, _ = toy
     model.save_pretrained(tmp_path)
@@ -213,7 +213,7 @@ def test_server_generate_follows_verls_contract(tmp_path, toy, local):
 
 # ---------------------------------------------------------------------------------------------- launcher and toy task
 def test_launch_command_puts_cpu_keys_first_and_lets_overrides_win(tmp_path, local):
-    from tokencredit.integrations.verl_local.__main__ import CPU_KEYS, MODULE, command, environment
+    from tokencredit.integrations.verl.local.__main__ import CPU_KEYS, MODULE, command, environment
 
     cmd = command(
         ["+ray_kwargs.ray_init.num_gpus=2", "trainer.n_gpus_per_node=2", "algorithm.adv_estimator=tc_ktae"],
@@ -234,7 +234,7 @@ def test_launch_command_puts_cpu_keys_first_and_lets_overrides_win(tmp_path, loc
 
 
 def test_launch_keys_exist_in_verls_config(tmp_path, local):
-    from tokencredit.integrations.verl_local.__main__ import CPU_KEYS, toy_keys
+    from tokencredit.integrations.verl.local.__main__ import CPU_KEYS, toy_keys
 
     cfg = yaml.safe_load(
         (Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml").read_text()
@@ -257,7 +257,7 @@ def test_toy_data_and_reward(tmp_path):
     import pyarrow.parquet as pq
 
     from tokencredit.data.synthetic import reference_solution
-    from tokencredit.integrations.verl_local.toy import compute_score, write_parquet
+    from tokencredit.integrations.verl.local.toy import compute_score, write_parquet
 
     train, val = write_parquet(tmp_path, n_train=5, n_val=3)
     rows = pq.read_table(train).to_pylist()

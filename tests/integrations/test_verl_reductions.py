@@ -37,8 +37,8 @@ from tokencredit import advantages, credit  # noqa: E402
 from tokencredit.batch import RolloutBatch  # noqa: E402
 from tokencredit.credit.delta import discriminate  # noqa: E402
 from tokencredit.errors import ConfigError  # noqa: E402
-from tokencredit.integrations import verl_actor  # noqa: E402
-from tokencredit.integrations.verl_actor import reductions  # noqa: E402
+from tokencredit.integrations.verl import actor as tc_actor  # noqa: E402
+from tokencredit.integrations.verl.actor import reductions  # noqa: E402
 from tokencredit.recipes import token_credit  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -106,7 +106,7 @@ def _jagged(padded: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
 
 def _advantage(name: str, data: DataProto) -> torch.Tensor:
     out = ray_trainer.compute_advantage(data, adv_estimator=name, config=AlgoConfig(adv_estimator=name))
-    assert not any(k in out.batch.keys() for k in verl_actor.ADDED_KEYS)  # dropped after the advantage step
+    assert not any(k in out.batch.keys() for k in tc_actor.ADDED_KEYS)  # dropped after the advantage step
     return out.batch["advantages"]
 
 
@@ -143,7 +143,7 @@ def test_delta_from_the_workers_coefficients_equals_the_core_and_checks_the_adva
     before = _dataproto(f, {"rm_scores": _rewards(f)})  # the batch at the old-log-prob step
     seq_adv = tc_verl.estimators.worker_advantages("tc_delta", before, AlgoConfig(adv_estimator="tc_delta"))
     torch.testing.assert_close(seq_adv, advantages.grpo(f["scores"], f["gids"]), rtol=0, atol=0)
-    params = verl_actor.REDUCTIONS["delta"].worker_params(tc_verl.estimator_spec("tc_delta").credit_params)
+    params = tc_actor.REDUCTIONS["delta"].worker_params(tc_verl.estimator_spec("tc_delta").credit_params)
     coef_rows = reductions.delta_coefficients(  # one worker holding the whole batch
         _jagged(f["hidden"], f["lens"]), _jagged(f["old_log_probs"], f["lens"]), seq_adv, f["mask"], **params
     )

@@ -50,14 +50,14 @@ from torch import Tensor
 
 from tokencredit import advantages as adv_mod
 from tokencredit import builder, diagnostics, objectives
+from tokencredit.atomic import atomic_write_text
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.distributed import Shard
 from tokencredit.errors import ConfigError
-from tokencredit.integrations._common import ENGINE_KERNELS, check_supported, problem_fields
+from tokencredit.integrations.engines import ENGINE_KERNELS, check_supported
 from tokencredit.models import special_token_ids
 from tokencredit.recipes import Recipe, TokenCredit, resolve, token_credit
 from tokencredit.rollout import records
-from tokencredit.train.rundir import atomic_write_text
 from tokencredit.train.trackers import metric_name
 
 try:
@@ -375,7 +375,7 @@ class CreditGRPOTrainer(GRPOTrainer):
                 # a conversation: its rendered ids, decoded (explain tokenises this text again)
                 ids_i = scored["prompt_ids"][i][scored["prompt_mask"][i].bool()].tolist()
                 prompt = tok.decode(ids_i, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            fields = {"prompt": prompt, **problem_fields(example)}
+            fields = {"prompt": prompt, **records.problem_fields(example)}
             rows.append(
                 {
                     "row": int(scored["rows"][i]),

@@ -1,7 +1,8 @@
 """The saved-rollouts JSONL: one group of rollouts per line, each completion with its tokens, score, A and
 the token advantages Â it trained with. `tokencredit explain --jsonl FILE` reads it
-(`tokencredit.report.explain.inputs`) and, through its "problem" / "answer" fields, `tokencredit probe --data
-FILE`; the TRL and verl plugins write it (docs/integrations.md, "Saving rollouts for explain and probe").
+(`tokencredit.explain.inputs`) and, through its "problem" / "answer" fields, `tokencredit probe --data
+FILE`; the TRL and verl plugins write it (docs/integrations.md, "Saving rollouts for explain and probe"),
+with the group fields of a dataset row read by `problem_fields`.
 
 A line (a group): ``step``, ``recipe``, ``credit``, ``group`` (unique in the file), the prompt as
 ``prompt`` (the literal text the model continued) and / or ``problem`` (the task text), optionally
@@ -19,7 +20,16 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["completion_record", "completion_records", "group_record", "group_records", "jsonl_text"]
+from tokencredit.data.loaders import DataError, problem_from_row
+
+__all__ = [
+    "completion_record",
+    "completion_records",
+    "group_record",
+    "group_records",
+    "jsonl_text",
+    "problem_fields",
+]
 
 # decimals kept per per-token value (others: `_DECIMALS`); the old policy's signals need less
 _SIGNAL_DECIMALS = {"entropy": 5, "old_log_probs": 5}
@@ -163,6 +173,17 @@ def group_records(
         )
         for g in order
     ]
+
+
+def problem_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A dataset row's "problem" text, gold "answer" and "id" (only when the row has one) for the saved rollouts,
+    read with the data loader's field mapping (`tokencredit.data.loaders`); {} when the row has no problem text
+    or no answer (explain shows the prompt instead; probe cannot pose such a group again)."""
+    try:
+        p = problem_from_row(dict(row), default_id="", where="dataset row")
+    except DataError:
+        return {}
+    return {"problem": p.problem, "answer": p.answer, **({"id": p.id} if p.id else {})}
 
 
 def _check_finite(value: Any, where: str) -> None:

@@ -1,9 +1,10 @@
 """verl plugin: tokencredit's token credit as verl advantage estimators and policy losses.
 
 No set-up: installing tokencredit registers it in verl's ``verl.plugins`` entry-point group
-(`tokencredit.integrations.verl_plugin`), which verl loads at ``import verl`` in the driver and in
-every Ray worker. ``VERL_USE_EXTERNAL_MODULES=tokencredit.integrations.verl`` keeps working. Then select
-``algorithm.adv_estimator=tc_<name>`` and, for the trace kernels,
+(`tokencredit.integrations.verl.plugin`), which verl loads at ``import verl`` in the driver and in
+every Ray worker. ``VERL_USE_EXTERNAL_MODULES=tokencredit.integrations.verl`` keeps working: importing
+this package (or any module in it) loads the plugin once (verl's compat patch, then `register`) and hands
+on `register`'s names. Then select ``algorithm.adv_estimator=tc_<name>`` and, for the trace kernels,
 ``actor_rollout_ref.actor.policy_loss.loss_mode=tc_ptrace`` / ``tc_strace``. See docs/integrations.md.
 
 What it registers (generated, never listed by hand):
@@ -33,7 +34,7 @@ verl module right after it is first imported (`HOOK_TARGETS`), so ``import verl`
    entropy that ``fit`` then pops; the wrapper keeps a copy under ``tc_entropy``.
 
 Signals verl never computes (final hidden states for DelTA / ARCA, the adapter-free pass, GCPO's
-negative-prompt pass) come from the actor extension, `tokencredit.integrations.verl_actor`, switched
+negative-prompt pass) come from the actor extension, `tokencredit.integrations.verl.actor`, switched
 on by ``TOKENCREDIT_VERL_ACTOR_SIGNALS=1`` (driver and Ray workers; legacy trainer): it hooks verl's
 FSDP engine and the legacy trainer's ``_compute_old_log_prob``, so the old-log-prob step also
 returns exactly what the selected estimator needs. Hidden states stay in the workers: for DelTA
@@ -52,64 +53,33 @@ for verl's step log: the legacy trainer's ``compute_data_metrics`` and the v1 tr
 ``_compute_advantage`` metrics are hooked to carry them. With ``TOKENCREDIT_VERL_SAVE_ROLLOUTS=DIR`` (and
 ``TOKENCREDIT_VERL_SAVE_ROLLOUTS_EVERY=N``) it also saves every N steps the batch's rollouts with their Â
 for ``tokencredit explain`` / ``probe`` (`rollouts`).
+
+Modules: `plugin` (the entry point: the compat patch, then `register`, or a warning saying why not),
+`register` (the version check, the registrations, the hooks installed), `compat` (the verl versions
+accepted; verl 0.9.1 next to TRL 1.x), `batch` (DataProto -> RolloutBatch), `estimators` (the ``tc_``
+estimators), `losses` (the ``tc_`` policy losses), `hooks` (the patches of verl's trainers, applied by
+`import_hooks` right after each target module is first imported), `rollouts` (the saved rollouts),
+`actor` (the actor extension) and `local` (verl's real trainer on a CPU).
 """
 
-from __future__ import annotations
-
-import logging
-
-from tokencredit import objectives
-from tokencredit.errors import ConfigError
-from tokencredit.integrations._common import ENGINE_KERNELS, VERL_VERSIONS, check_supported, slug
-from tokencredit.recipes import RECIPES, known_names, resolve
-
-try:
-    import verl
-except ImportError as err:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "tokencredit.integrations.verl needs verl: pip install 'tokencredit[verl]' and then "
-        "pip install --no-deps 'verl>=0.9,<0.10' (see docs/integrations.md)"
-    ) from err
-
-SUPPORTED_VERSIONS = VERL_VERSIONS
-
-
-def check_version(version: str | None = None) -> str:
-    """Raise ImportError unless verl's version is in SUPPORTED_VERSIONS (the range we test)."""
-    return check_supported(
-        "tokencredit.integrations.verl",
-        "verl",
-        verl.__version__ if version is None else version,
-        SUPPORTED_VERSIONS,
-        "0.9.1",
-        "Its hooks wrap verl-internal functions whose signatures change between releases, so other "
-        "versions are refused rather than silently mis-wired.",
-    )
-
-
-# The version is checked before any verl-internal module is imported by the parts below.
-check_version()
-
-from tokencredit.integrations.verl.batch import SIGNAL_KEYS, batch_from_dataproto  # noqa: E402
-from tokencredit.integrations.verl.estimators import (  # noqa: E402
-    _CONTEXT,
-    _LEGACY_SPECIAL_IDS,
-    ESTIMATORS,
-    estimator_spec,
-    needs_sampled_values,
-    register_estimator,
-)
-from tokencredit.integrations.verl.hooks import (  # noqa: E402
-    _PENDING,
+# The plugin first: if the registration cannot load, the entry point's module warns why (verl itself
+# would swallow the error); the import of `register` below then raises it.
+from tokencredit.integrations.verl import plugin  # noqa: F401  (registers on import)
+from tokencredit.integrations.verl.register import (
     ACTOR_HOOK_TARGETS,
+    ESTIMATORS,
     HOOK_TARGETS,
-    _PostImportPatcher,
-    _wrap_legacy_old_log_prob,
+    LOSSES,
+    SIGNAL_KEYS,
+    SUPPORTED_VERSIONS,
+    batch_from_dataproto,
+    check_version,
+    estimator_spec,
     install_hooks,
+    register_all,
+    register_estimator,
+    register_loss,
 )
-from tokencredit.integrations.verl.losses import LOSSES, VERL_LOSSES, register_loss  # noqa: E402
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "ACTOR_HOOK_TARGETS",
@@ -122,31 +92,7 @@ __all__ = [
     "check_version",
     "estimator_spec",
     "install_hooks",
+    "register_all",
     "register_estimator",
     "register_loss",
 ]
-# test-facing internals: the legacy trainer's special ids, the v1 step context, the pending patches
-_INTERNALS = (_CONTEXT, _LEGACY_SPECIAL_IDS, _PENDING, _PostImportPatcher, _wrap_legacy_old_log_prob)
-
-
-def register_all() -> None:
-    """One estimator per recipe and per credit method that is not a recipe; one loss per kernel verl lacks."""
-    for name in known_names():
-        if needs_sampled_values(resolve(name)):
-            continue  # oracle / vineppo: verl does not sample the Monte-Carlo values they read
-        try:
-            register_estimator(f"tc_{slug(name)}", name)
-        except ConfigError as err:  # a recipe whose credit method is not registered in this build
-            log.warning("tokencredit: estimator tc_%s not registered: %s", slug(name), err)
-    for kernel in objectives.KERNELS:
-        if kernel in ENGINE_KERNELS:
-            continue
-        params = dict(RECIPES[kernel].kernel_params) if kernel in RECIPES else {}
-        register_loss(f"tc_{slug(kernel)}", kernel, **params)
-    for loss in objectives.LOSSES:
-        if loss not in VERL_LOSSES:
-            register_loss(f"tc_{slug(loss)}", loss=loss)
-
-
-register_all()
-HOOKED = install_hooks()

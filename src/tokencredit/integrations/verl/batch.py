@@ -4,35 +4,43 @@ batch itself is assembled by `tokencredit.builder.build_batch`, as in every engi
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+import numpy as np
+import torch
 from torch import Tensor
 from verl import DataProto
 
 from tokencredit.batch import RolloutBatch
 from tokencredit.builder import Needs, ScoredRollouts, build_batch
 from tokencredit.errors import ConfigError
-from tokencredit.integrations import verl_actor
-from tokencredit.integrations._common import group_ids_from_labels
+from tokencredit.integrations.verl import actor
 
-__all__ = ["FIELD_KEYS", "SIGNAL_KEYS", "batch_from_dataproto", "first_key"]
+__all__ = ["FIELD_KEYS", "SIGNAL_KEYS", "batch_from_dataproto", "first_key", "group_ids_from_labels"]
 
 # Where each per-token signal is read from in a DataProto's batch, first match wins. verl's own
 # keys: old_log_probs, ref_log_prob, entropy (v1 TransferQueue field), entropys (legacy
 # old-log-prob output, kept as tc_entropy by our hook); the other tc_* keys name the actor extension's
-# signals (tokencredit.integrations.verl_actor, switched on by TOKENCREDIT_VERL_ACTOR_SIGNALS=1), whose
+# signals (tokencredit.integrations.verl.actor, switched on by TOKENCREDIT_VERL_ACTOR_SIGNALS=1), whose
 # workers return base_log_probs / neg_log_probs as they are and, in place of hidden / base_hidden, their
-# reduction (verl_actor.REDUCTIONS: tc_delta_coef, tc_adapter_residual), read as the core's reduced signals
+# reduction (actor.REDUCTIONS: tc_delta_coef, tc_adapter_residual), read as the core's reduced signals
 # delta_coefficients and adapter_residual.
 SIGNAL_KEYS: dict[str, tuple[str, ...]] = {
     "old_log_probs": ("old_log_probs",),
     "ref_log_probs": ("ref_log_prob",),
     "entropy": ("tc_entropy", "entropy", "entropys"),
     "sum_sq_probs": ("sum_pi_squared",),  # verl's own, with actor.calculate_sum_pi_squared=True
-    **{name: (key,) for name, key in verl_actor.BATCH_KEYS.items()},
-    **{r.signal: (r.key,) for r in verl_actor.REDUCTIONS.values()},  # adapter_residual, delta_coefficients
+    **{name: (key,) for name, key in actor.BATCH_KEYS.items()},
+    **{r.signal: (r.key,) for r in actor.REDUCTIONS.values()},  # adapter_residual, delta_coefficients
 }
 # RolloutBatch fields beyond the signals (tokencredit.advantages.FIELDS) and verl's batch key for each.
 FIELD_KEYS: dict[str, str] = {"baseline_scores": "reward_baselines"}
+
+
+def group_ids_from_labels(labels: Any) -> Tensor:
+    """int64 [N] group ids from a sequence of labels (verl's uid strings): equal labels, equal ids."""
+    _, inverse = np.unique(np.asarray(labels).astype(str), return_inverse=True)
+    return torch.from_numpy(inverse.reshape(-1).astype(np.int64))
 
 
 def first_key(data: DataProto, keys: Iterable[str]) -> str | None:
@@ -101,7 +109,7 @@ def batch_from_dataproto(
 
 def _missing_signal_message(who: str, name: str) -> str:
     keys = " / ".join(SIGNAL_KEYS[name])
-    reduced = [r.key for r in verl_actor.REDUCTIONS.values() if name in r.replaces]
+    reduced = [r.key for r in actor.REDUCTIONS.values() if name in r.replaces]
     if reduced:  # the workers never send hidden states, only their reduction for DelTA / ARCA
         keys += f", or the actor workers' reduction of it, {' / '.join(reduced)}"
     if name == "sum_sq_probs":
@@ -111,15 +119,15 @@ def _missing_signal_message(who: str, name: str) -> str:
             "verl computes it with the old log-probs; it is in the batch when tokencredit.integrations.verl is "
             "loaded in the trainer process (verl's plugin entry point, or VERL_USE_EXTERNAL_MODULES; its hooks keep it)"
         )
-    elif verl_actor.enabled():
+    elif actor.enabled():
         how = (
-            f"{verl_actor.SWITCH} is set in this process, but the signal did not arrive: the extension hooks the "
+            f"{actor.SWITCH} is set in this process, but the signal did not arrive: the extension hooks the "
             "legacy trainer's old-log-prob step (trainer.use_v1=False) and needs the variable in the Ray workers "
             "too (docs/integrations.md, 'Methods that need the actor extension')"
         )
     else:
         how = (
-            f"verl's actor does not compute it. Switch on tokencredit's actor extension with {verl_actor.SWITCH}=1 "
+            f"verl's actor does not compute it. Switch on tokencredit's actor extension with {actor.SWITCH}=1 "
             "in the driver and the Ray workers, and trainer.use_v1=False (docs/integrations.md, 'Methods that need "
             "the actor extension')"
         )

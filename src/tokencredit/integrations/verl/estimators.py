@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import re
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -18,11 +19,9 @@ from tokencredit import advantages, diagnostics, objectives
 from tokencredit.batch import MC_SIGNALS, RolloutBatch
 from tokencredit.builder import Needs, needs_of
 from tokencredit.errors import ConfigError, closest
-from tokencredit.integrations import verl_actor
-from tokencredit.integrations._common import slug
-from tokencredit.integrations.verl import rollouts
+from tokencredit.integrations.verl import actor, rollouts
+from tokencredit.integrations.verl.actor.reductions import REDUCTIONS
 from tokencredit.integrations.verl.batch import SIGNAL_KEYS, batch_from_dataproto, first_key
-from tokencredit.integrations.verl_actor.reductions import REDUCTIONS
 from tokencredit.models import special_token_ids
 from tokencredit.recipes import Recipe, TokenCredit, resolve, token_credit, zero_outside
 
@@ -33,6 +32,7 @@ __all__ = [
     "credit_metrics",
     "estimator_spec",
     "register_estimator",
+    "slug",
     "uses_keep",
     "worker_advantages",
 ]
@@ -63,6 +63,13 @@ _LEGACY_SPECIAL_IDS: list[tuple[int, ...] | None] = [None]
 # The legacy trainer itself (a weak reference, set by the same hook): its tokenizer and global step, read
 # when rollouts are saved.
 _LEGACY_TRAINER: list[weakref.ref[Any] | None] = [None]
+
+
+def slug(name: str) -> str:
+    """The identifier-style name of a recipe or credit method in verl's registries (``tc_<slug>``):
+    'dapo+ktae' -> 'dapo_ktae', 'entropy-80-20' -> 'entropy_80_20', 'reinforce++' -> 'reinforce_pp' (so it
+    does not read as plain REINFORCE)."""
+    return re.sub(r"[^0-9A-Za-z]+", "_", name.replace("++", "_pp")).strip("_").lower()
 
 
 def _special_ids(tokenizer: Any) -> tuple[int, ...] | None:
@@ -152,7 +159,7 @@ def credit_metrics(
 
 def _check_sent_advantages(data: DataProto, seq_adv: Tensor, who: str) -> None:
     """DelTA's workers computed c~ for the A the driver sent before the old-log-prob step: it must be this A."""
-    sent = data.batch[verl_actor.SEQ_ADV] if verl_actor.SEQ_ADV in data.batch.keys() else None
+    sent = data.batch[actor.SEQ_ADV] if actor.SEQ_ADV in data.batch.keys() else None
     if sent is None:
         raise ConfigError(
             f"{who}: the batch has DelTA's coefficients but not the advantages the workers used"

@@ -15,8 +15,7 @@ from verl import DataProto
 from verl.trainer.ppo import core_algos
 
 from tokencredit.builder import needs_of
-from tokencredit.integrations import verl_actor
-from tokencredit.integrations._import_hooks import PENDING, PostImportPatcher, when_imported
+from tokencredit.integrations.verl import actor
 from tokencredit.integrations.verl.estimators import (
     _CONTEXT,
     _LEGACY_SPECIAL_IDS,
@@ -28,6 +27,7 @@ from tokencredit.integrations.verl.estimators import (
     cfg_value,
     worker_advantages,
 )
+from tokencredit.integrations.verl.import_hooks import when_imported
 from tokencredit.integrations.verl.losses import check_pairing
 
 __all__ = ["ACTOR_HOOK_TARGETS", "HOOK_TARGETS", "install_hooks"]
@@ -60,7 +60,7 @@ def _wrap_compute_advantage(original: Callable[..., DataProto]) -> Callable[...,
         )
         data.batch["advantages"] = adv
         data.batch["returns"] = returns
-        for key in verl_actor.ADDED_KEYS:
+        for key in actor.ADDED_KEYS:
             # the actor extension's signals are for the estimator only; do not ship them to the actor update.
             data.batch.pop(key, None)
         return data
@@ -72,7 +72,7 @@ def _wrap_compute_advantage(original: Callable[..., DataProto]) -> Callable[...,
 def _actor_request(config: Any) -> tuple[str | None, tuple[str, ...]]:
     """(the configured tc_ estimator, what the actor extension's workers must compute for it); (None, ())
     when the switch is off or the estimator is not ours."""
-    if not verl_actor.enabled():
+    if not actor.enabled():
         return None, ()
     try:
         name = config.algorithm.adv_estimator
@@ -82,14 +82,14 @@ def _actor_request(config: Any) -> tuple[str | None, tuple[str, ...]]:
     spec = ESTIMATORS.get(name)
     if spec is None:
         return None, ()
-    return name, verl_actor.requested(spec.credit, needs_of(spec).forward)
+    return name, actor.requested(spec.credit, needs_of(spec).forward)
 
 
 def _wrap_legacy_old_log_prob(original: Callable[..., Any]) -> Callable[..., Any]:
     if getattr(original, "tokencredit_hook", False):
         return original
-    if verl_actor.enabled():
-        verl_actor.check_target(original, "_compute_old_log_prob")
+    if actor.enabled():
+        actor.check_target(original, "_compute_old_log_prob")
 
     @functools.wraps(original)
     def _compute_old_log_prob(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -101,13 +101,13 @@ def _wrap_legacy_old_log_prob(original: Callable[..., Any]) -> Callable[..., Any
         if wanted:
             batch = args[0] if args else kwargs["batch"]
             delta: dict[str, Any] = {}
-            if "delta_coef" in wanted:  # DelTA's workers need A now (verl_actor's docstring)
+            if "delta_coef" in wanted:  # DelTA's workers need A now (the actor package's docstring)
                 spec = ESTIMATORS[name]
                 delta = {
                     "seq_adv": worker_advantages(name, batch, config.algorithm),
-                    "delta_params": verl_actor.REDUCTIONS["delta"].worker_params(spec.credit_params),
+                    "delta_params": actor.REDUCTIONS["delta"].worker_params(spec.credit_params),
                 }
-            with verl_actor.requesting(self, batch, wanted, **delta) as signals:
+            with actor.requesting(self, batch, wanted, **delta) as signals:
                 result = original(self, *args, **kwargs)
         else:
             result, signals = original(self, *args, **kwargs), {}
@@ -213,8 +213,8 @@ def _patch_v1_trainer_base(module: ModuleType) -> None:
 
 def _patch_fsdp_engine(module: ModuleType) -> None:
     engine = module.FSDPEngineWithLMHead
-    engine.forward_step = verl_actor.wrap_forward_step(engine.forward_step)
-    engine.infer_batch = verl_actor.wrap_infer_batch(engine.infer_batch)
+    engine.forward_step = actor.wrap_forward_step(engine.forward_step)
+    engine.infer_batch = actor.wrap_infer_batch(engine.infer_batch)
 
 
 # verl module -> the patch applied right after it is executed (or at once if it already was).
@@ -223,12 +223,10 @@ HOOK_TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "verl.trainer.ppo.v1.utils": _patch_v1_utils,
     "verl.trainer.ppo.v1.trainer_base": _patch_v1_trainer_base,
 }
-# Worker side of the actor extension, hooked only when its switch is on (verl_actor.enabled()).
+# Worker side of the actor extension, hooked only when its switch is on (actor.enabled()).
 ACTOR_HOOK_TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "verl.workers.engine.fsdp.transformer_impl": _patch_fsdp_engine,
 }
-# the pending patches and the finder that applies them (`tokencredit.integrations._import_hooks`)
-_PENDING, _PostImportPatcher = PENDING, PostImportPatcher
 
 
 def install_hooks() -> list[str]:
@@ -236,9 +234,9 @@ def install_hooks() -> list[str]:
 
     Returns the verl modules hooked. A module that is never imported (e.g. the v1 trainer on an
     install without TransferQueue) is simply never patched. With the actor extension's switch on
-    (verl_actor.SWITCH), verl's FSDP engine is hooked too (ACTOR_HOOK_TARGETS).
+    (actor.SWITCH), verl's FSDP engine is hooked too (ACTOR_HOOK_TARGETS).
     """
-    targets = {**HOOK_TARGETS, **(ACTOR_HOOK_TARGETS if verl_actor.enabled() else {})}
+    targets = {**HOOK_TARGETS, **(ACTOR_HOOK_TARGETS if actor.enabled() else {})}
     for name, patch in targets.items():
         when_imported(name, patch)
     return list(targets)

@@ -16,8 +16,8 @@ from verl.trainer.ppo import core_algos
 
 from tokencredit import objectives
 from tokencredit.errors import ConfigError
-from tokencredit.integrations._common import ENGINE_KERNELS, slug
-from tokencredit.integrations.verl.estimators import ESTIMATORS, cfg_value, uses_keep
+from tokencredit.integrations.engines import ENGINE_KERNELS
+from tokencredit.integrations.verl.estimators import ESTIMATORS, cfg_value, slug, uses_keep
 
 __all__ = ["LOSSES", "VERL_LOSSES", "check_pairing", "register_loss"]
 

@@ -30,12 +30,11 @@ import numpy as np
 from torch import Tensor
 from verl import DataProto
 
+from tokencredit.atomic import atomic_write_text
 from tokencredit.batch import RolloutBatch
 from tokencredit.errors import ConfigError
-from tokencredit.integrations._common import problem_fields
 from tokencredit.recipes import TokenCredit
 from tokencredit.rollout import records
-from tokencredit.train.rundir import atomic_write_text
 
 __all__ = [
     "DEFAULT_EVERY",
@@ -114,7 +113,7 @@ def _group_fields(data: DataProto, i: int, prompt: str) -> dict[str, Any]:
     }
     if "reward_model" in nt:
         row["reward_model"] = nt["reward_model"][i]
-    fields = problem_fields(row)
+    fields = records.problem_fields(row)
     if raw is None:
         fields.pop(
             "problem", None

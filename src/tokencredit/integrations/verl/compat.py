@@ -1,12 +1,17 @@
-"""verl 0.9.1 next to TRL 1.x: answer verl's ``is_trl_available`` for the class verl actually imports.
+"""Compatibility with verl's releases: the range tokencredit accepts, and one fix for verl 0.9.1 next to TRL 1.x.
 
+`VERL_VERSIONS` is the one range of verl releases that the plugin (`tokencredit.integrations.verl.register`)
+and the CPU dry run (`tokencredit.integrations.verl.local`) are tested with and accept; each checks it at
+import, before any verl-internal module is imported.
+
+verl 0.9.1 next to TRL 1.x: answer verl's ``is_trl_available`` for the class verl actually imports.
 verl's model patching (``verl.models.transformers.monkey_patch.apply_monkey_patch``, run for every
 model its FSDP engine builds) imports TRL's ``AutoModelForCausalLMWithValueHead`` whenever
 ``is_trl_available()``; TRL 1.x removed that class, so with ``tokencredit[trl,verl]`` installed the
 import fails and the actor worker dies at start-up. `install_trl_value_head_check` makes the check
 say whether the class exists (it only patches the value-head model's ``state_dict``, which a run
-without one never needs). Applied by the ``verl.plugins`` entry point (`verl_plugin`) and by
-`verl_local`; idempotent.
+without one never needs). Applied by the ``verl.plugins`` entry point (`tokencredit.integrations.verl.plugin`)
+and by `tokencredit.integrations.verl.local`; idempotent. Importing this module imports no verl module.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ import importlib
 import sys
 from collections.abc import Callable
 
-__all__ = ["install_trl_value_head_check", "value_head_check"]
+__all__ = ["VERL_VERSIONS", "install_trl_value_head_check", "value_head_check"]
+
+# The verl releases the plugin and verl.local are tested with (0.9.1) and accept (one range for both).
+VERL_VERSIONS = ">=0.9,<0.10"
 
 # verl modules that import the name at their import time (they keep the function they saw then).
 _HOLDERS = ("verl.utils.import_utils", "verl.utils.model", "verl.models.transformers.monkey_patch")

@@ -1,4 +1,4 @@
-"""``python -m tokencredit.integrations.verl_local [--toy DIR] [--print] [verl overrides...]``: verl's
+"""``python -m tokencredit.integrations.verl.local [--toy DIR] [--print] [verl overrides...]``: verl's
 ``main_ppo`` on a CPU.
 
 Runs ``verl.trainer.main_ppo`` (hydra) with `CPU_KEYS` first, then your overrides, which win; with
@@ -16,12 +16,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from tokencredit.integrations.verl_local import ENGINE_DEVICE, toy
+from tokencredit.integrations.verl.local import ENGINE_DEVICE, toy
 from tokencredit.models import TOY_ASSET_DIR
 
 __all__ = ["CPU_KEYS", "MODULE", "command", "environment", "main", "toy_keys"]
 
-MODULE = "tokencredit.integrations.verl_local"
+MODULE = "tokencredit.integrations.verl.local"
 
 # What a CPU needs, each key with why. The "+" keys are not in verl's config schema.
 CPU_KEYS: dict[str, str] = {

@@ -93,7 +93,7 @@ class PlatformCPU(PlatformBase):
         return True
 
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
-        # Never auto-detected: the CPU platform is chosen explicitly (tokencredit.integrations.verl_local).
+        # Never auto-detected: the CPU platform is chosen explicitly (tokencredit.integrations.verl.local).
         return False
 
     def current_device(self) -> str:  # type: ignore[override]

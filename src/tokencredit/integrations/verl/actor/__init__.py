@@ -66,8 +66,8 @@ hidden-state credit split between workers and driver), `worker` (the hooks run i
 workers), `driver` (the request and the padding of the results in verl's driver).
 """
 
-from tokencredit.integrations.verl_actor.driver import collect, negative_prompts, requesting
-from tokencredit.integrations.verl_actor.keys import (
+from tokencredit.integrations.verl.actor.driver import collect, negative_prompts, requesting
+from tokencredit.integrations.verl.actor.keys import (
     ADDED_KEYS,
     BATCH_KEYS,
     OUTPUT_KEYS,
@@ -77,8 +77,8 @@ from tokencredit.integrations.verl_actor.keys import (
     enabled,
     requested,
 )
-from tokencredit.integrations.verl_actor.reductions import REDUCTIONS, Reduction, reduction_for
-from tokencredit.integrations.verl_actor.worker import float32_entropy, wrap_forward_step, wrap_infer_batch
+from tokencredit.integrations.verl.actor.reductions import REDUCTIONS, Reduction, reduction_for
+from tokencredit.integrations.verl.actor.worker import float32_entropy, wrap_forward_step, wrap_infer_batch
 
 __all__ = [
     "ADDED_KEYS",

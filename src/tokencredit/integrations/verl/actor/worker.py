@@ -13,8 +13,8 @@ from torch import Tensor, nn
 
 from tokencredit.credit.entropy import entropy_from_logits
 from tokencredit.errors import ConfigError
-from tokencredit.integrations.verl_actor import reductions
-from tokencredit.integrations.verl_actor.keys import (
+from tokencredit.integrations.verl.actor import reductions
+from tokencredit.integrations.verl.actor.keys import (
     _BASE,
     _DELTA_PARAMS,
     _HIDDEN_ROWS,

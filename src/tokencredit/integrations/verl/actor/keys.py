@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tokencredit.integrations.verl_actor.reductions import REDUCTIONS, SEQ_ADV, reduction_for
+from tokencredit.integrations.verl.actor.reductions import REDUCTIONS, SEQ_ADV, reduction_for
 
 __all__ = [
     "ADDED_KEYS",

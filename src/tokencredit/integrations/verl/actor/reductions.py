@@ -14,7 +14,7 @@ Only jagged [r_i] float32 rows leave a worker. The driver pads them into the bat
 signals (`tokencredit.batch.REDUCED_SIGNALS`: ``adapter_residual``, ``delta_coefficients``), which the
 credit methods read in place of the hidden states, so Â comes from the one pipeline
 (`tokencredit.recipes.token_credit`) as in every engine. Pure torch (no verl import): the worker hooks
-(`tokencredit.integrations.verl_actor.worker`) and the estimators (`tokencredit.integrations.verl`) call it.
+(`tokencredit.integrations.verl.actor.worker`) and the estimators (`tokencredit.integrations.verl`) call it.
 """
 
 from __future__ import annotations
@@ -161,6 +161,6 @@ def reduction_for(method: str, needs: Iterable[str]) -> Reduction | None:
         raise ConfigError(
             f"credit method {method!r} reads {', '.join(hidden)} [bs, T, H]; verl's workers do not send hidden "
             f"states to the driver, they reduce them for {', '.join(sorted(REDUCTIONS))} only "
-            "(tokencredit.integrations.verl_actor.reductions)"
+            "(tokencredit.integrations.verl.actor.reductions)"
         )
     return found

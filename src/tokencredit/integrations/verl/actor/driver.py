@@ -12,7 +12,7 @@ from torch import Tensor
 
 from tokencredit.credit.gcpo import negative_prompt
 from tokencredit.errors import ConfigError
-from tokencredit.integrations.verl_actor.keys import (
+from tokencredit.integrations.verl.actor.keys import (
     _DELTA_PARAMS,
     _NEG_IDS,
     _NEG_LENS,

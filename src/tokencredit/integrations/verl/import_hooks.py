@@ -1,6 +1,7 @@
 """Run a callback right after a module's code executes (or at once if it already has): how the verl
-plugin patches verl's trainers and `verl_local` registers its rollout backend without importing
-those modules itself, so ``import verl`` stays light in the driver and in every Ray worker.
+plugin patches verl's trainers (`hooks`) and `tokencredit.integrations.verl.local` registers its rollout
+backend without importing those modules itself, so ``import verl`` stays light in the driver and in every
+Ray worker.
 
 One meta-path finder wraps the loader of each pending module once; `PENDING` holds the callbacks.
 """

@@ -6,7 +6,7 @@ the actor workers push new weights to the server after each update. This module 
 three roles for the CPU:
 
 - `HFRolloutServer`: a Ray actor holding the model (``model.path``, in ``rollout.dtype``) that
-  answers ``generate`` with `tokencredit.integrations.verl_local.sampling.sample` (KV cache,
+  answers ``generate`` with `tokencredit.integrations.verl.local.sampling.sample` (KV cache,
   temperature / top-k / top-p, log-probs in ``rollout.logprobs_mode``) and reports
   ``extra_fields["global_steps"]`` (the weights' version, as verl's vLLM server does), plus the
   control methods verl calls on every server (sleep / wake-up / cache / abort: no-ops on a CPU);
@@ -37,7 +37,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
 
 from tokencredit.errors import ConfigError, closest
-from tokencredit.integrations.verl_local.sampling import LOGPROB_MODES, sample
+from tokencredit.integrations.verl.local.sampling import LOGPROB_MODES, sample
 
 __all__ = ["BACKEND", "HFReplica", "HFRolloutServer", "HFServerAdapter", "server_name"]
 

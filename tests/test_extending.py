@@ -1,7 +1,8 @@
 """docs/extending.md, walked through with a throwaway credit method and a throwaway policy loss.
 
-"test-halves" (one hyperparameter, one declared signal) and "test-soft-clip" are registered with the
-package's own decorators, but only inside `Registry.temporary` blocks, and the recipe row of
+"test-halves" (one hyperparameter, one declared signal) is the guide's own example of step (a), read from
+docs/extending.md and run as written (so the page cannot drift from what works), and "test-soft-clip" is
+registered with the package's own decorator, both only inside `Registry.temporary` blocks, and the recipe row of
 "test-halves" only for the test (`monkeypatch`), as a contributor would add them in
 src/tokencredit/credit/ and src/tokencredit/recipes/table.py. Each test checks what the guide
 promises: the name is listed (registry, `known_names`, `tokencredit recipes`), an unknown parameter
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 import sys
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -54,21 +57,21 @@ HALVES, SOFT_CLIP = "test-halves", "test-soft-clip"
 
 
 # ---------------------------------------------------------------------------------------------- what is added
+def guide_example() -> str:
+    """The code of step (a) in docs/extending.md, as a contributor would paste it into a module."""
+    text = (TESTS.parent / "docs" / "extending.md").read_text(encoding="utf-8")
+    section = text[text.index("## (a) A credit method") : text.index("## (b)")]
+    block = re.search(r"```python\n(.*?)```", section, flags=re.S)
+    assert block is not None, "docs/extending.md step (a) has no Python example"
+    return textwrap.dedent(block.group(1))
+
+
 @contextmanager
 def halves_registered() -> Iterator[str]:
-    """Step (a) of the guide: a credit method, registered for the `with` block only."""
+    """Step (a) of the guide: its own example module, run as written (the name made a throwaway one),
+    registered for the `with` block only."""
     with credit.CREDIT_METHODS.temporary():
-
-        @credit.register(HALVES, needs=("entropy",), paper="docs/extending.md (a throwaway example)")
-        def halves(batch: RolloutBatch, advantages: torch.Tensor, low: float = 0.5) -> torch.Tensor:
-            """Â_t = A w_t: w = 1 where the entropy is at least its response's mean, `low` elsewhere."""
-            if not 0.0 <= low <= 1.0:
-                raise ConfigError(f"credit method {HALVES!r}: low must be in [0, 1], got {low}")
-            m = batch.mask.float()
-            h = batch.entropy * m
-            mean = h.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
-            return advantages[:, None] * torch.where(h >= mean, 1.0, low)
-
+        exec(guide_example().replace('"halves"', repr(HALVES)), {"__name__": "halves_example"})
         yield HALVES
 
 

@@ -21,6 +21,9 @@ ROOT_PAGES = {
     "CHANGELOG.md": "changelog.md",
     "CONTRIBUTING.md": "contributing.md",
 }
+# Files under docs/ that are pages or pictures of the site; another file there (docs/gen_pages.py) is
+# linked in the repository, like the source.
+SITE_SUFFIXES = {".md", ".png", ".svg", ".jpg", ".jpeg", ".gif"}
 _LINK = re.compile(r"(\]\()([^)\s#]+)((?:#[^)\s]*)?\))")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
@@ -36,7 +39,7 @@ def _rewrite(target: str, page_dir: Path, src_dir: Path, repo_url: str) -> str:
         return target  # outside the repository: left for mkdocs to report
     if rel_root in ROOT_PAGES:
         return os.path.relpath(DOCS / ROOT_PAGES[rel_root], page_dir).replace(os.sep, "/")
-    if path.is_relative_to(DOCS):
+    if path.is_relative_to(DOCS) and (path.suffix in SITE_SUFFIXES or not path.exists()):
         return os.path.relpath(path, page_dir).replace(os.sep, "/")
     if path.exists():
         kind = "tree" if path.is_dir() else "blob"

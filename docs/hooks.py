@@ -61,3 +61,10 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
             line = _LINK.sub(lambda m: m[1] + _rewrite(m[2], page_dir, src_dir, repo_url) + m[3], line)
         out.append(line)
     return "\n".join(out)
+
+
+def on_nav(nav: Any, config: Any, files: Any) -> Any:
+    """The generated SUMMARY.md files are navigation (mkdocs-literate-nav has read them by now), not pages."""
+    for file in [f for f in files if f.src_uri.endswith("SUMMARY.md")]:
+        files.remove(file)
+    return nav

@@ -149,9 +149,8 @@ class Estimator:
     scores_fn: Callable[..., Tensor] | None = field(
         default=None, repr=False
     )  # fn(scores, group_ids, **params)
-    sharded: bool = (
-        False  # fn reduces its batch statistics over `batch.shard` itself (tokencredit.distributed)
-    )
+    # fn reduces its batch statistics over `batch.shard` itself (tokencredit.distributed)
+    sharded: bool = False
 
 
 ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")

@@ -96,12 +96,10 @@ class OptimConfig:
 
 @dataclass
 class RewardConfig:
-    function: str = (
-        "auto"  # auto (each problem's own checker) | math | reasoning-gym[?options] | module:function
-    )
-    timeout: float = (
-        5.0  # wall-clock seconds per answer (a timed-out answer scores 0 and is counted: verify_timeouts)
-    )
+    # auto (each problem's own checker) | math | reasoning-gym[?options] | module:function
+    function: str = "auto"
+    # wall-clock seconds per answer (a timed-out answer scores 0 and is counted: verify_timeouts)
+    timeout: float = 5.0
     retry_timeouts: bool = True  # judge a timed-out answer once more with 4x the limit before it scores 0
     format_weight: float = 0.0  # optional format reward added to the score
 
@@ -126,9 +124,8 @@ class EvalConfig:
     top_p: float = 1.0  # nucleus sampling of the eval samples (1.0 = off)
     at_start: bool = True  # evaluate the starting model before step 1
     save_groups: int = 8  # rollout groups (with per-token credit) saved at each eval step
-    batch_size: int = (
-        256  # sequences per generate call (greedy and sampled); lower it if evaluation runs out of memory
-    )
+    # sequences per generate call (greedy and sampled); lower it if evaluation runs out of memory
+    batch_size: int = 256
 
 
 @dataclass
@@ -141,9 +138,9 @@ class CheckpointConfig:
 class AlgoConfig:
     # The token-level recipe that ended highest at these defaults (README: 3 seeds x 40 steps; `tokencredit
     # compare --recipes grpo,strace,delta,dapo+ktae,dapo --seeds 0,1,2`).
-    recipe: str = (
-        "dapo+ktae"  # a recipe (`tokencredit recipes`) or credit method; recipe:NAME / credit:NAME to choose
-    )
+
+    # a recipe (`tokencredit recipes`) or credit method; recipe:NAME / credit:NAME to choose
+    recipe: str = "dapo+ktae"
     # Overrides of the recipe's fields (see tokencredit.recipes.Recipe), e.g. {"eps_high": 0.3,
     # "kernel_params": {"lam": 0.9}}; dict values are merged into the recipe's dicts.
     overrides: dict[str, Any] = field(default_factory=dict)

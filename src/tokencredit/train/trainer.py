@@ -419,9 +419,8 @@ class Trainer:
             resume=self.resumed,
             warn=lambda m: self.console.print(f"[yellow]{m}"),
         )
-        exit_code = (
-            1  # the trackers' end: 0 once the run returns, 128 + signal number when a signal stopped it
-        )
+        # the trackers' end: 0 once the run returns, 128 + signal number when a signal stopped it
+        exit_code = 1
         try:
             self.reward_fn.start()  # the verifier's workers warm up while the first rollouts are sampled
             with StopSignals(self._on_signal) as stop:
@@ -473,9 +472,8 @@ class Trainer:
         return self.summarize(self._time_offset + time.perf_counter() - self._t_session)
 
     def _on_signal(self, signum: int) -> None:
-        self.stopped_by = (
-            signum  # also when it lands after the last step: a caller running several runs stops
-        )
+        # set also when it lands after the last step, so a caller running several runs stops
+        self.stopped_by = signum
         name = signal_name(signum)
         self.console.print(
             f"[yellow]{name}: stopping after the step in progress ({name} again stops at once)"

@@ -42,9 +42,8 @@ ADDED_KEYS: tuple[str, ...] = (*BATCH_KEYS.values(), *(r.key for r in REDUCTIONS
 _REQUEST = "tc_signals"  # non-tensor field of the worker batch: comma-separated requests (OUTPUT_KEYS)
 _DELTA_PARAMS = "tc_delta_params"  # non-tensor field: DelTA's lam_min, lam_max, refine_iters (a dict)
 _NEG_IDS, _NEG_LENS = "tc_neg_prompt_ids", "tc_neg_prompt_lens"  # [bs, P'] right-padded, [bs]
-_HIDDEN_ROWS = (
-    "tc_hidden_rows"  # worker-internal model_output key: DelTA's captured rows, popped in infer_batch
-)
+# worker-internal model_output key: DelTA's captured rows, popped in infer_batch
+_HIDDEN_ROWS = "tc_hidden_rows"
 _BASE = ("adapter_residual", "base_log_probs")  # requests that need the adapter-free forward
 # The verl methods wrapped here, with the parameters the wrappers rely on.
 _SIGNATURES = {

@@ -64,7 +64,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 
 
 def on_nav(nav: Any, config: Any, files: Any) -> Any:
-    """The generated SUMMARY.md files are navigation (mkdocs-literate-nav has read them by now), not pages."""
-    for file in [f for f in files if f.src_uri.endswith("SUMMARY.md")]:
+    """The generated navigation files (catalog/SUMMARY.md, reference/SUMMARY.md) are navigation, not
+    pages: mkdocs-literate-nav has read them by now."""
+    for file in [f for f in files if f.src_uri.endswith("/SUMMARY.md")]:
         files.remove(file)
     return nav

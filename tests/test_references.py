@@ -26,7 +26,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("src", "tests", "docs", "examples", "benchmarks", "README.md", "BENCHMARKS.md")
+SCANNED = (
+    "src",
+    "tests",
+    "docs",
+    "examples",
+    "benchmarks",
+    "README.md",
+    "BENCHMARKS.md",
+    "CHANGELOG.md",
+    "CONTRIBUTING.md",
+)
 SUFFIXES = {".py", ".md", ".toml", ".sh", ".txt", ".yaml", ".yml", ".cfg", ".ini", ".rst"}
 SKIP_PARTS = {"__pycache__", ".pytest_cache", ".ruff_cache"}
 MAX_BYTES = 2_000_000

@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 
 # Before torch loads (also in the spawned ranks, which re-import this module): OpenMP threads sleep
-# instead of spin-waiting (BENCHMARKS.md, "Two environment effects").
+# instead of spin-waiting (docs/experiments/credit-cost.md#machine-and-two-environment-effects).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402

@@ -70,7 +70,7 @@ def _upcast_buffer(hidden: Tensor) -> Tensor | None:
     """The float32 block buffer the passes over `hidden` share, or None when no copy is needed.
 
     One buffer per `discriminate` call, reused by every pass: a fresh 64 MiB block per pass costs
-    more in page faults than the copy itself (BENCHMARKS.md, section 10).
+    more in page faults than the copy itself (docs/experiments/credit-cost.md#hidden-state-statistics-per-data-parallel-rank).
     """
     n, t, h = hidden.shape
     if hidden.dtype == torch.float32 and hidden.is_contiguous():

@@ -4,7 +4,7 @@ Rows of a batch share keys and values at two levels. Every prompt of a chunk usu
 same chat-template text (94 tokens of the toy's 122), and the G samples of a prompt share the whole
 prompt. With the cache rows repeated (`Cache.batch_select_indices`) every decoding step reads the
 shared part once per row, and the prefill computes it once per prompt: for 64 distinct evaluation
-prompts that prefill was a third of the evaluation (BENCHMARKS.md section 5d). Here the cache holds
+prompts that prefill was a third of the evaluation (docs/experiments/trainer-speed.md#the-templates-common-beginning-shared). Here the cache holds
 *levels*, each a block of positions with one copy per group of adjacent rows, and then each row's own
 part; a decoding query attends to all of them in one softmax:
 
@@ -132,7 +132,7 @@ def shared_prefix_attention(
     u*g_l .. u*g_l+g_l-1 share its block u) and the rows' own keys/values [B, Hk, t, D]; `mask`
     [B, 1, 1, p+t] (bool: True attends; float: added) or None. Returns [B, 1, H, D], SDPA's layout.
     Each level's scores are written into one [B, Hk, r, p+t] buffer and its output added in place: a
-    decoding step runs this once per layer, so every op counts (BENCHMARKS.md section 5d)."""
+    decoding step runs this once per layer, so every op counts (docs/experiments/trainer-speed.md#the-templates-common-beginning-shared)."""
     b, h, _, d = query.shape
     hk = key.shape[1]
     r = h // hk

@@ -3,7 +3,7 @@ Llama-style decoder, so a decoding step is the model's own modules and nothing e
 
 Why: on the toy model a decoding step is ~5 ms, and ``generate`` plus the model's forward wrappers
 (input preparation, keyword handling and mask building each step, stopping criteria, output
-records) took about 13% of a rollout round (BENCHMARKS.md section 5e). Here one step is: the
+records) took about 13% of a rollout round (docs/experiments/trainer-speed.md#our-own-decoding-loop). Here one step is: the
 model's embedding and rotary modules, then per decoder layer its input norm, q/k/v projections (and
 q/k norms where the model has them), the model's own ``apply_rotary_pos_emb``, the cache layer's
 ``update``, the shared-prefix attention (`tokencredit.rollout.cascade`), o_proj, the residuals, its

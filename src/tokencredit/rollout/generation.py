@@ -10,7 +10,7 @@ How to sample (temperature, top_p, top_k, max_new_tokens, batch_size) is one fro
 (`tokencredit.rollout.settings`), passed as ``sampling=`` or field by field as keywords.
 
 Four changes to what ``generate`` would do on its own make decoding cheaper without changing what it
-samples (benchmarks/bench_generation.py, BENCHMARKS.md section 6):
+samples (benchmarks/bench_generation.py, docs/experiments/trainer-speed.md#generation-shared-prompt-prefill-and-an-append-in-place-cache):
 
 - *Shared prompt prefill.* The `num_samples` copies of a prompt have the same keys and values, so the
   prompt (all but its last token) runs through the model once per distinct prompt and the cache
@@ -25,11 +25,12 @@ samples (benchmarks/bench_generation.py, BENCHMARKS.md section 6):
   the toy's 122 prompt tokens) once for the whole chunk, prefilled once, and each prompt's rest once
   for its G >= 2 adjacent samples. Each decoding step reads every shared block once, in one softmax
   with the row's own part. On the toy this halves the attention of a rollout round and cuts the
-  prefill of 64 distinct evaluation prompts about 4x (BENCHMARKS.md sections 5c, 5d).
+  prefill of 64 distinct evaluation prompts about 4x (docs/experiments/trainer-speed.md#shared-prefix-decoding-attention and
+  #the-templates-common-beginning-shared).
 - *Our decoding loop* (`tokencredit.rollout.decode`), on the shared-prefix path for Llama, Qwen2 and
   Qwen3 models: ``generate``'s sampling loop written out, each step the model's own modules layer by
   layer, without ``generate``'s and the forward's per-step bookkeeping (about 12% of a toy rollout
-  round, BENCHMARKS.md section 5e). Same warpers, same draws, same tokens as ``generate``.
+  round, docs/experiments/trainer-speed.md#our-own-decoding-loop). Same warpers, same draws, same tokens as ``generate``.
 
 The first three are the library's own mechanisms (a `Cache` passed to ``generate``, `DynamicLayer`
 subclasses, a function registered in `AttentionInterface`); elsewhere sampling, the logits processors

@@ -16,7 +16,7 @@ The distinct prompts themselves usually begin alike (the chat template: 94 of th
 tokens before the last). Where that common beginning is at least `MIN_COMMON` tokens it runs once,
 [1, common], its cache rows are repeated to the U prompts, and only each prompt's rest runs per prompt
 (left-padded between the two parts: positions, and so the attention, are unchanged); a quarter of
-the toy's prompt tokens, half the cost of the update's prompt part (BENCHMARKS.md section 5d).
+the toy's prompt tokens, half the cost of the update's prompt part (docs/experiments/trainer-speed.md#the-templates-common-beginning-shared).
 
 The plain [N, P+T] forward is kept where sharing would change the result or is not supported:
 active dropout (one mask per prompt instead of one per row), gradient checkpointing (transformers

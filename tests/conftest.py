@@ -8,6 +8,7 @@ signal and evaluation tests. `full_disk` simulates a disk that fills up during a
 
 from __future__ import annotations
 
+import ast
 import errno
 import os
 import re
@@ -212,14 +213,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     return report
 
 
+def _module_marked_extras(path: Path) -> bool:
+    """Whether the module's top-level `pytestmark` names `pytest.mark.extras` (alone or in a list), however
+    the assignment is laid out: read from the syntax tree, since the module could not be imported."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets):
+            return any(ast.unparse(n) == "pytest.mark.extras" for n in ast.walk(node.value))
+    return False
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_make_collect_report(collector: pytest.Collector):
     report = yield
     if report.skipped and isinstance(collector, pytest.Module):
         # a module skipped at import (module-level importorskip): its `pytestmark` is read from the source
-        problem = _extras_problem(
-            _skip_reason(report), "pytestmark = pytest.mark.extras" in collector.path.read_text()
-        )
+        problem = _extras_problem(_skip_reason(report), _module_marked_extras(collector.path))
         if problem:
             report.outcome, report.longrepr = "failed", problem
     return report

@@ -20,9 +20,8 @@ import torch
 from tokencredit import advantages, objectives
 from tokencredit.batch import RolloutBatch
 
-pytestmark = (
-    pytest.mark.extras
-)  # needs tokencredit[verl] and [trl]: skipped without them, run by `pytest -m extras`
+# needs tokencredit[verl] and [trl]: skipped without them, run by `pytest -m extras`
+pytestmark = pytest.mark.extras
 ca = pytest.importorskip(
     "verl.trainer.ppo.core_algos", reason="verl is not installed (extra tokencredit[verl])"
 )

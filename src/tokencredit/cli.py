@@ -14,10 +14,29 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
-from tokencredit import hf_progress
+from tokencredit import __version__, hf_progress
 from tokencredit.commands import COMMANDS
 from tokencredit.errors import ConfigError, Interrupted, TrainingError
+
+# The libraries under tokencredit. Their warnings (FutureWarning / DeprecationWarning about their own API,
+# UserWarnings raised inside them) say nothing a tokencredit user can act on.
+THIRD_PARTY_MODULES = (
+    r"(torch|transformers|peft|accelerate|huggingface_hub|tokenizers|safetensors|trl|datasets|math_verify"
+    r"|latex2sympy2_extended|sympy|matplotlib|numpy|scipy)(\.|$)"
+)
+
+
+def quiet_third_party_warnings() -> None:
+    """Hide the warnings of the libraries underneath (`THIRD_PARTY_MODULES`) and every FutureWarning /
+    DeprecationWarning (tokencredit raises none), keeping tokencredit's own RuntimeWarning / UserWarning.
+    A user's ``-W`` / ``PYTHONWARNINGS`` choice wins, and ``TOKENCREDIT_DEBUG=1`` shows everything."""
+    if sys.warnoptions or os.environ.get("TOKENCREDIT_DEBUG"):
+        return
+    for category in (FutureWarning, DeprecationWarning, PendingDeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
+    warnings.filterwarnings("ignore", module=THIRD_PARTY_MODULES)
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -30,6 +49,7 @@ def _top_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "command", choices=list(COMMANDS), metavar="COMMAND", help="one of: " + ", ".join(COMMANDS)
     )
+    p.add_argument("--version", action="version", version=f"tokencredit {__version__}")
     return p
 
 
@@ -38,9 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         _top_parser().print_help()
         return 0 if argv else 2
+    if argv[0] == "--version":
+        print(f"tokencredit {__version__}")
+        return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
         _top_parser().parse_args([cmd])  # prints the usage error and exits 2
+    quiet_third_party_warnings()
     try:
         # before the command imports transformers, which reads its progress-bar switch once
         hf_progress.quiet_by_default()

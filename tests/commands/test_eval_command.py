@@ -93,7 +93,8 @@ def test_a_run_directory_is_scored_on_its_own_data_as_its_trainer_scored_it(toy_
     # The same final model, problems, template, token limit, batch size, dtype and evaluation seed as the
     # trainer's evaluation: the greedy accuracy, and the sampled metrics too, are the same numbers.
     assert got["greedy_acc"] == last["eval_greedy_accuracy"]
-    for key in ("avg@2", "pass@2", "maj@2", "mean_response_length", "truncated_rate"):
+    assert got["avg@2"] == last["eval_avg_at_k"] and got["mean_response_length"] == last["eval_mean_length"]
+    for key in ("pass@2", "maj@2", "truncated_rate"):
         assert got[key] == last[f"eval_{key}"], key
     s = res["settings"]
     assert (s["template"], s["max_new_tokens"], s["samples"], s["temperature"]) == ("qwen-math", 80, 2, 1.0)

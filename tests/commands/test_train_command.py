@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from tokencredit import cli
-from tokencredit.commands import train as train_cmd
 from tokencredit.train.config import dump_toml, load_config
+from tokencredit.train.trainer import Trainer
 
 BAD_REWARDS = """
 def returns_float(completions, golds, **kw):
@@ -64,7 +64,7 @@ def fit_calls(monkeypatch, capsys):
         calls.append(" ".join((out.out + out.err).split()))
         return {}
 
-    monkeypatch.setattr(train_cmd.Trainer, "fit", printed_so_far)
+    monkeypatch.setattr(Trainer, "fit", printed_so_far)
     return calls
 
 

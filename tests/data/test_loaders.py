@@ -208,3 +208,79 @@ def test_a_directory_that_is_not_a_datasets_directory(tmp_path):
     write_jsonl(tmp_path / "d" / "train.jsonl", [{"problem": "a", "answer": "1"}])
     with pytest.raises(DataError, match=r"it holds train\.jsonl; give a \.jsonl or \.parquet file"):
         load_problems(tmp_path / "d")
+
+
+def _cache_dataset(cache, repo: str, files: dict[str, list[dict]], commit: str = "c" * 40) -> None:
+    """`repo` in the hub cache's dataset layout (datasets--ORG--NAME/refs/main + snapshots/COMMIT/),
+    holding Parquet files at the given paths inside the snapshot."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    storage = cache / ("datasets--" + repo.replace("/", "--"))
+    for rel, rows in files.items():
+        path = storage / "snapshots" / commit / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    # the dataset card's configs, as hub datasets with several configs declare them
+    configs: dict[str, list[str]] = {}
+    for rel in files:
+        config, name = rel.split("/", 1)
+        configs.setdefault(config, []).append(f"  - split: {name.split('-')[0]}\n    path: {config}/{name}")
+    card = "".join(f"- config_name: {c}\n  data_files:\n" + "\n".join(v) + "\n" for c, v in configs.items())
+    (storage / "snapshots" / commit / "README.md").write_text(f"---\nconfigs:\n{card}---\n")
+    (storage / "refs").mkdir()
+    (storage / "refs" / "main").write_text(commit)
+
+
+GSM_ROWS = [
+    {"question": "What is 2+3?", "answer": "2+3=5\n#### 5"},
+    {"question": "7*6?", "answer": "#### 42"},
+]
+
+
+@pytest.mark.extras
+def test_a_hub_dataset_id_reads_the_local_cache(tmp_path, monkeypatch):
+    pytest.importorskip("datasets", reason="datasets is not installed (extra tokencredit[data])")
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
+    layout = {"main/train-00000-of-00001.parquet": GSM_ROWS, "main/test-00000-of-00001.parquet": GSM_ROWS[1:]}
+    _cache_dataset(cache, "org/gsm", {**layout, "socratic/train-00000-of-00001.parquet": GSM_ROWS[:1]})
+    train = load_problems("org/gsm?config=main")  # the train split by default
+    assert [(p.problem, p.answer) for p in train] == [("What is 2+3?", "5"), ("7*6?", "42")]
+    assert train[0].id == "gsm-0"
+    assert [p.answer for p in load_problems("org/gsm?config=main&split=test")] == ["42"]
+    with pytest.raises(DataError, match=r"org/gsm: .*[Cc]onfig.*\(choose with org/gsm\?config=NAME\)"):
+        load_problems("org/gsm")  # two configs, none chosen
+    with pytest.raises(DataError, match=r"no split 'tset'; available: \['train', 'test'\] \(closest: test\)"):
+        load_problems("org/gsm?config=main&split=tset")
+
+
+def test_a_hub_dataset_not_in_the_cache_says_how_to_fetch_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(DataError) as e:
+        load_problems("openai/gsm8k")
+    msg = str(e.value)
+    assert msg.startswith(
+        "openai/gsm8k: no such file or directory, and no Hugging Face dataset 'openai/gsm8k'"
+    )
+    assert "read only from that cache" in msg and "`hf download openai/gsm8k --repo-type dataset`" in msg
+    # a path that names a data file is a missing file, not a hub id
+    with pytest.raises(DataError, match=r"^data/train.jsonl: no such file or directory$"):
+        load_problems("data/train.jsonl")
+    with pytest.raises(DataError, match=r"unknown option 'splt' \(closest: split\)"):
+        load_problems("openai/gsm8k?splt=test")
+
+
+def test_a_file_without_the_usual_fields_points_at_the_field_keys(tmp_path):
+    f = tmp_path / "io.jsonl"
+    f.write_text(json.dumps({"input": "1+1?", "output": "2"}) + "\n")
+    with pytest.raises(
+        DataError, match=r"keys: \['input', 'output'\]; name the field that holds it with data.problem_field"
+    ):
+        load_problems(f)
+    with pytest.raises(
+        DataError, match=r"no answer .*keys: \['input', 'output'\]; name the field .* data.answer_field"
+    ):
+        load_problems(f, problem_field="input")
+    assert load_problems(f, problem_field="input", answer_field="output")[0].answer == "2"

@@ -16,6 +16,7 @@ import torch
 
 from tokencredit import models
 from tokencredit.errors import ConfigError
+from tokencredit.hub import cached_repos
 from tokencredit.models import TOY_ASSET_DIR, load_model, load_tokenizer, resolve_model, sources
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -460,3 +461,18 @@ def test_a_tokenizer_transformers_cannot_read_is_one_error_naming_the_directory(
     message = f"cannot load the tokenizer of model directory {d}: JSONDecodeError"
     with pytest.raises(ConfigError, match=message):
         load_model(str(d))
+
+
+def test_a_mistyped_model_name_gets_the_closest_names(hub_cache):
+    with pytest.raises(
+        ConfigError, match=r"model path 'smolm2' does not exist \(closest: smollm2\); give 'toy'"
+    ):
+        resolve_model("smolm2")
+    with pytest.raises(ConfigError, match=r"'toy-fre' does not exist \(closest: toy-free"):
+        resolve_model("toy-fre")
+    cache_model(hub_cache, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert cached_repos() == ["HuggingFaceTB/SmolLM2-135M-Instruct"]
+    with pytest.raises(
+        ConfigError, match=r"not in the local cache \(.*\) \(closest: HuggingFaceTB/SmolLM2-135M-Instruct\)"
+    ):
+        resolve_model("HuggingFaceTB/SmolLM2-135M-Instruc")

@@ -75,3 +75,28 @@ def test_plain_lines_carry_step_total_and_eta():
     assert lines[0].startswith("step 3/10 (ETA 0:01:10): reward 0.500  acc 0.375"), lines
     assert lines[0].endswith("75s"), lines  # one line in a log file, not wrapped at the console's width
     assert lines[1] == "step 4/10 (ETA 0:01:00): skipped (every group's rewards are equal)", lines
+
+
+class _FlushCounter(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushed_at: list[int] = []
+
+    def flush(self) -> None:
+        self.flushed_at.append(len(self.getvalue()))
+
+
+def test_a_redirected_console_gets_one_flushed_line_per_step():
+    """Output to a file or a pipe (nohup, Slurm, CI): a live bar would write nothing until the run ends,
+    so the plain line of each step is written, and flushed, as the step ends."""
+    clock, out = Clock(), _FlushCounter()
+    console = Console(width=80, file=out, get_time=clock)  # not a terminal
+    with StepProgress(10, 0, console=console) as bar:  # the bar asked for, as by default
+        clock.now += 5.0
+        bar.update(REC)
+        first = out.getvalue()
+        assert first.startswith("step 3/10 (ETA 0:00:45): reward 0.500") and first.count("\n") == 1, first
+        assert out.flushed_at and out.flushed_at[-1] == len(first)  # on its way to the file already
+        bar.update({**REC, "step": 4})
+    assert out.getvalue().splitlines()[1].startswith("step 4/10"), out.getvalue()
+    assert "━" not in out.getvalue()  # no bar drawn into the file

@@ -1,4 +1,8 @@
-"""`tokencredit train`: config file + --recipe + --set overrides; --resume RUN_DIR continues a run."""
+"""`tokencredit train`: config file + --recipe + --set overrides; --resume RUN_DIR continues a run.
+
+Only the standard library is imported before the arguments are parsed: the library (torch) is imported
+by `run`, so `--help` and a mistyped flag answer at once, and the config is checked before the trainer
+and its model library load."""
 
 from __future__ import annotations
 
@@ -6,12 +10,12 @@ import argparse
 import difflib
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokencredit.errors import ConfigError
-from tokencredit.models import MODEL_ALIASES, TOY_VARIANTS
-from tokencredit.train.config import apply_set, load_config
-from tokencredit.train.rundir import RunDir
-from tokencredit.train.trainer import Trainer
+
+if TYPE_CHECKING:
+    from tokencredit.train.rundir import RunDir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def resume_dir(path: str) -> RunDir:
     """The run directory `--resume` names, checked: ConfigError when it does not exist (naming the
     closest run directory beside it, if any), is not a directory, or holds no config.toml."""
+    from tokencredit.train.rundir import RunDir
+
     run = RunDir(path)
     if not run.path.exists():
         parent = run.path.parent
@@ -67,6 +73,10 @@ def resume_dir(path: str) -> RunDir:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tokencredit.models.sources import MODEL_ALIASES
+    from tokencredit.models.toy import TOY_VARIANTS
+    from tokencredit.train.config import apply_set, load_config
+
     sets = list(args.set)
     for flag, key in ((args.model, "model.name"), (args.steps, "run.steps"), (args.seed, "run.seed")):
         if flag is not None:
@@ -87,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         run_dir = run.path
         for s in sets:
             apply_set(cfg, s)
-        trainer = Trainer(cfg, run_dir, resume=True)
+        options = {"resume": True}
     else:
         cfg = load_config(args.config, sets, args.recipe)
         if Path(cfg.model.name).expanduser().exists() and cfg.model.name not in {
@@ -105,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             name = cfg.run.name or f"{cfg.algo.recipe}-s{cfg.run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
             run_dir = Path(cfg.run.out_dir) / name
-        trainer = Trainer(cfg, run_dir, overwrite=args.overwrite)
-    trainer.fit()
+        options = {"overwrite": args.overwrite}
+    # imported once the config is read and checked: the trainer pulls in the rest of the library
+    from tokencredit.train.trainer import Trainer
+
+    Trainer(cfg, run_dir, **options).fit()
     return 0

@@ -17,12 +17,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
-from tokencredit.errors import ConfigError
+from tokencredit import hub
+from tokencredit.errors import ConfigError, closest
 from tokencredit.rewards.extract import last_boxed
 
 PROBLEM_FIELDS = ("problem", "question", "prompt")
@@ -125,14 +128,20 @@ def problem_from_row(
     pname, pval = _first(row, [problem_field] if problem_field else PROBLEM_FIELDS)
     if pname is None:
         fields = problem_field or "/".join(PROBLEM_FIELDS)
-        raise DataError(f"{where}: problem {pid!r} has no problem text (field {fields}); keys: {sorted(row)}")
+        raise DataError(
+            f"{where}: problem {pid!r} has no problem text (field {fields}); keys: {sorted(row)}; "
+            "name the field that holds it with data.problem_field (a dotted name reads a nested one)"
+        )
     text = _prompt_text(pval, where)
     if not text.strip():
         raise DataError(f"{where}: problem {pid!r} has an empty problem text")
     aname, aval = _first(row, [answer_field] if answer_field else ANSWER_FIELDS)
     if aname is None:
         fields = answer_field or "/".join(ANSWER_FIELDS)
-        raise DataError(f"{where}: problem {pid!r} has no answer (field {fields})")
+        raise DataError(
+            f"{where}: problem {pid!r} has no answer (field {fields}); keys: {sorted(row)}; "
+            "name the field that holds it with data.answer_field"
+        )
     ans = _answer(aval, from_solution=aname.split(".")[-1] == "solution", where=where)
     if ans is None:
         raise DataError(f"{where}: problem {pid!r} has an empty answer (or a solution without \\boxed{{}})")
@@ -252,16 +261,75 @@ def _datasets_rows(path: Path, split: str | None) -> Iterator[tuple[dict, str, i
         ) from e
     ds = datasets.load_from_disk(str(path))
     if isinstance(ds, datasets.DatasetDict):
-        splits = list(ds.keys())
-        if split is None:
-            split = "train" if "train" in ds else (splits[0] if len(splits) == 1 else None)
-            if split is None:
-                raise DataError(f"{path}: several splits {splits}; choose one with split=")
-        if split not in ds:
-            raise DataError(f"{path}: no split {split!r}; available: {splits}")
-        ds = ds[split]
+        ds = ds[_choose_split(list(ds.keys()), split, str(path), "choose one with split=")]
     for i, row in enumerate(ds):
         yield dict(row), f"{path} row {i}", i
+
+
+def _choose_split(splits: list[str], split: str | None, where: str, how: str) -> str:
+    """`split`, or by default "train" (or the only split); a DataError listing the splits otherwise."""
+    if split is None:
+        split = "train" if "train" in splits else (splits[0] if len(splits) == 1 else None)
+        if split is None:
+            raise DataError(f"{where}: several splits {splits}; {how}")
+    if split not in splits:
+        raise DataError(f"{where}: no split {split!r}; available: {splits}{closest(split, splits)}")
+    return split
+
+
+# A Hugging Face dataset id, ORG/NAME[@REVISION][?config=NAME&split=NAME]; read from the local hub cache.
+_HUB_DATASET = re.compile(
+    r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[^\s@?]+))?(?:\?(?P<query>\S*))?"
+)
+HUB_DATASET_OPTIONS = ("config", "split")
+DATA_SUFFIXES = (".jsonl", ".json", ".ndjson", ".parquet", ".pq")
+
+
+def _hub_dataset(spec: str) -> re.Match[str] | None:
+    """The parts of `spec` when it reads as a hub dataset id rather than a data file's path."""
+    m = _HUB_DATASET.fullmatch(spec)
+    if m is None or m["repo"].lower().endswith(DATA_SUFFIXES):
+        return None
+    return m
+
+
+def _hub_dataset_rows(spec: str, m: re.Match[str], split: str | None) -> Iterator[tuple[dict, str, int]]:
+    """The rows of the cached Hugging Face dataset `spec` (`_HUB_DATASET`), read by `datasets` from the
+    snapshot folder in the hub cache; a DataError with the ``hf download`` command when it is not cached."""
+    repo, revision = m["repo"], m["revision"]
+    opts: dict[str, str] = {}
+    for key, value in parse_qsl(m["query"] or "", keep_blank_values=True, strict_parsing=bool(m["query"])):
+        if key not in HUB_DATASET_OPTIONS:
+            raise DataError(
+                f"{spec!r}: unknown option {key!r}{closest(key, HUB_DATASET_OPTIONS)}; "
+                f"a Hugging Face dataset takes {', '.join(HUB_DATASET_OPTIONS)}"
+            )
+        opts[key] = value
+    folder = hub.snapshot(repo, revision, "dataset")
+    at = f" at revision {revision!r}" if revision else ""
+    if folder is None:
+        raise DataError(
+            f"{spec}: no such file or directory, and no Hugging Face dataset {repo!r}{at} in the local cache "
+            f"({hub.hf_hub_cache()}, set by HF_HUB_CACHE or HF_HOME){closest(repo, hub.cached_repos('dataset'))}. "
+            "Hub datasets are read only from that cache; tokencredit never downloads: "
+            + hub.fetch_hint(repo, revision, "dataset")
+        )
+    try:
+        import datasets
+    except ImportError as e:
+        raise DataError(
+            f"{spec}: reading a Hugging Face dataset needs `datasets` (pip install 'tokencredit[data]')"
+        ) from e
+    try:
+        dd = datasets.load_dataset(str(folder), name=opts.get("config"))
+    except ValueError as e:  # e.g. several configs and none chosen: the message lists them
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise DataError(f"{spec}: {first} (choose with {repo}?config=NAME)") from None
+    name = _choose_split(
+        list(dd.keys()), opts.get("split") or split, spec, f"choose one with {repo}?split=NAME"
+    )
+    for i, row in enumerate(dd[name]):
+        yield dict(row), f"{spec} ({name}) row {i}", i
 
 
 def _rows(path: Path, split: str | None) -> Iterable[tuple[dict, str, int]]:
@@ -284,7 +352,9 @@ def load_problems(
     split: str | None = None,
     limit: int | None = None,
 ) -> list[Problem]:
-    """Problems from a JSONL / Parquet file or a ``datasets.save_to_disk`` directory.
+    """Problems from a JSONL / Parquet file, a ``datasets.save_to_disk`` directory, or a Hugging Face
+    dataset in the local hub cache (``ORG/NAME[@REVISION][?config=NAME&split=NAME]``, read with
+    `datasets`; `split` defaults to "train" or the only split).
 
     `limit` keeps the first problems; ids must be unique (an error names the duplicate).
     """
@@ -293,22 +363,28 @@ def load_problems(
         raise DataError(
             f"{path!r} is reasoning-gym data, not a file: load it with tokencredit.data.reasoning_gym.load"
         )
-    if not p.exists():
-        raise DataError(f"{p}: no such file or directory")
-    if not p.is_dir() and not p.is_file():
-        raise DataError(f"{p}: not a regular file or directory (a device or a pipe?)")
-    if not os.access(p, os.R_OK):
-        raise DataError(f"{p}: permission denied (cannot read it)")
     if limit is not None and limit < 0:
         raise DataError(f"limit must be >= 0, got {limit}")
+    hub_id = None if p.exists() else _hub_dataset(str(path))
+    if hub_id is not None:
+        rows = _hub_dataset_rows(str(path), hub_id, split)
+        stem = hub_id["repo"].rsplit("/", 1)[-1]
+    else:
+        if not p.exists():
+            raise DataError(f"{p}: no such file or directory")
+        if not p.is_dir() and not p.is_file():
+            raise DataError(f"{p}: not a regular file or directory (a device or a pipe?)")
+        if not os.access(p, os.R_OK):
+            raise DataError(f"{p}: permission denied (cannot read it)")
+        rows, stem = _rows(p, split), p.stem
     out: list[Problem] = []
     seen: dict[str, str] = {}
-    for row, where, i in _rows(p, split):
+    for row, where, i in rows:
         if limit is not None and len(out) >= limit:
             break
         prob = problem_from_row(
             row,
-            default_id=f"{p.stem}-{i}",
+            default_id=f"{stem}-{i}",
             where=where,
             problem_field=problem_field,
             answer_field=answer_field,

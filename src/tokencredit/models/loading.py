@@ -2,6 +2,9 @@
 a GGUF file, resolved by `tokencredit.models.sources`) onto a device, in a dtype; a LoRA adapter added; a
 checkpoint's parameters restored; a tokenizer's special ids. Nothing is ever downloaded; transformers'
 loading progress bars are off unless asked for (`tokencredit.hf_progress`).
+
+transformers is imported inside the functions that load (about 5 s of CPU): the command line checks
+its arguments and the config before any model library loads.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tokencredit import hf_progress
 from tokencredit.errors import ConfigError
@@ -86,6 +88,8 @@ def _unloadable(src: ModelSource, what: str) -> Iterator[None]:
 
 
 def _tokenizer_from(src: ModelSource) -> Any:
+    from transformers import AutoTokenizer
+
     with _unloadable(src, "the tokenizer"):
         kwargs = {"gguf_file": src.gguf_file} if src.gguf_file else {}
         return AutoTokenizer.from_pretrained(src.directory, local_files_only=True, **kwargs)
@@ -164,6 +168,8 @@ def load_model(
     left (decoder-only generation). transformers' loading progress bars show only with `progress`
     (None: ``TOKENCREDIT_PROGRESS_BARS`` in the environment, `tokencredit.hf_progress.requested`).
     """
+    from transformers import AutoModelForCausalLM
+
     if progress is None:
         progress = hf_progress.requested()
     src = resolve_model(name_or_path)

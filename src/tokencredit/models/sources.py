@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Literal
 
 from tokencredit.errors import ConfigError, closest
+from tokencredit.hub import cached_repos, fetch_hint, hf_hub_cache, snapshot
 from tokencredit.models.toy import TOY_VARIANTS
 
 __all__ = [
@@ -90,19 +91,6 @@ class ModelSource:
     def path(self) -> Path:
         """The GGUF file, or the model directory."""
         return self.directory / self.gguf_file if self.gguf_file else self.directory
-
-
-def hf_hub_cache() -> Path:
-    """The Hugging Face hub cache as huggingface_hub finds it, read from the environment now (not
-    at import): HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else HF_HOME/hub, else
-    $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub."""
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(var):
-            return Path(os.environ[var]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path("~/.cache"))
-    return Path(xdg).expanduser() / "huggingface" / "hub"
 
 
 def _installed_version(distribution: str) -> str | None:
@@ -178,43 +166,24 @@ def _gguf(name: str) -> ModelSource:
 _HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*(?:/[A-Za-z0-9][\w.-]*)?)(?:@(?P<revision>[^\s@]+))?")
 
 
-def _hub_snapshot(repo: str, revision: str | None) -> Path | None:
-    """The cached snapshot folder of `repo` at `revision` (default: main), None when it is not cached."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        folder = snapshot_download(repo, revision=revision, cache_dir=hf_hub_cache(), local_files_only=True)
-    except (OSError, ValueError):  # not cached (LocalEntryNotFoundError), incomplete, or not a valid repo id
-        return None
-    return Path(folder)
-
-
-def _fetch_hint(repo: str, revision: str | None) -> str:
-    rev = f" --revision {revision}" if revision else ""
-    return (
-        f"fetch it on a machine with network with `hf download {repo}{rev}` (older huggingface_hub: "
-        f"`huggingface-cli download {repo}{rev}`) and copy the cache here, or give a local directory"
-    )
-
-
 def _hub(name: str, repo: str, revision: str | None) -> ModelSource | None:
     """The cached hub model `repo`, None when a bare NAME (no ORG/) is not cached; a ConfigError
     saying how to fetch it when an ORG/NAME is not cached."""
     cache = hf_hub_cache()
-    folder = _hub_snapshot(repo, revision)
+    folder = snapshot(repo, revision)
     at = f" at revision {revision!r}" if revision else ""
     if folder is None:
         if "/" not in repo:
             return None
         raise ConfigError(
             f"model {name!r} is not a local path, and the Hugging Face model {repo!r}{at} is not in the local "
-            f"cache ({cache}, set by HF_HUB_CACHE or HF_HOME). tokencredit never downloads: "
-            + _fetch_hint(repo, revision)
+            f"cache ({cache}, set by HF_HUB_CACHE or HF_HOME){closest(repo, cached_repos())}. "
+            "tokencredit never downloads: " + fetch_hint(repo, revision)
         )
     if not (folder / "config.json").is_file():
         raise ConfigError(
             f"the cached snapshot of the Hugging Face model {repo!r}{at} ({folder}) has no config.json (an "
-            f"interrupted download?){_gguf_hint(folder)}; to complete it, " + _fetch_hint(repo, revision)
+            f"interrupted download?){_gguf_hint(folder)}; to complete it, " + fetch_hint(repo, revision)
         )
     check_model_directory(folder, name)
     return ModelSource(
@@ -242,9 +211,10 @@ def resolve_model(name_or_path: str | Path) -> ModelSource:
     if hub is not None and not name.startswith(".") and (found := _hub(name, hub["repo"], hub["revision"])):
         return found
     known = ", ".join(repr(n) for n in (*TOY_VARIANTS, *MODEL_ALIASES))
+    near = closest(name, [*TOY_VARIANTS, *MODEL_ALIASES, *cached_repos()])
     raise ConfigError(
-        f"model path {name!r} does not exist (give {known}, a local directory with a Hugging Face causal LM, "
-        "a .gguf file, or a Hugging Face hub id ORG/NAME that is in the local cache; models are never downloaded)"
+        f"model path {name!r} does not exist{near}; give {known}, a local directory with a Hugging Face causal LM, "
+        "a .gguf file, or a Hugging Face hub id ORG/NAME that is in the local cache (models are never downloaded)"
     )
 
 

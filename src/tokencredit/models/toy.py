@@ -35,8 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from tokencredit.data.synthetic import ArithmeticTask
 from tokencredit.errors import ConfigError, closest
@@ -70,6 +68,9 @@ def toy_vocabulary() -> list[str]:
 
 def build_toy_tokenizer() -> Any:
     """The character-level toy tokenizer as a `PreTrainedTokenizerFast` (one token per character)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     vocab = {tok: i for i, tok in enumerate(toy_vocabulary())}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD_TOKEN))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
@@ -107,6 +108,7 @@ def build_toy_model(
 ) -> Any:
     """A freshly initialised tiny `Qwen3ForCausalLM` (`TOY_MODEL_CONFIG` updated by `config_overrides`),
     deterministic in `seed`, with the toy tokenizer's vocabulary and special ids."""
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     tok = tokenizer if tokenizer is not None else build_toy_tokenizer()
     kwargs = dict(TOY_MODEL_CONFIG)

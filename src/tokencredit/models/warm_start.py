@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
 
 from tokencredit.data.synthetic import ArithmeticTask, check
 from tokencredit.data.templates import render
@@ -57,6 +56,8 @@ def _sft_loss(model: Any, ids: torch.Tensor, mask: torch.Tensor, labels: torch.T
     p = min(p, first_label - 1)
     if p <= 0:
         return model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    from transformers import DynamicCache
+
     cache = DynamicCache(config=model.config)
     model.model(input_ids=ids[:1, :p], past_key_values=cache, use_cache=True)
     cache.batch_repeat_interleave(ids.shape[0])
@@ -181,6 +182,8 @@ def build_toy(
     out = Path(out_dir) if out_dir is not None else TOY_ASSET_DIR
     tok = build_toy_tokenizer()
     if cfg.init:  # continue from a shipped warm start (its tokenizer and architecture are the toy's)
+        from transformers import AutoModelForCausalLM
+
         model = AutoModelForCausalLM.from_pretrained(toy_variant(cfg.init).asset_dir, dtype=torch.float32)
     else:
         model = build_toy_model(cfg.model, seed=cfg.seed, tokenizer=tok)

@@ -88,7 +88,9 @@ class _TwoLineProgress(Progress):
 
 
 class StepProgress:
-    """A rich progress bar with the latest step's metrics under it (plain lines when disabled).
+    """A rich progress bar with the latest step's metrics under it; plain lines, one per step and
+    flushed, when disabled or when the console is not a terminal (output redirected to a file, a
+    pipe, nohup, Slurm, CI: a live bar there writes nothing until it stops).
 
     Both forms always show step/total and the ETA. `console` (its `get_time` is the bar's clock)
     defaults to a new one.
@@ -96,7 +98,7 @@ class StepProgress:
 
     def __init__(self, total: int, done: int, enabled: bool = True, console: Console | None = None) -> None:
         self.console = console or Console()
-        self.enabled = enabled
+        self.enabled = enabled and self.console.is_terminal
         self.total = total
         self.progress = _TwoLineProgress(
             TextColumn("[bold]train"),
@@ -105,7 +107,7 @@ class StepProgress:
             TimeElapsedColumn(),
             EtaColumn(),
             console=self.console,
-            disable=not enabled,
+            disable=not self.enabled,
         )
         self.task = self.progress.add_task("", total=total, completed=done, resumed_at=done)
 

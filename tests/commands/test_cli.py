@@ -60,6 +60,11 @@ def test_help_and_bad_flags_answer_before_torch_loads():
 def test_a_config_typo_is_reported_before_the_model_library_loads():
     code, _, transformers = _imported(["train", "--set", "optim.lrr=1e-4"])
     assert code == "2" and not transformers
+    # a recipe parameter is checked by the trainer, still before any model (or transformers) loads
+    code, _, transformers = _imported(
+        ["train", "--recipe", "strace", "--set", "algo.kernel_params.lamda=0.9"]
+    )
+    assert code == "2" and not transformers
 
 
 def test_third_party_warnings_are_hidden_and_ours_kept(monkeypatch):

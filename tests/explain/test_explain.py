@@ -783,6 +783,6 @@ def test_png_of_a_huge_group_is_capped_and_says_so(tmp_path, monkeypatch):
     rows = picture._rows([line for g in data.groups for line in picture._lines(g, [m])])
     assert sum(len(toks) for _, toks in rows) == 300
     assert rows[-1][0] == f"... {n - 300} more token boxes not drawn (the HTML page shows them all)"
-    assert picture._rows([("l", [("z" * 5000, 0.1, False)])])[0][1][0][0] == "z" * 39 + "…"
+    assert picture._rows([("l", [("z" * 5000, 0.1, False, False)])])[0][1][0][0] == "z" * 39 + "…"
     png = picture.draw_png(data, tmp_path / "p.png")
     assert Image.open(png).size[1] < 2000

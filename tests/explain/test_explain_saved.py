@@ -178,7 +178,9 @@ def test_jsonl_saved_column_shows_the_files_numbers(tmp_path, tiny_model_dir, mo
     lines = [
         toks for g in drawn[0].groups[:1] for label, toks in _lines(g, drawn[0].methods) if label == "saved"
     ]
-    assert [[v for _, v, _ in toks] for toks in lines] == [pytest.approx(hats[r], abs=1e-6) for r in (0, 1)]
+    assert [[v for _, v, _, _ in toks] for toks in lines] == [
+        pytest.approx(hats[r], abs=1e-6) for r in (0, 1)
+    ]
 
 
 def test_saved_without_token_advantages_is_an_error_naming_the_group(tmp_path, tiny_model_dir, capsys):
@@ -247,7 +249,20 @@ def trained_run(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -
 
 def test_run_saved_column_equals_the_runs_recipe_recomputed(trained_run, tmp_path):
     out = tmp_path / "run.html"
-    assert _explain(trained_run, "--methods", f"saved,{RECIPE},uniform", "--groups", "2", "--out", out) == 0
+    assert (
+        _explain(
+            trained_run,
+            "--methods",
+            f"saved,{RECIPE},uniform",
+            "--select",
+            "any",
+            "--groups",
+            "2",
+            "--out",
+            out,
+        )
+        == 0
+    )
     page = Page(out.read_text())
     hats = _file_hats(trained_run / "rollouts" / "step_000002.jsonl")
     saved, recomputed = _page_rows(page, "saved"), _page_rows(page, RECIPE)

@@ -26,13 +26,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "run_dir", nargs="?", help="a training run directory (reads RUN_DIR/rollouts/step_NNNNNN.jsonl)"
     )
     parser.add_argument(
-        "--jsonl", help="JSONL of prompts, completions and rewards instead of a run directory"
+        "--jsonl",
+        help="JSONL of prompts, completions and rewards instead of a run directory; or prime-rl's token exports "
+        "(a step_N/rank_R.jsonl file, or a directory of them)",
     )
     parser.add_argument(
         "--model",
         help="a model ('toy', 'smollm2', a directory, a .gguf file, a cached hub id); required with --jsonl; default RUN_DIR/final",
     )
-    parser.add_argument("--step", type=int, help="which saved step of the run (default: the latest saved)")
+    parser.add_argument(
+        "--step",
+        type=int,
+        help="which saved step of the run or prime-rl export directory (default: the latest)",
+    )
     parser.add_argument(
         "--methods",
         default=DEFAULT_METHODS,
@@ -47,10 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--select",
-        default="any",
         metavar="KIND",
         help=f"which kind of group to show: {' | '.join(GROUP_KINDS)} (right: saved 'correct', else reward > 0; "
-        "default any)",
+        "default credit: groups where some method's credit is non-zero, those whose rewards differ first)",
     )
     parser.add_argument(
         "--group-index",

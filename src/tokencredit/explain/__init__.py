@@ -2,7 +2,7 @@
 
     tokencredit explain RUN_DIR [--step N] [--methods ktae,delta,strace,arca,uniform] [--groups K] [--out F.html]
     tokencredit explain --jsonl FILE --model PATH [--methods ...] [--groups K] [--out F.html]
-    tokencredit explain ... [--select mixed|all-wrong|all-right|any] [--groups K]  |  [--group-index 3,7,12]
+    tokencredit explain ... [--select credit|mixed|all-wrong|all-right|any] [--groups K]  |  [--group-index 3,7,12]
 
 Inputs (`inputs`). A run directory holds the rollout groups the trainer saved at its evaluation
 steps (rollouts/step_NNNNNN.jsonl, one group per line, read through `tokencredit.train.rundir.RunDir`),
@@ -10,7 +10,8 @@ with the old policy's entropy and log-probabilities, plus the run's config.toml 
 the trained model in final/. A JSONL file holds one group per line: ``{"prompt" | "problem": str,
 "completions": [str, ...], "rewards": [float, ...], "answer": optional}``, or a line in the
 run-directory schema; its completions are tokenised with the model's tokenizer and every signal is
-recomputed with the model (`signals`).
+recomputed with the model (`signals`). prime-rl's token exports (a step_N/rank_R.jsonl directory or file) are
+read too (`prime_rl`).
 
 Methods are credit-method names (`tokencredit.credit.CREDIT_METHODS`, shown with the default
 group estimator) or recipe names (`tokencredit.recipes.RECIPES`, each with its own estimator,
@@ -22,8 +23,10 @@ note on the page; the rest of the report is still written. The pseudo-method ``s
 trained with, as saved and not recomputed; a shown completion without them is a ConfigError naming its
 file:line. It is not among the defaults (a static list; files without Â exist): ``--methods saved,ktae,...``.
 
-Which groups are shown (`selection`): the first K (default 4) of a kind (any, mixed, all-wrong,
-all-right), or those at given indices. On the embedded synthetic task (toy, toy-hard) the task's
+Which groups are shown (`selection`): by default the first K (default 4) with non-zero credit under
+some method, those whose rewards differ first; or the first K of a kind (any, mixed, all-wrong,
+all-right), or those at given indices. Tokens are drawn with byte tokens as <0xNN> and control characters
+in a style of their own (`tokens`). On the embedded synthetic task (toy, toy-hard) the task's
 checker marks each response's first wrong token and flags a right answer reached through a wrong
 step (`marks`); elsewhere nothing is marked and the page says why.
 
@@ -37,12 +40,12 @@ after its prompt is cut, marked truncated and noted; a page estimated past 20 MB
 shows bidirectional controls visibly and isolates problems in <bdi>; the picture draws every string
 literally (no mathtext); both are written whole or not at all.
 
-Modules: `inputs` (the groups), `options` (settings and their defaults), `selection` (which groups
+Modules: `inputs` (the groups), `prime_rl` (prime-rl's token exports as groups), `options` (settings and their defaults), `selection` (which groups
 are shown), `marks` (the task checker's marks), `assemble` (groups ->
 the scored rollouts and saved signals the batch builder reads), `signals` (saved vs recomputed, which
 model; token ids checked and cut; the batch from `tokencredit.builder.build_batch`), `compute`
 (`explain_batch`: batch -> `ReportData` without a model), `views` (`ReportData`), `render`
-(`build_report`, a pure function of `ReportData`), `picture` (the static PNG of ``--png``), `output`
+(`build_report`, a pure function of `ReportData`), `picture` (the static PNG of ``--png``), `tokens` (a token's text as shown), `output`
 (output paths checked up front, files written whole), `pipeline` (`write_report`: all of it). The page's
 CSS and script are package data in ``tokencredit/assets/explain/``; the columns are read by
 `tokencredit.columns`. The command line is `tokencredit.commands.explain`.

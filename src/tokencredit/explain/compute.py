@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,27 +23,40 @@ from tokencredit.columns import MethodCredit, MethodSpec, SavedSpec, method_cred
 from tokencredit.errors import ConfigError
 from tokencredit.explain.assemble import SavedCredit
 from tokencredit.explain.inputs import GroupInput
+from tokencredit.explain.tokens import display_text, saved_display_text
 from tokencredit.explain.views import GroupView, MethodView, ReportData, ResponseView
 
-__all__ = ["display_tokens", "explain_batch", "make_groups"]
+__all__ = [
+    "Columns",
+    "compute_columns",
+    "credited_groups",
+    "display_tokens",
+    "explain_batch",
+    "make_groups",
+    "report_data",
+]
 
 
-def display_tokens(groups: Sequence[GroupInput], tokenizer: Any) -> tuple[list[list[str]], list[list[bool]]]:
-    """Per completion, the text of each token (decoded one id at a time) and whether it is a special token."""
+def display_tokens(
+    groups: Sequence[GroupInput], tokenizer: Any
+) -> tuple[list[list[str]], list[list[bool]], list[list[bool]]]:
+    """Per completion, the text of each token (decoded one id at a time; byte tokens as <0xNN>, `tokens`), whether
+    it is a special token and whether its text holds <0xNN> byte marks."""
     special = set(getattr(tokenizer, "all_special_ids", []) or []) if tokenizer is not None else set()
-    texts, flags = [], []
+    texts, flags, marked = [], [], []
     for g in groups:
         for c in g.completions:
             ids = c.token_ids or []
             if tokenizer is not None:
-                texts.append([tokenizer.decode([i], skip_special_tokens=False) for i in ids])
+                shown, raw = display_text(tokenizer, ids)
             elif c.tokens is not None:
-                # byte-level BPE / sentencepiece markers for space and newline, without a tokenizer to decode
-                texts.append([t.replace("Ġ", " ").replace("Ċ", "\n").replace("▁", " ") for t in c.tokens])
+                shown, raw = saved_display_text(c.tokens)
             else:
-                texts.append([f"⟨{i}⟩" for i in ids])
+                shown, raw = [f"⟨{i}⟩" for i in ids], [False] * len(ids)
+            texts.append(shown)
+            marked.append(raw)
             flags.append([i in special for i in ids])
-    return texts, flags
+    return texts, flags, marked
 
 
 def make_groups(
@@ -54,6 +68,7 @@ def make_groups(
     answers: Mapping[int, str | None] | None = None,
     correct: Sequence[bool | None] | None = None,
     special: Sequence[Sequence[bool]] | None = None,
+    byte_marks: Sequence[Sequence[bool]] | None = None,
     groups: int | None = None,
     group_ids: Sequence[int] | None = None,
 ) -> list[GroupView]:
@@ -99,6 +114,7 @@ def make_groups(
                     entropy=None if ent is None else ent[i, :n].tolist(),
                     prob=None if lp is None else lp[i, :n].exp().tolist(),
                     special=None if special is None else list(special[i]),
+                    byte_marks=None if byte_marks is None else list(byte_marks[i]),
                 )
             )
         out.append(GroupView(gid, (problems or {}).get(gid, ""), views, (answers or {}).get(gid), index[gid]))
@@ -157,16 +173,95 @@ def _correlations(
     return correlations
 
 
-def _saved_view(view: MethodView, saved: SavedCredit | None, idx: Tensor) -> tuple[Tensor, Tensor] | None:
-    """The `saved` column's (Â, A) on the shown rows, or None with the reason in `view.note`."""
-    if saved is None:
-        view.note = "no saved token advantages given"
-        return None
-    present = saved.present[idx.cpu()]
-    if not bool(present.all()):
-        view.note = f"{int((~present).sum())} shown response(s) carry no token_advantages"
-        return None
-    return saved.token_advantages[idx.cpu()], saved.seq_advantages[idx.cpu()]
+@dataclass
+class Columns:
+    """Every column's credit on the whole batch: `views` (a skipped one with its note), and for each computed
+    column its effective credit [N, T] and sequence advantages [N] (CPU; the saved column's rows without Â are 0,
+    `present` [N] says which)."""
+
+    views: list[MethodView]
+    effective: dict[str, Tensor] = field(default_factory=dict)
+    seq_advantages: dict[str, Tensor] = field(default_factory=dict)
+    present: dict[str, Tensor] = field(default_factory=dict)
+
+
+def compute_columns(
+    batch: RolloutBatch,
+    methods: Sequence[MethodSpec | SavedSpec],
+    *,
+    unavailable: Mapping[str, str] | None = None,
+    special_ids: Sequence[int] | None = None,
+    credits: dict[str, Any] | None = None,
+    saved: SavedCredit | None = None,
+) -> Columns:
+    """Every method's effective credit on the whole `batch` (see `explain_batch`), before any group is chosen."""
+    mask = batch.mask.cpu()
+    cols = Columns(views=[])
+    for spec in methods:
+        view = MethodView(spec.name, spec.label, spec.description)
+        cols.views.append(view)
+        if isinstance(spec, SavedSpec):
+            if saved is None:
+                view.note = "no saved token advantages given"
+                continue
+            cols.effective[spec.name] = (
+                saved.token_advantages * mask
+            )  # 0 off the tokens, as every computed column
+            cols.seq_advantages[spec.name] = saved.seq_advantages
+            cols.present[spec.name] = saved.present
+            continue
+        got = method_credit(spec, batch, special_ids=special_ids, unavailable=unavailable)
+        effective = _effective(got, view)
+        if effective is None or got.credit is None:
+            continue
+        if credits is not None:
+            credits[spec.name] = got.credit
+        cols.effective[spec.name] = effective.detach().cpu()
+        cols.seq_advantages[spec.name] = got.credit.seq_advantages.detach().cpu()
+    return cols
+
+
+def credited_groups(batch: RolloutBatch, columns: Columns) -> set[int]:
+    """The ids of the groups where some computed column's credit is non-zero on one of the tokens."""
+    mask = batch.mask.cpu()
+    hit = torch.zeros(mask.shape[0], dtype=torch.bool)
+    for eff in columns.effective.values():
+        hit |= ((eff != 0) & mask).any(-1)
+    return set(batch.group_ids.cpu()[hit].tolist())
+
+
+def report_data(
+    batch: RolloutBatch,
+    columns: Columns,
+    groups: Sequence[GroupView],
+    *,
+    title: str = "tokencredit explain",
+    subtitle: str = "",
+    notes: Sequence[str] = (),
+) -> ReportData:
+    """The report structure of `columns` on the rows of `groups`: diagnostics and rank correlations on those rows."""
+    rows = [r.row for g in groups for r in g.responses]
+    idx = torch.tensor(rows, dtype=torch.int64)
+    mask = batch.mask.cpu()[idx]
+    entropy = batch.entropy.cpu()[idx] if batch.entropy is not None else None
+    shown: dict[str, Tensor] = {}
+    for view in columns.views:
+        if view.name not in columns.effective:
+            continue
+        present = columns.present.get(view.name)
+        if present is not None and not bool(present[idx].all()):
+            view.note = f"{int((~present[idx]).sum())} shown response(s) carry no token_advantages"
+            continue
+        shown[view.name] = columns.effective[view.name][idx]
+        _fill_view(view, shown[view.name], columns.seq_advantages[view.name][idx], mask, rows, entropy)
+    return ReportData(
+        title=title,
+        groups=list(groups),
+        methods=columns.views,
+        correlations=_correlations(shown, mask),
+        subtitle=subtitle,
+        notes=list(notes),
+    )
 
 
 def explain_batch(
@@ -191,35 +286,9 @@ def explain_batch(
     method needing it (or failing with a configuration/data error) is skipped with that note.
     `credits`, when given, receives each computed method's `TokenCredit` by name. A `SavedSpec` column
     shows `saved` (rows as in `batch`) as it is; it is skipped with a note if a shown row lacks it.
+    `compute_columns` then `report_data`, which a caller choosing groups by their credit runs apart.
     """
-    rows = [r.row for g in groups for r in g.responses]
-    idx = torch.tensor(rows, dtype=torch.int64, device=batch.mask.device)
-    mask = batch.mask[idx].cpu()
-    entropy = batch.entropy[idx].cpu() if batch.entropy is not None else None
-    views: list[MethodView] = []
-    shown: dict[str, Tensor] = {}
-    for spec in methods:
-        view = MethodView(spec.name, spec.label, spec.description)
-        views.append(view)
-        if isinstance(spec, SavedSpec):
-            rows_saved = _saved_view(view, saved, idx)
-            if rows_saved is not None:
-                shown[spec.name] = rows_saved[0] * mask  # 0 off the tokens, as every computed column
-                _fill_view(view, shown[spec.name], rows_saved[1], mask, rows, entropy)
-            continue
-        got = method_credit(spec, batch, special_ids=special_ids, unavailable=unavailable)
-        effective = _effective(got, view)
-        if effective is None or got.credit is None:
-            continue
-        if credits is not None:
-            credits[spec.name] = got.credit
-        shown[spec.name] = effective[idx].cpu()
-        _fill_view(view, shown[spec.name], got.credit.seq_advantages[idx].cpu(), mask, rows, entropy)
-    return ReportData(
-        title=title,
-        groups=list(groups),
-        methods=views,
-        correlations=_correlations(shown, mask),
-        subtitle=subtitle,
-        notes=list(notes),
+    columns = compute_columns(
+        batch, methods, unavailable=unavailable, special_ids=special_ids, credits=credits, saved=saved
     )
+    return report_data(batch, columns, groups, title=title, subtitle=subtitle, notes=notes)

@@ -4,8 +4,10 @@ A JSONL file holds one group per line: ``{"prompt" | "problem": str, "completion
 "rewards": [float, ...], "answer": optional}``, or a line in the run-directory schema
 (completions as objects with "text" / "token_ids" and "score", optionally the old policy's
 "entropy" / "old_log_probs", an oracle / VinePPO run's Monte-Carlo "mc_advantages" /
-"mc_step_advantages", and raw "tokens"; see `tokencredit.train.rundir.rollout_records`).
-Every error names the file and line. A run's saved rollouts can be read leniently (`skipped` a list):
+"mc_step_advantages", and raw "tokens"; see `tokencredit.train.rundir.rollout_records`). A line's
+"format_version" (`tokencredit.rollout.records.FORMAT_VERSION`; a line without one is version 1) above the
+version this reader knows is refused. prime-rl's token exports are read too (`tokencredit.explain.prime_rl`),
+detected from the first record's keys. Every error names the file and line. A run's saved rollouts can be read leniently (`skipped` a list):
 a damaged line or group is left out, with one line there naming file:line, and the other groups are used.
 
 What is refused, naming file:line and the field: a file that is not UTF-8 text (its encoding is not
@@ -30,6 +32,7 @@ from tokencredit.batch import MC_SIGNALS
 from tokencredit.data.loaders import DataError, json_line_error, parse_json_line
 from tokencredit.errors import ConfigError
 from tokencredit.rewards.reasoning_gym import GymAnswer
+from tokencredit.rollout.records import FORMAT_VERSION, FORMAT_VERSION_FIELD
 from tokencredit.train.rundir import RunDir, damaged_line
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "load_jsonl",
     "load_run_rollouts",
     "read_groups",
+    "read_lines",
     "saved_steps",
 ]
 
@@ -83,6 +87,8 @@ class GroupInput:
     where: str
     problem: str | None = None  # the task text (a template makes the prompt from it)
     prompt: str | None = None  # the literal prompt text, when given
+    # the prompt's token ids as the engine fed them (a prime-rl export's): used as they are, never re-tokenised
+    prompt_token_ids: list[int] | None = None
     answer: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -237,6 +243,13 @@ def _completions(obj: dict[str, Any], comps: list[Any], where: str) -> list[Comp
 def _parse_group(obj: Any, where: str, default_id: int) -> GroupInput:
     if not isinstance(obj, dict):
         raise _data_error(where, f"expected a JSON object, got {type(obj).__name__}")
+    version = obj.get(FORMAT_VERSION_FIELD, 1)  # a line without one is version 1 (written before the field)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise _data_error(
+            where,
+            f"'{FORMAT_VERSION_FIELD}' is {_short(version)}: this tokencredit reads rollouts format versions 1 to "
+            f"{FORMAT_VERSION} (a newer tokencredit wrote the file? upgrade it)",
+        )
     comps = obj.get("completions")
     if not isinstance(comps, list) or not comps:
         raise _data_error(where, "'completions' must be a non-empty list")
@@ -332,8 +345,8 @@ def _decoded(raw: bytes, path: Path, lineno: int) -> str:
         ) from None
 
 
-def read_groups(path: Path) -> list[GroupInput]:
-    """Every group of a JSONL file, in order; group ids must be unique (errors name file:line)."""
+def read_lines(path: Path) -> list[tuple[int, Any]]:
+    """(line number, parsed JSON value) of every non-blank line of a JSONL file (errors name file:line)."""
     lines = []
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
@@ -351,24 +364,47 @@ def read_groups(path: Path) -> list[GroupInput]:
             except ValueError as e:  # e.g. an integer of more than 4300 digits
                 why = (str(e).splitlines() or [""])[0].split(";")[0][:160]
                 raise DataError(f"{path}:{lineno}: unreadable JSON line ({why})") from None
-    return _groups(lines, path)
+    return lines
 
 
-def load_jsonl(path: str | Path) -> list[GroupInput]:
-    """Groups from a JSONL of prompts, completions and rewards (see the module docstring); errors name file:line."""
+def read_groups(path: Path) -> list[GroupInput]:
+    """Every group of a JSONL file in our rollouts format, in order; group ids must be unique (errors name
+    file:line)."""
+    return _groups(read_lines(path), path)
+
+
+def load_jsonl(
+    path: str | Path, *, step: int | None = None, notes: list[str] | None = None
+) -> list[GroupInput]:
+    """Groups from a JSONL of prompts, completions and rewards (see the module docstring), or from prime-rl's
+    token exports (a file, or a directory of step_N/rank_R.jsonl: `step`, default the latest; detected from the
+    records' keys, `tokencredit.explain.prime_rl`), with what the reader noted appended to `notes`; errors name
+    file:line."""
+    # imported here: prime_rl builds this module's GroupInput, so it imports this module
+    from tokencredit.explain import prime_rl
+
     p = Path(path)
+    notes = [] if notes is None else notes
     if p.is_dir():
-        raise ConfigError(
-            f"--jsonl {p}: a directory, not a JSONL file (a run directory is given without --jsonl)"
-        )
+        try:
+            return prime_rl.load_export(p, step, notes)
+        except OSError as e:
+            raise ConfigError(f"--jsonl {p}: cannot read it ({e.strerror or e})") from None
     if p.exists() and not p.is_file():
         raise ConfigError(f"--jsonl {p}: not a regular file (a device or a pipe?); give a JSONL file")
     if not p.is_file():
         raise ConfigError(f"--jsonl: file not found: {p}")
     try:
-        groups = read_groups(p)
+        lines = read_lines(p)
     except OSError as e:
         raise ConfigError(f"--jsonl {p}: cannot read it ({e.strerror or e})") from None
+    if lines and prime_rl.is_record(lines[0][1]):
+        return prime_rl.groups_of([(p, lines)], notes)
+    if step is not None:
+        raise ConfigError(
+            f"--step selects a step of a run directory or of a prime-rl export directory; {p} is one file"
+        )
+    groups = _groups(lines, p)
     for g in groups:
         if g.prompt is None and g.problem is None:
             raise _data_error(
@@ -415,6 +451,13 @@ def check_token_ids(groups: Iterable[GroupInput], vocab_size: int, model: str) -
     """DataError naming file:line, the completion and the id of the first token id outside [0, vocab_size):
     the rollouts were sampled with another model's tokenizer, or the file is damaged."""
     for g in groups:
+        for j, x in enumerate(g.prompt_token_ids or ()):
+            if x >= vocab_size:
+                raise _data_error(
+                    g.where,
+                    f"the prompt's token id {_short(x)} (token {j}) is outside the vocabulary of {model} (ids 0 to "
+                    f"{vocab_size - 1}): was this sampled with another model? (--model)",
+                )
         for i, c in enumerate(g.completions):
             for j, x in enumerate(c.token_ids or ()):
                 if x >= vocab_size:

@@ -14,6 +14,7 @@ from tokencredit import advantages
 from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError, closest
 from tokencredit.explain.inputs import GroupInput, load_jsonl, load_run_rollouts
+from tokencredit.explain.prime_rl import export_root
 from tokencredit.explain.selection import check_kind, parse_indices
 from tokencredit.recipes import Recipe
 from tokencredit.train.config import TrainConfig
@@ -37,7 +38,8 @@ class ExplainOptions:
     # comma-separated credit methods and/or recipes, and "saved" (the input's Â)
     methods: str = DEFAULT_METHODS
     groups: int | None = None  # how many groups to show (default `selection.DEFAULT_COUNT`)
-    select: str = "any"  # which kind of group: any | mixed | all-wrong | all-right (`selection.GROUP_KINDS`)
+    # which kind of group (`selection.GROUP_KINDS`); None: groups with non-zero credit, rewards that differ first
+    select: str | None = None
     group_index: str | Sequence[int] | None = None  # the groups to show by 0-based index ("3,7,12")
     out: str | Path | None = None
     advantage: str | None = None
@@ -52,9 +54,10 @@ class ExplainOptions:
         """Raise ConfigError (naming the flag) for settings that contradict each other or are out of range."""
         if (self.run_dir is None) == (self.jsonl is None):
             raise ConfigError("give either a RUN_DIR or --jsonl FILE (with --model PATH)")
-        if self.jsonl is not None and self.step is not None:
+        if self.jsonl is not None and self.step is not None and not Path(str(self.jsonl)).is_dir():
             raise ConfigError(
-                "--step selects a saved step of a run directory; it has no meaning with --jsonl"
+                "--step selects a saved step of a run directory or of a prime-rl export directory; it has no "
+                "meaning with a --jsonl file"
             )
         if self.jsonl is not None and not self.model:
             raise ConfigError(
@@ -62,10 +65,11 @@ class ExplainOptions:
             )
         if self.groups is not None and self.groups < 1:
             raise ConfigError(f"--groups must be >= 1, got {self.groups}")
-        check_kind(self.select)
+        if self.select is not None:
+            check_kind(self.select)
         if self.group_index is not None:
             parse_indices(self.group_index)
-            if self.groups is not None or self.select != "any":
+            if self.groups is not None or self.select is not None:
                 raise ConfigError("--group-index names the groups to show; drop --groups / --select")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
@@ -100,16 +104,25 @@ class Source:
 
 
 def _jsonl_source(opts: ExplainOptions) -> Source:
+    notes: list[str] = []
+    groups = load_jsonl(str(opts.jsonl), step=opts.step, notes=notes)
+    path = Path(str(opts.jsonl))
+    if path.is_dir():  # a prime-rl export directory: the page beside its step directories
+        step = groups[0].extra.get("step")
+        out = export_root(path) / (f"explain_step_{step}.html" if step is not None else "explain.html")
+    else:
+        out = path.with_suffix(".explain.html")
     return Source(
-        groups=load_jsonl(str(opts.jsonl)),
+        groups=groups,
         template=opts.template or "qwen-math",
         temperature=opts.temperature if opts.temperature is not None else 1.0,
         advantage=opts.advantage or "grpo",
         advantage_params={},
         model_path=str(opts.model),
         model_given=True,
-        out=Path(opts.out) if opts.out else Path(str(opts.jsonl)).with_suffix(".explain.html"),
+        out=Path(opts.out) if opts.out else out,
         description=f"{opts.jsonl} · model {opts.model}",
+        notes=notes,
     )
 
 

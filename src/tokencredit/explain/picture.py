@@ -7,7 +7,9 @@ diverging scale (`render.colour`: blue pushes the token up, red down, white 0; o
 largest |Â| of the shown methods' 99th percentiles, so methods compare by colour). Long responses wrap.
 Where the task's checker knows it (`marks`), the first wrong token is boxed in orange and a right answer
 reached through a wrong step is said on the response's line, as on the page.
-Drawn with matplotlib (Agg); text is the display tokens, whitespace made visible as on the page.
+Drawn with matplotlib (Agg); text is the display tokens, control characters as the page's symbols (⇥ tab,
+↵ newline, `tokens.control_symbol`); a token holding one, or a byte mark <0xNN>, is drawn in violet italics,
+apart from literal text (a token is one text box, so the whole token takes the style).
 Every string is drawn literally: maths parsing and TeX are off (``parse_math=False, usetex=False``), so
 "$5 and $" or "$\\begin{pmatrix}..." is its characters, never italic maths or a mathtext error; a
 bidirectional control character is written as ⟨U+202E⟩, as on the page. At most `MAX_BOXES` token boxes
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from tokencredit.explain.output import write_whole
 from tokencredit.explain.render import colour, visible_bidi
+from tokencredit.explain.tokens import control_symbol, is_control
 from tokencredit.explain.views import GroupView, MethodView, ReportData
 
 __all__ = ["MAX_BOXES", "MAX_ROWS", "draw_png"]
@@ -38,11 +41,15 @@ _LINE = 0.32  # inches per line of text
 _CHAR_W = 1.0 / _WIDTH_CHARS
 _FIRST_WRONG = "#f76707"  # the page's first-wrong-token colour (explain.css)
 
-Token = tuple[str, float | None, bool]  # display text, Â, first wrong token?
+_MARKED = "#7048e8"  # text colour of a token with a control character or a byte mark
+Token = tuple[str, float | None, bool, bool]  # display text, Â, first wrong token?, control / byte marked?
 
 
-def _visible(tok: str) -> str:
-    return visible_bidi(tok.replace("\n", "↵").replace("\t", "→")) or "∅"
+def _visible(tok: str, byte_marks: bool) -> tuple[str, bool]:
+    """(text drawn, marked?) of a display token: control characters as their symbols, bidi controls visible."""
+    text = "".join(control_symbol(ch)[0] if is_control(ch) else ch for ch in tok)
+    marked = byte_marks or any(is_control(ch) for ch in tok)
+    return visible_bidi(text) or "∅", marked
 
 
 def _lines(g: GroupView, shown: list[MethodView]) -> list[tuple[str, list[Token]]]:
@@ -55,15 +62,19 @@ def _lines(g: GroupView, shown: list[MethodView]) -> list[tuple[str, list[Token]
             " · right answer, wrong step" if r.check is not None and r.check.right_answer_wrong_step else ""
         )
         out.append((f"#{k} reward {r.reward:.2f}{tick}, A {r.advantage:+.2f}{flag}", []))
-        toks = [_visible(t) for t in r.tokens]
+        marks = r.byte_marks or [False] * len(r.tokens)
+        toks = [_visible(t, b) for t, b in zip(r.tokens, marks)]
         first_wrong = r.check.first_wrong if r.check is not None else None
         for m in shown:
             vals = m.credit[r.row]  # type: ignore[index]
-            out.append((m.name, [(t, v, j == first_wrong) for j, (t, v) in enumerate(zip(toks, vals))]))
+            out.append(
+                (m.name, [(t, v, j == first_wrong, k) for j, ((t, k), v) in enumerate(zip(toks, vals))])
+            )
     return out
 
 
-Row = tuple[str, list[tuple[str, float | None, bool, float]]]  # label, [(text, Â, first wrong?, x)]
+# label, [(text, Â, first wrong?, marked?, x)]
+Row = tuple[str, list[tuple[str, float | None, bool, bool, float]]]
 
 
 def _rows(lines: list[tuple[str, list[Token]]]) -> list[Row]:
@@ -80,7 +91,7 @@ def _rows(lines: list[tuple[str, list[Token]]]) -> list[Row]:
             rows.append((label, []))
             continue
         x, row = 0.0, []
-        for text, val, wrong in toks:
+        for text, val, wrong, marked in toks:
             if boxes >= MAX_BOXES or len(rows) >= MAX_ROWS - 1:
                 break
             if len(text) > _MAX_TOKEN_CHARS:
@@ -89,7 +100,7 @@ def _rows(lines: list[tuple[str, list[Token]]]) -> list[Row]:
             if x + w > _WIDTH_CHARS - 16 and row:
                 rows.append((label, row))
                 label, x, row = "", 0.0, []
-            row.append((text, val, wrong, x))
+            row.append((text, val, wrong, marked, x))
             x += w
             boxes += 1
         rows.append((label, row))
@@ -108,13 +119,13 @@ def draw_png(data: ReportData, path: str | Path, max_groups: int = 1) -> Path:
     shown = [m for m in data.methods if not m.skipped]
     scale = max([m.scale for m in shown], default=1.0)
     rows = _rows([line for g in data.groups[:max_groups] for line in _lines(g, shown)])
-    marked = any(wrong for _, toks in rows for _, _, wrong, _ in toks)
+    first_wrong = any(wrong for _, toks in rows for _, _, wrong, _, _ in toks)
     fig = plt.figure(figsize=(13, _LINE * (len(rows) + 2)))
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(0, 1)
     ax.set_ylim(len(rows) + 1.5, 0)
     ax.axis("off")
-    key = " · orange box: first wrong token (the task's checker)" if marked else ""
+    key = " · orange box: first wrong token (the task's checker)" if first_wrong else ""
     title = f"{visible_bidi(data.title)}: Â per token, colour scale ±{scale:.2g} (blue +, red −){key}"
     ax.text(0.005, 0.6, title, fontsize=9, weight="bold", **_LITERAL)
     for i, (label, toks) in enumerate(rows, start=1):
@@ -129,7 +140,7 @@ def draw_png(data: ReportData, path: str | Path, max_groups: int = 1) -> Path:
             weight="bold" if not toks else None,
             **_LITERAL,
         )
-        for text, val, wrong, x in toks:
+        for text, val, wrong, marked, x in toks:
             fill = "rgb(255,255,255)" if val is None else colour(val, scale)[0]
             rgb = tuple(int(c) / 255 for c in fill[4:-1].split(","))
             x0 = (16 + x) * _CHAR_W
@@ -141,6 +152,7 @@ def draw_png(data: ReportData, path: str | Path, max_groups: int = 1) -> Path:
                 fontsize=7.5,
                 va="center",
                 family="monospace",
+                **({"color": _MARKED, "style": "italic"} if marked else {}),
                 bbox={"boxstyle": "square,pad=0.12", "facecolor": rgb, **edge},
                 **_LITERAL,
             )

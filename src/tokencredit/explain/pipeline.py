@@ -24,14 +24,26 @@ from tokencredit.builder import needs_of
 from tokencredit.columns import SAVED, MethodSpec, SavedSpec, resolve_columns
 from tokencredit.errors import ConfigError
 from tokencredit.explain.assemble import saved_credit
-from tokencredit.explain.compute import display_tokens, explain_batch, make_groups
+from tokencredit.explain.compute import (
+    compute_columns,
+    credited_groups,
+    display_tokens,
+    make_groups,
+    report_data,
+)
 from tokencredit.explain.inputs import GroupInput
 from tokencredit.explain.marks import mark_groups
 from tokencredit.explain.options import ExplainOptions, Source, read_source
 from tokencredit.explain.output import check_output, same_file, write_whole
 from tokencredit.explain.picture import draw_png
 from tokencredit.explain.render import build_report
-from tokencredit.explain.selection import Selection, parse_indices, select_groups
+from tokencredit.explain.selection import (
+    DEFAULT_KIND,
+    Selection,
+    credited_selection,
+    parse_indices,
+    select_groups,
+)
 from tokencredit.explain.signals import batch_with_signals, load_tokens_tokenizer, prepare_tokens
 from tokencredit.explain.views import GroupView
 from tokencredit.models import resolve_device, resolve_model, special_token_ids
@@ -89,7 +101,7 @@ def _shown_groups(
     """The `chosen` groups as displayed, with the sequence advantage A of `src.advantage` and, where the
     task's checker knows them, the first wrong tokens and wrong steps (`marks`)."""
     seq_adv = _shown_advantages(batch, src, notes)
-    texts, special = display_tokens(src.groups, tokenizer)
+    texts, special, byte_marks = display_tokens(src.groups, tokenizer)
     shown = make_groups(
         batch,
         texts,
@@ -98,6 +110,7 @@ def _shown_groups(
         answers={g.group_id: g.answer for g in src.groups},
         correct=[c.correct for g in src.groups for c in g.completions],
         special=special,
+        byte_marks=byte_marks,
         group_ids=[g.group_id for g in chosen.groups],
     )
     note = mark_groups(shown, {g.group_id: g.problem for g in src.groups}, batch, tokenizer)
@@ -229,8 +242,9 @@ def write_report(opts: ExplainOptions, warn: Callable[[str], None] | None = None
     src = read_source(opts)
     _check_outputs(opts, src)
     indices = parse_indices(opts.group_index) if opts.group_index is not None else None
-    # which groups are shown, known before any model loads
-    chosen = select_groups(src.groups, kind=opts.select, indices=indices, count=opts.groups)
+    # which groups are shown, known before any model loads (by default the candidates: the choice needs the credit)
+    kind = opts.select or DEFAULT_KIND
+    chosen = select_groups(src.groups, kind=kind, indices=indices, count=opts.groups)
     specs = resolve_columns(
         opts.methods.split(","),
         advantage=src.advantage,
@@ -260,17 +274,23 @@ def write_report(opts: ExplainOptions, warn: Callable[[str], None] | None = None
             tokenizer=tokenizer,
             warnings=warnings,
         )
-        shown = _shown_groups(batch, src, tokenizer, chosen, notes)
-        data = explain_batch(
+        columns = compute_columns(
             batch,
             specs,
+            unavailable=unavailable,
+            special_ids=special_token_ids(tokenizer),
+            saved=saved_credit(src.groups, batch.mask.shape[1]) if with_saved else None,
+        )
+        if chosen.by_credit:
+            chosen = credited_selection(src.groups, credited_groups(batch, columns), opts.groups)
+        shown = _shown_groups(batch, src, tokenizer, chosen, notes)
+        data = report_data(
+            batch,
+            columns,
             shown,
             title=_TITLE,
             subtitle=src.description,
             notes=notes + _scope_notes(specs, src, batch, shown, chosen),
-            unavailable=unavailable,
-            special_ids=special_token_ids(tokenizer),
-            saved=saved_credit(src.groups, batch.mask.shape[1]) if with_saved else None,
         )
     data.notes += [n for n in notes if n not in data.notes]  # warnings raised while the credit was computed
     if opts.png is not None:

@@ -19,6 +19,9 @@ User text (problems, answers, tokens, method names, notes) is escaped, and its b
 characters (U+202A-U+202E, U+2066-U+2069, U+200E, U+200F, U+061C: `BIDI_CONTROLS`) are shown visibly
 as ``⟨U+202E⟩`` and never written raw into the page (in the JSON blob as ``\\u202e`` escapes, the same
 data once parsed), so no text can reorder the page; problems and answers are also isolated in ``<bdi>``.
+In a token, a control character (tab, newline, ...) is its symbol in an ``<i class="ctl">`` (⇥, ↵, ␛; the
+tooltip names it) and a byte that is not part of a whole character is ``<i class="byte">&lt;0xNN&gt;</i>``
+(`tokens`): both styled apart from literal text, so a typed "→" or "<0x0A>" never reads as either.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from tokencredit.explain.tokens import BYTE_MARK, control_symbol, is_control
 from tokencredit.explain.views import GroupView, MethodView, ReportData, ResponseView, StepCheck
 
 __all__ = ["BIDI_CONTROLS", "DIAGNOSTIC_COLUMNS", "build_report", "check_text", "colour", "visible_bidi"]
@@ -90,23 +94,34 @@ def _esc(s: Any) -> str:
     return html.escape(visible_bidi(str(s)), quote=True)
 
 
-def _token_html(tok: str) -> str:
-    """Visible whitespace: newline as ↵ plus a line break, tab as →, empty token as ∅; a bidirectional
-    control character as its code point (⟨U+202E⟩)."""
+def _char_html(ch: str) -> str:
+    """One character of a token: a control character as its symbol in the ``ctl`` style (a newline also
+    breaks the line), a bidirectional control as its code point (⟨U+202E⟩), anything else escaped."""
+    if ch in BIDI_CONTROLS:
+        return f'<i class="ws">⟨U+{ord(ch):04X}⟩</i>'
+    if is_control(ch):
+        symbol, name = control_symbol(ch)
+        return f'<i class="ctl" title="{_esc(name)}">{symbol}</i>' + ("<br>" if ch == "\n" else "")
+    return html.escape(ch)
+
+
+def _token_html(tok: str, byte_marks: bool = False) -> str:
+    """A token's text with its control characters visible (`_char_html`), an empty token as ∅; with
+    `byte_marks`, each <0xNN> in the ``byte`` style (a byte not part of a whole character, `tokens`)."""
     if tok == "":
         return '<i class="ws">∅</i>'
-    parts = []
-    for ch in tok:
-        if ch == "\n":
-            parts.append('<i class="ws">↵</i><br>')
-        elif ch == "\t":
-            parts.append('<i class="ws">→</i>')
-        elif ch == "\r":
-            parts.append('<i class="ws">␍</i>')
-        elif ch in BIDI_CONTROLS:
-            parts.append(f'<i class="ws">⟨U+{ord(ch):04X}⟩</i>')
-        else:
-            parts.append(html.escape(ch))
+    if not byte_marks:
+        return "".join(_char_html(ch) for ch in tok)
+    parts, at = [], 0
+    for m in BYTE_MARK.finditer(tok):
+        parts.extend(_char_html(ch) for ch in tok[at : m.start()])
+        value = int(m.group(1), 16)
+        tip = f"byte 0x{m.group(1)}" + ("" if value < 0x80 else ", part of a UTF-8 character")
+        parts.append(
+            f'<i class="byte" title="{tip}">&lt;0x{m.group(1)}&gt;</i>' + ("<br>" if value == 0x0A else "")
+        )
+        at = m.end()
+    parts.extend(_char_html(ch) for ch in tok[at:])
     return "".join(parts)
 
 
@@ -269,7 +284,7 @@ def _credit_cell(r: ResponseView, m: MethodView) -> str:
         cls += " fw" if t == first_wrong else ""
         spans.append(
             f'<span class="{cls}" data-t="{t}" data-a="{_num(v)!r}" '
-            f'style="background:{bg}">{_token_html(tok)}</span>'
+            f'style="background:{bg}">{_token_html(tok, bool(r.byte_marks and r.byte_marks[t]))}</span>'
         )
     return (
         f'<div class="cell" data-m="{_esc(m.name)}" data-r="{r.row}"><span class="cm">{cm}</span>'

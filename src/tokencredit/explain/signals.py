@@ -146,6 +146,9 @@ def prepare_tokens(
         cfg = _model_config(src.model_path)
         vocab = max(len(tokenizer), int(getattr(cfg, "vocab_size", 0) or 0))
         check_token_ids(src.groups, vocab, src.model_path)
+        for g in src.groups:  # a prompt saved as token ids is shown as their text
+            if g.prompt is None and g.problem is None and g.prompt_token_ids is not None:
+                g.prompt = tokenizer.decode(g.prompt_token_ids, skip_special_tokens=False)
         unk = getattr(tokenizer, "unk_token_id", None)
         n_unk = (
             sum(c.token_ids.count(unk) for g in src.groups for c in g.completions if c.text)
@@ -195,13 +198,19 @@ def _bos_aware_ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=add)["input_ids"])
 
 
-def _prompt_texts(groups: Sequence[GroupInput], tokenizer: Any, template: str) -> list[str]:
-    return [g.prompt if g.prompt is not None else render(template, g.problem, tokenizer) for g in groups]  # type: ignore[arg-type]
+def _prompt_text(g: GroupInput, tokenizer: Any, template: str) -> str:
+    return g.prompt if g.prompt is not None else render(template, g.problem, tokenizer)  # type: ignore[arg-type]
 
 
 def _prompt_ids(groups: Sequence[GroupInput], tokenizer: Any, template: str) -> list[list[int]]:
-    """Each group's prompt ids, rebuilt as `tokencredit.rollout.generate` tokenised them."""
-    return [_bos_aware_ids(tokenizer, p) for p in _prompt_texts(groups, tokenizer, template)]
+    """Each group's prompt ids: as the engine fed them when saved (a prime-rl export's), else rebuilt as
+    `tokencredit.rollout.generate` tokenised them."""
+    return [
+        list(g.prompt_token_ids)
+        if g.prompt_token_ids is not None
+        else _bos_aware_ids(tokenizer, _prompt_text(g, tokenizer, template))
+        for g in groups
+    ]
 
 
 def _with_prompts(

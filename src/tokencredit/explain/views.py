@@ -42,6 +42,7 @@ class ResponseView:
     entropy: list[float] | None = None
     prob: list[float] | None = None
     special: list[bool] | None = None  # True for special tokens (EOS...), drawn muted
+    byte_marks: list[bool] | None = None  # True where the token's text holds <0xNN> byte marks (`tokens`)
     check: StepCheck | None = None  # None: the task's checker does not know this task
 
 

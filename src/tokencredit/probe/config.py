@@ -204,6 +204,17 @@ def _check_data(data: str) -> None:
         reasoning_gym.check_spec(data)
         return
     if Path(data).exists():
+        # imported here: tokencredit.explain imports the probe's checker truth
+        from tokencredit.explain.prime_rl import export_record
+
+        where = export_record(Path(data))
+        if where is not None:
+            raise ConfigError(
+                f"--data {where}: a prime-rl token export (token ids, loss mask and advantages per sequence) has no "
+                "'problem' text and no gold 'answer', which probe needs to pose each problem again and score its own "
+                f"rollouts; give a problem file (docs/inputs.md), or read the export with tokencredit explain --jsonl "
+                f"{data} --model M"
+            )
         if not load_problems(data):
             raise ConfigError(f"--data {data}: no problems (the file is empty?)")
         return

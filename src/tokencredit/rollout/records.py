@@ -4,11 +4,13 @@ the token advantages Â it trained with. `tokencredit explain --jsonl FILE` read
 FILE`; the TRL and verl plugins write it (docs/integrations.md, "Saving rollouts for explain and probe"),
 with the group fields of a dataset row read by `problem_fields`.
 
-A line (a group): ``step``, ``recipe``, ``credit``, ``group`` (unique in the file), the prompt as
+A line (a group): ``format_version`` (`FORMAT_VERSION`; a line without one, written before the field,
+is version 1), ``step``, ``recipe``, ``credit``, ``group`` (unique in the file), the prompt as
 ``prompt`` (the literal text the model continued) and / or ``problem`` (the task text), optionally
 ``answer``, ``id`` and other per-group fields, and ``completions``: objects made by `completion_record`.
 Values are rounded (Â and Monte-Carlo values to 6 decimals, entropy and log-probs to 5); a non-finite
-number is an error, never written (strict JSON).
+number is an error, never written (strict JSON). The format is documented in docs/inputs.md ("Rollouts for
+explain and probe"); a change that an older reader would misread raises `FORMAT_VERSION`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from torch import Tensor
 from tokencredit.data.loaders import DataError, problem_from_row
 
 __all__ = [
+    "FORMAT_VERSION",
+    "FORMAT_VERSION_FIELD",
     "completion_record",
     "completion_records",
     "group_record",
@@ -31,6 +35,9 @@ __all__ = [
     "problem_fields",
 ]
 
+# the version of the lines written here; readers (`tokencredit.explain.inputs`) refuse a higher one
+FORMAT_VERSION = 1
+FORMAT_VERSION_FIELD = "format_version"
 # decimals kept per per-token value (others: `_DECIMALS`); the old policy's signals need less
 _SIGNAL_DECIMALS = {"entropy": 5, "old_log_probs": 5}
 _DECIMALS = 6
@@ -134,11 +141,12 @@ def group_record(
     completions: Sequence[Mapping[str, Any]],
     **fields: Any,
 ) -> dict[str, Any]:
-    """One line: a group's completions (`completion_record`) with the step, recipe, credit method, group id and
-    the group's `fields` (prompt, problem, answer, id, ...; None values are left out)."""
+    """One line: the format version, a group's completions (`completion_record`) with the step, recipe, credit
+    method, group id and the group's `fields` (prompt, problem, answer, id, ...; None values are left out)."""
     if not completions:
         raise ValueError(f"group_record: group {group} has no completion")
     return {
+        FORMAT_VERSION_FIELD: FORMAT_VERSION,
         "step": int(step),
         "recipe": recipe,
         "credit": credit,

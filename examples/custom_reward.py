@@ -1,10 +1,13 @@
-"""A custom reward function for `tokencredit train` (docs/inputs.md, "Custom rewards").
+"""Custom reward functions for `tokencredit train` (docs/inputs.md, "Custom rewards"), one in each contract.
 
     PYTHONPATH=examples tokencredit train --set reward.function=custom_reward:boxed_match
+    PYTHONPATH=examples tokencredit train --set reward.function=custom_reward:boxed_answer_reward
 
-The trainer imports ``custom_reward`` (so its directory must be on PYTHONPATH) and calls
-``boxed_match(completions, golds)`` once per generation round with every rollout of the round.
-tests/rewards/test_custom_reward_example.py trains with it.
+The trainer imports ``custom_reward`` (so its directory must be on PYTHONPATH) and calls the function once
+per generation round with every rollout of the round: ``boxed_match(completions, golds)`` (tokencredit's
+contract), ``boxed_answer_reward(prompts=..., completions=..., completion_ids=..., answer=..., ...)``
+(TRL's, read from its signature; the same function works as a TRL GRPOTrainer reward function).
+tests/rewards/test_custom_reward_example.py and tests/rewards/test_reward_contract.py train with them.
 """
 
 from __future__ import annotations
@@ -31,4 +34,16 @@ def boxed_match(completions: list[str], golds: list[Any], **kwargs: Any) -> list
             rewards.append(0.0)
         else:
             rewards.append(1.0 if _normalise(answer) in accepted else 0.1)
+    return rewards
+
+
+def boxed_answer_reward(
+    completions: list[str], completion_ids: list[list[int]], answer: list, **kwargs: Any
+) -> list[float]:
+    """Reward in TRL's contract: 1.0 if the completion boxes the gold answer, minus 0.001 per token."""
+    rewards = []
+    for text, ids, gold in zip(completions, completion_ids, answer):
+        golds = gold if isinstance(gold, list) else [gold]
+        right = any(f"\\boxed{{{g}}}" in text for g in golds)
+        rewards.append((1.0 if right else 0.0) - 0.001 * len(ids))
     return rewards

@@ -1,7 +1,11 @@
-"""GRPO with token-level credit in TRL: a Qwen model on the GSM8K prompts shipped with tokencredit.
+"""GRPO with token-level credit in TRL, on any data `tokencredit train` reads, scored by its rewards.
 
     pip install -e ".[trl]"
-    python examples/trl_grpo_credit.py --model Qwen/Qwen2.5-Math-1.5B --credit ktae --max-steps 200
+    # the embedded toy model and task on a CPU, rollouts saved for `tokencredit explain` (docs/integrations.md)
+    python examples/trl_grpo_credit.py --model toy --data toy --credit ktae --max-steps 2 \
+        --per-device-batch 8 --num-generations 4 --grad-accum 1 --max-completion-length 80 --lr 1e-4 \
+        --save-rollouts runs/trl-toy/rollouts --save-every 1 --output-dir runs/trl-toy
+    python examples/trl_grpo_credit.py --model Qwen/Qwen2.5-Math-1.5B --data gsm8k_train --credit ktae --max-steps 200
     accelerate launch --num_processes 8 examples/trl_grpo_credit.py --credit dapo+ktae --use-vllm
     # a real model offline on a CPU (issue 30): SmolLM2-135M-Instruct from its GGUF, reasoning-gym chain sums
     python examples/trl_grpo_credit.py --model smollm2 --data reasoning-gym:chain_sum_small --template chat \
@@ -9,82 +13,103 @@
         --max-completion-length 48 --lr 2e-4 --lora-rank 8
 
 `--model` takes a hub id or local path (loaded by TRL) or any name `tokencredit.models.load_model` accepts
-(`smollm2`, a `.gguf` file, a cached hub id; loaded here and handed to TRL).
+(`toy`, `toy-hard`, `toy-free`, `smollm2`, a `.gguf` file, a cached hub id; loaded here and handed to TRL).
+
+`--data` takes any of the trainer's data specs (`data.train`): `toy`, `toy-hard`, `toy-free`, a shipped
+benchmark (`gsm8k_train`, `math500`, ...; `gsm8k` is `gsm8k_train`), `reasoning-gym:NAME[?params]`, a
+JSONL / Parquet file or `datasets` directory; the problems come from `tokencredit.tasks.load_problems_for`
+and the prompts from `tokencredit.data.templates.render` with `--template`, as `tokencredit train` makes
+them. `--reward` takes any `reward.function` (default `auto`: math-verify, reasoning-gym's checker for its
+problems, or your `module:function` in either contract, docs/inputs.md); TRL calls it through one
+reward function with its own contract, which hands it the problem records.
 
 `--credit` takes any registered credit method (ktae, entropy-80-20, delta, surprisal, gcpo, ...) or
-recipe (dapo+ktae, grpo+ktae, delta, ...): `tokencredit recipes` lists them. The reward is the
-math-verify verifier of `tokencredit.rewards.math_reward` (1.0 when the final boxed answer equals
-the gold answer). Prompts use the "qwen-math" template (the tokenizer's chat template with the
-system prompt "Please reason step by step, and put your final answer within \\boxed{}.").
+recipe (dapo+ktae, grpo+ktae, delta, ...): `tokencredit recipes` lists them. `--save-rollouts DIR
+--save-every N` writes DIR/step_NNNNNN.jsonl every N steps (`SaveRolloutsCallback`), which
+`tokencredit explain --jsonl` and `tokencredit probe --data` read.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from datasets import Dataset
 from transformers import AutoTokenizer
 from trl import GRPOConfig
 
-from tokencredit.data.math_benchmarks import load
 from tokencredit.data.templates import render
 from tokencredit.errors import ConfigError
-from tokencredit.integrations.trl import CreditGRPOTrainer
-from tokencredit.rewards import math_reward
+from tokencredit.integrations.trl import CreditGRPOTrainer, SaveRolloutsCallback
+from tokencredit.rewards import Reward
+from tokencredit.rewards.custom import resolve_reward_function
+from tokencredit.tasks import load_problems_for
+from tokencredit.train.config import DataConfig
+
+DATA_ALIASES = {"gsm8k": "gsm8k_train"}
 
 
-def math_verify_reward(completions: list[str], answer: list[list[str]], **_: object) -> list[float]:
-    """1.0 for a completion whose final answer matches one of the gold answers, else 0.0."""
-    return math_reward(completions, answer)
-
-
-def gsm8k_dataset(tokenizer, limit: int | None, template: str = "qwen-math") -> Dataset:
-    """The shipped GSM8K training prompts, rendered with `template`."""
-    rows = []
-    for p in load("gsm8k_train", limit=limit):
-        answers = [p.answer] if isinstance(p.answer, str) else list(p.answer)
-        rows.append(
-            {"prompt": render(template, p.problem, tokenizer), "problem": p.problem, "answer": answers}
-        )
-    return Dataset.from_list(rows)
-
-
-def gym_dataset_and_reward(spec: str, tokenizer, size: int, template: str):
-    """reasoning-gym problems (`tokencredit.data.reasoning_gym`) and a reward scored by reasoning-gym's own
-    checker in tokencredit's sandboxed workers; the entry reference travels as a dataset column."""
-    from tokencredit.data import reasoning_gym
-    from tokencredit.rewards import Reward
-    from tokencredit.rewards.reasoning_gym import GymAnswer
-
-    problems = reasoning_gym.load(spec, split="train", size=size)
+def problems_dataset(
+    spec: str, tokenizer: Any, template: str, size: int, limit: int | None
+) -> tuple[Dataset, list]:
+    """(dataset, problems): the problems of data spec `spec` (its training split; `size` problems of a toy
+    task or reasoning-gym data, the first `limit` of any), one row each: the rendered `prompt`, its `id`,
+    `problem` and `answer` (a list of acceptable strings)."""
+    problems = load_problems_for(spec, DataConfig(train=spec, train_size=size), split="train")[:limit]
+    ids = [p.id for p in problems]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"--data {spec}: problem ids repeat; the reward finds each problem by its id")
     rows = [
         {
             "prompt": render(template, p.problem, tokenizer),
+            "id": p.id,
             "problem": p.problem,
-            "answer": str(p.answer),
-            "answer_ref": json.dumps(p.answer.ref),
+            "answer": [str(p.answer)] if not isinstance(p.answer, list) else [str(a) for a in p.answer],
         }
         for p in problems
     ]
-    reward = Reward("reasoning-gym")
+    return Dataset.from_list(rows), problems
 
-    def gym_reward(
-        completions: list[str], answer: list[str], answer_ref: list[str], **_: object
-    ) -> list[float]:
-        golds = [GymAnswer(a, **json.loads(r)) for a, r in zip(answer, answer_ref)]
-        return reward(completions, golds)
 
-    return Dataset.from_list(rows), gym_reward
+def tokencredit_reward(reward: Reward, problems: list) -> Callable[..., list[float]]:
+    """A TRL reward function (TRL's contract: prompts, completions, completion ids and the dataset's columns
+    by keyword) that scores with `reward` against each row's problem record, found by its `id` column (the
+    record keeps what a dataset column cannot, a reasoning-gym answer's entry, for one)."""
+    by_id = {p.id: p for p in problems}
+
+    def verifier(prompts: list, completions: list, completion_ids: list, **columns: Any) -> list[float]:
+        rows = [by_id[i] for i in columns["id"]]
+        return reward(
+            completions,
+            [p.answer for p in rows],
+            prompts=prompts,
+            completion_ids=completion_ids,
+            problems=rows,
+            step=columns["trainer_state"].global_step,
+        )
+
+    verifier.__name__ = reward.spec  # TRL's name for it: rewards/<name>/mean
+    return verifier
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="Qwen/Qwen2.5-Math-1.5B", help="hub id or local path")
+    ap.add_argument(
+        "--model", default="Qwen/Qwen2.5-Math-1.5B", help="hub id, local path or tokencredit name"
+    )
     ap.add_argument("--credit", default="ktae", help="credit method or recipe name")
     ap.add_argument("--output-dir", default="runs/trl_grpo_credit")
-    ap.add_argument("--limit", type=int, default=None, help="use the first N GSM8K problems")
+    ap.add_argument("--data", default="gsm8k_train", help="a data spec of tokencredit train (data.train)")
+    ap.add_argument("--template", default="qwen-math", help="prompt template: qwen-math, chat, r1-zero")
+    ap.add_argument(
+        "--reward", default="auto", help="reward.function: auto, math, reasoning-gym, module:function"
+    )
+    ap.add_argument("--reward-contract", default="auto", help="reward.contract of a module:function")
+    ap.add_argument("--train-size", type=int, default=2000, help="toy / reasoning-gym problems to draw")
+    ap.add_argument("--limit", type=int, default=None, help="use the first N problems")
     ap.add_argument("--max-steps", type=int, default=200)
     ap.add_argument("--per-device-batch", type=int, default=8, help="completions per device per step")
     ap.add_argument("--num-generations", type=int, default=8, help="G, completions per prompt")
@@ -92,16 +117,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-completion-length", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--use-vllm", action="store_true", help="generate with vLLM (colocated)")
     ap.add_argument("--report-to", default="none")
-    ap.add_argument("--data", default="gsm8k", help="gsm8k (shipped) or reasoning-gym:NAME[?params]")
-    ap.add_argument("--template", default="qwen-math", help="prompt template: qwen-math, chat, r1-zero")
-    ap.add_argument("--train-size", type=int, default=2000, help="reasoning-gym problems to draw")
+    ap.add_argument(
+        "--log-completions", action="store_true", help="TRL's completions table (OUTPUT_DIR/completions)"
+    )
     ap.add_argument("--lora-rank", type=int, default=0, help="> 0: train a LoRA adapter (peft)")
+    ap.add_argument(
+        "--save-rollouts", default=None, metavar="DIR", help="save rollouts as DIR/step_NNNNNN.jsonl"
+    )
+    ap.add_argument(
+        "--save-every", type=int, default=10, metavar="N", help="with --save-rollouts: every N steps"
+    )
     args = ap.parse_args(argv)
 
     model = args.model
-    try:  # a name tokencredit resolves offline (smollm2, a .gguf file, a cached hub id, a directory)
+    try:  # a name tokencredit resolves offline (toy, smollm2, a .gguf file, a cached hub id, a directory)
         from tokencredit.models import load_model
 
         model, tokenizer = load_model(args.model)
@@ -109,10 +141,15 @@ def main(argv: list[str] | None = None) -> None:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if args.data == "gsm8k":
-        dataset, reward_fn = gsm8k_dataset(tokenizer, args.limit, args.template), math_verify_reward
-    else:
-        dataset, reward_fn = gym_dataset_and_reward(args.data, tokenizer, args.train_size, args.template)
+    data = DATA_ALIASES.get(args.data, args.data)
+    dataset, problems = problems_dataset(data, tokenizer, args.template, args.train_size, args.limit)
+    reward = Reward(
+        resolve_reward_function(args.reward, [data]), contract=args.reward_contract, max_steps=args.max_steps
+    )
+    reward.check(problems[0])  # a user function that does not fit its contract stops here, before training
+    callbacks = (
+        [SaveRolloutsCallback(args.save_rollouts, every=args.save_every)] if args.save_rollouts else None
+    )
     peft_config = None
     if args.lora_rank > 0:
         from peft import LoraConfig
@@ -133,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         max_completion_length=args.max_completion_length,
         learning_rate=args.lr,
         temperature=args.temperature,
+        seed=args.seed,
         beta=0.0,
         bf16=cuda,
         use_cpu=not cuda,
@@ -140,21 +178,27 @@ def main(argv: list[str] | None = None) -> None:
         use_vllm=args.use_vllm,
         vllm_mode="colocate",
         logging_steps=1,
+        log_completions=args.log_completions,
         save_strategy="no",
         report_to=args.report_to,
     )
-    trainer = CreditGRPOTrainer(
-        model=model,
-        reward_funcs=reward_fn,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        credit=args.credit,
-        peft_config=peft_config,
-    )
-    trainer.train()
+    with reward:
+        trainer = CreditGRPOTrainer(
+            model=model,
+            reward_funcs=tokencredit_reward(reward, problems),
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            credit=args.credit,
+            peft_config=peft_config,
+            callbacks=callbacks,
+        )
+        trainer.train()
     trainer.save_model(args.output_dir)
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConfigError as e:  # bad input: one line, no traceback
+        sys.exit(f"error: {e}")

@@ -61,6 +61,11 @@ class Recording(tc_trl.CreditGRPOTrainer):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
         self.scored, self.loss_inputs, self.losses = [], [], []
+        self.trl_logged = []  # TRL's logged advantages of the last scoring, before the plugin replaced them
+
+    def _log_trained_advantages(self):
+        self.trl_logged = list(self._logs["advantages"])
+        super()._log_trained_advantages()
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
@@ -150,8 +155,8 @@ def test_ktae_two_steps_trl_uses_the_core_advantages(model_dir, tmp_path):
         want = credit.compute("ktae", batch, seq, ignore_token_ids=tuple(sorted(tok.all_special_ids)))
         torch.testing.assert_close(rec["advantages"], want, rtol=0, atol=0)
         assert (rec["advantages"][~mask] == 0).all() and not torch.equal(want, seq[:, None] * mask)
-    # the sequence baseline is TRL's own (B,) advantage
-    trl_adv = torch.tensor(list(trainer._logs["advantages"]))
+    # the sequence baseline is TRL's own (B,) advantage (as TRL logged it, before the plugin's table fix)
+    trl_adv = torch.tensor(trainer.trl_logged)
     torch.testing.assert_close(
         torch.cat([r["sequence_advantages"] for r in trainer.scored]), trl_adv, atol=1e-6, rtol=0
     )
@@ -239,6 +244,45 @@ def test_gcpo_scores_the_completions_after_a_negative_prompt(model_dir, tmp_path
     want = credit.compute("gcpo", batch, advantages.grpo(scores, gids))  # recipe "gcpo": GRPO eps 1e-6
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert not torch.equal(want, advantages.grpo(scores, gids)[:, None] * mask)
+
+
+def test_trl_completions_table_shows_the_trained_token_advantages(model_dir, tmp_path):
+    """TRL's completions table (its `_logs`, the parquet file) holds each completion's mean Â over its loss
+    tokens, with A and Â's range as extra columns, not TRL's scalar GRPO advantage; credit/* is logged."""
+    pd = pytest.importorskip("pandas", reason="TRL's completions table needs pandas")
+    trainer = _trainer(model_dir, tmp_path, "ktae", log_completions=True)
+    trainer.train()
+    rec = trainer.scored[-1]
+    adv, mask = rec["advantages"], rec["mask"]
+    n = mask.sum(1).clamp(min=1)
+    mean = (adv * mask).sum(1) / n
+    lo = torch.where(mask, adv, torch.inf).amin(1)
+    hi = torch.where(mask, adv, -torch.inf).amax(1)
+    logged = trainer._logs
+    torch.testing.assert_close(torch.tensor(list(logged["advantages"])), mean, atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(list(logged["extra"]["sequence_advantage"])),
+        rec["sequence_advantages"],
+        atol=1e-6,
+        rtol=0,
+    )
+    torch.testing.assert_close(
+        torch.tensor(list(logged["extra"]["token_advantage_min"])), lo, atol=1e-6, rtol=0
+    )
+    torch.testing.assert_close(
+        torch.tensor(list(logged["extra"]["token_advantage_max"])), hi, atol=1e-6, rtol=0
+    )
+    # what TRL had logged was its scalar advantage (= A here), which KTAE's mean Â differs from somewhere
+    torch.testing.assert_close(
+        torch.tensor(trainer.trl_logged), rec["sequence_advantages"], atol=1e-6, rtol=0
+    )
+    assert (mean - rec["sequence_advantages"]).abs().max() > 1e-4
+    table = pd.read_parquet(tmp_path / "out" / "completions" / "completions_00002.parquet")
+    assert table["advantage"].tolist() == pytest.approx(mean.tolist(), abs=1e-6)
+    assert table["sequence_advantage"].tolist() == pytest.approx(
+        rec["sequence_advantages"].tolist(), abs=1e-6
+    )
+    assert any("credit/gini" in h and "credit/eff_ratio" in h for h in trainer.state.log_history)
 
 
 def test_credit_diagnostics_in_trl_logs_and_saved_rollouts_explained(model_dir, tmp_path):

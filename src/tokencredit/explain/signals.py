@@ -245,7 +245,9 @@ def sample_mc_signals(
     golds = [g.answer for g in src.groups for _ in g.completions]
     sampling = SamplingSettings(temperature=src.temperature, top_p=cfg.rollout.top_p, max_new_tokens=budget)
     fn = cfg.reward.function
-    with Reward(fn, timeout=cfg.reward.timeout, retry_timeouts=cfg.reward.retry_timeouts) as reward:
+    with Reward(
+        fn, timeout=cfg.reward.timeout, retry_timeouts=cfg.reward.retry_timeouts, contract=cfg.reward.contract
+    ) as reward:
         got, cost = mc_signals(
             model,
             tokenizer,

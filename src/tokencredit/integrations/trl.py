@@ -30,7 +30,9 @@ Credit diagnostics: each scoring adds `tokencredit.diagnostics.summary` of the e
 tokencredit's own trainer logs) to TRL's metrics as ``credit/gini``, ``credit/eff_ratio``, ... (TRL averages
 them over its logging window and logs them with its own, to ``trainer.state.log_history`` and every
 ``report_to``). They are the whole global batch's: each process's sums are all-reduced (a few scalars, and
-the global top-k of the high-entropy set), so all processes hold the same values. `SaveRolloutsCallback`
+the global top-k of the high-entropy set), so all processes hold the same values. TRL's completions table
+shows each completion's mean Â (not TRL's scalar advantage, which the loss no longer sees), with A and Â's
+range as extra columns (`CreditGRPOTrainer._log_trained_advantages`). `SaveRolloutsCallback`
 saves a step's rollouts with the Â the loss received, for ``tokencredit explain --jsonl`` and ``probe``.
 
 Group baseline: a recipe name brings its own (`tokencredit.recipes`); a bare credit method uses
@@ -245,7 +247,42 @@ class CreditGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         output = super()._generate_and_score_completions(inputs)
         output["advantages"] = self._token_advantages(inputs, output)
+        self._log_trained_advantages()
         return output
+
+    def _log_trained_advantages(self) -> None:
+        """Make TRL's completions table show what the loss received: TRL has just appended the global batch's
+        scalar advantages to ``_logs["advantages"]`` (its ``advantage`` column); they are replaced by each
+        completion's mean Â over its loss tokens (0 for a completion without any), and the columns
+        ``sequence_advantage`` (A, which the credit method distributed) and ``token_advantage_min`` /
+        ``token_advantage_max`` are added. Collective: the rows of every process are gathered, in TRL's order."""
+        scored = self.last_credit
+        assert scored is not None
+        adv, mask = scored["advantages"], scored["mask"]
+        n_tokens = mask.sum(1)
+        masked = adv.masked_fill(~mask, 0.0)
+        big = torch.finfo(adv.dtype).max
+        has = n_tokens > 0
+        summary = torch.stack(
+            [
+                masked.sum(1) / n_tokens.clamp(min=1),
+                scored["sequence_advantages"].to(adv),
+                torch.where(
+                    has, adv.masked_fill(~mask, big).amin(1), torch.zeros_like(n_tokens, dtype=adv.dtype)
+                ),
+                torch.where(
+                    has, adv.masked_fill(~mask, -big).amax(1), torch.zeros_like(n_tokens, dtype=adv.dtype)
+                ),
+            ],
+            dim=1,
+        )
+        rows = self.accelerator.gather(summary.contiguous()).cpu().tolist()  # [B_global, 4]
+        logged = self._logs["advantages"]
+        for _ in range(min(len(rows), len(logged))):
+            logged.pop()
+        logged.extend(r[0] for r in rows)
+        for j, column in enumerate(("sequence_advantage", "token_advantage_min", "token_advantage_max"), 1):
+            self._logs["extra"][column].extend(r[j] for r in rows)
 
     # ------------------------------------------------------------------ credit
     def _token_advantages(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> Tensor:

@@ -12,16 +12,26 @@ returns other than one real number per completion, is reported to the parent as 
 naming the function, the completion and the value); the parent stops with it. A function that ends
 the process (``os._exit``, a crash) is seen by the parent as a worker that exited during a job.
 
+Two call contracts (`CONTRACTS`; ``TOKENCREDIT_REWARD_CONTRACT``, "auto" by default, which reads the
+function's signature once at load, `detect_contract`):
+  "tokencredit"  ``fn(completions, golds, **kwargs)``;
+  "trl"          TRL's: ``fn(prompts=, completions=, completion_ids=, **columns, trainer_state=,
+                 log_extra=, log_metric=)``, every argument by keyword (`trl_arguments`).
+A function whose signature cannot take the contract's arguments is reported before it is called, with
+the other contract named.
+
 Environment: ``TOKENCREDIT_REWARD_FUNCTION`` (``module:function``), ``TOKENCREDIT_REWARD_SYS_PATH``
-(the parent's ``sys.path``, a JSON list).
+(the parent's ``sys.path``, a JSON list), ``TOKENCREDIT_REWARD_CONTRACT``.
 
 Protocol, one JSON object per line:
   worker -> parent once ready:  {"ready": true, "self_check": true, "warmup_s": float}
                                 or {"ready": true, "self_check": false, "error": str} (cannot load)
   parent -> worker:             {"id": int, "args": str}  (base64 of the pickle of
-                                 (completions, golds, kwargs): the objects the function is called with)
-  worker -> parent:             {"id": int, "ok": {"values": [float, ...]}}
-                                or {"id": int, "ok": {"error": {"kind": "raised" | "returned", "message": str}}}
+                                 (completions, golds, kwargs, context): the objects the function is
+                                 called with; context: what TRL's contract reads, `trl_arguments`)
+  worker -> parent:             {"id": int, "ok": {"values": [float, ...], "contract": str}}
+                                or {"id": int, "ok": {"error": {"kind": "raised" | "returned", "message": str},
+                                                      "contract": str}}
 
 The worker's standard input is the protocol's, kept private: the function reads an empty stdin
 (``input()`` raises EOFError), and what it prints goes to stderr (the terminal).
@@ -34,6 +44,7 @@ from __future__ import annotations
 
 import base64
 import importlib
+import inspect
 import json
 import math
 import os
@@ -42,10 +53,21 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 ENV_FUNCTION = "TOKENCREDIT_REWARD_FUNCTION"
 ENV_SYS_PATH = "TOKENCREDIT_REWARD_SYS_PATH"
+ENV_CONTRACT = "TOKENCREDIT_REWARD_CONTRACT"
+CONTRACTS = ("auto", "tokencredit", "trl")
+# Keywords only TRL's GRPOTrainer passes: a function that names one is written for TRL.
+TRL_KEYWORDS = ("prompts", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
+# TRL's own arguments: a dataset column of the same name does not replace them.
+_TRL_RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+SIGNATURES = {
+    "tokencredit": "f(completions, golds, **kwargs)",
+    "trl": "f(prompts, completions, completion_ids, **columns)",
+}
 # The trainer keeps rewards in float32: a larger magnitude would become inf there.
 FLOAT32_MAX = 3.4028234663852886e38
 
@@ -167,14 +189,71 @@ def reward_values(values: Any, n: int, who: str) -> list[float]:
     return out
 
 
-def pack(completions: list[str], golds: list[Any], kwargs: dict[str, Any]) -> str:
+def detect_contract(fn: Callable[..., Any]) -> str:
+    """The contract ("trl" or "tokencredit") of `fn`, from its signature: TRL's when it names a keyword only TRL passes
+    (`TRL_KEYWORDS`) or cannot take the gold answers as a second positional argument (``f(completions,
+    **kwargs)``); ours otherwise, and when the signature cannot be read. A function that names neither,
+    ``f(completions, solution, **kwargs)``, is called as ours (``solution`` gets the gold answers)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C callable without a readable signature
+        return "tokencredit"
+    if any(p.name in TRL_KEYWORDS for p in params):
+        return "trl"
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return "tokencredit"
+    positional = [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    return "tokencredit" if len(positional) >= 2 else "trl"
+
+
+def _discard(*args: Any, **kwargs: Any) -> None:
+    """TRL's ``log_extra`` / ``log_metric`` here: the trainer's metrics have fixed columns, so what a
+    function logs through them is dropped (the call itself must not fail)."""
+
+
+def trl_arguments(
+    completions: list[str], golds: list[Any], kwargs: dict[str, Any], context: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The keywords of a TRL-contract call. `context` (from the caller; None or missing keys when it has
+    none): "prompts" (each completion's prompt as the model saw it), "completion_ids" (its token ids),
+    "columns" (each problem field -> one value per completion; without them, ``answer`` = `golds`),
+    "step" and "max_steps" (`trainer_state`'s ``global_step`` and ``max_steps``). A prompt or ids the
+    caller does not have are None. `kwargs` (the caller's own keywords) come after the columns."""
+    context = context or {}
+    n = len(completions)
+    columns = context.get("columns") or {"answer": list(golds)}
+    out: dict[str, Any] = {k: list(v) for k, v in columns.items() if k not in _TRL_RESERVED}
+    out.update(kwargs)
+    out.update(
+        prompts=list(context.get("prompts") or [None] * n),
+        completions=list(completions),
+        completion_ids=list(context.get("completion_ids") or [None] * n),
+        trainer_state=SimpleNamespace(
+            global_step=int(context.get("step") or 0), max_steps=int(context.get("max_steps") or 0)
+        ),
+        log_extra=_discard,
+        log_metric=_discard,
+    )
+    return out
+
+
+def pack(
+    completions: list[str],
+    golds: list[Any],
+    kwargs: dict[str, Any],
+    context: Mapping[str, Any] | None = None,
+) -> str:
     """The job's arguments as the worker unpacks them (`unpack`)."""
     return base64.b64encode(
-        pickle.dumps((completions, golds, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.dumps((completions, golds, kwargs, dict(context or {})), protocol=pickle.HIGHEST_PROTOCOL)
     ).decode("ascii")
 
 
-def unpack(args: str) -> tuple[list[str], list[Any], dict[str, Any]]:
+def unpack(args: str) -> tuple[list[str], list[Any], dict[str, Any], dict[str, Any]]:
     return pickle.loads(base64.b64decode(args))
 
 
@@ -198,15 +277,44 @@ def _raised(e: BaseException) -> str:
     return what + _where(e.__traceback__)
 
 
-def call(fn: Callable[..., Any], who: str, args: str) -> dict[str, Any]:
-    """One job: the function called on the unpacked arguments, its values checked (`reward_values`)."""
+def _unbindable(
+    fn: Callable[..., Any], contract: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> str | None:
+    """Why `fn`'s signature cannot take the contract's arguments, as a detail that follows "it"; None
+    when it can (or its signature cannot be read)."""
     try:
-        completions, golds, kwargs = unpack(args)
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        other = "tokencredit" if contract == "trl" else "trl"
+        given = ", ".join(["completions", "golds"][: len(args)] + sorted(kwargs))
+        return (
+            f"cannot take the arguments of the {contract} contract, {SIGNATURES[contract]} (given: {given}): {e}; "
+            f"set reward.contract = {other!r} for {SIGNATURES[other]}"
+        )
+    return None
+
+
+def call(fn: Callable[..., Any], who: str, args: str, contract: str = "tokencredit") -> dict[str, Any]:
+    """One job: the function called on the unpacked arguments by `contract` ("tokencredit" or "trl"),
+    its values checked (`reward_values`)."""
+    try:
+        completions, golds, kwargs, context = unpack(args)
     except Exception as e:  # noqa: BLE001 - an argument whose class this process cannot import
         what = f"could not receive its arguments in its worker process ({type(e).__name__}: {e})"
         return {"error": {"kind": "raised", "message": what}}
+    positional: tuple[Any, ...]
+    if contract == "trl":
+        positional, keywords = (), trl_arguments(completions, golds, kwargs, context)
+    else:
+        positional, keywords = (completions, golds), kwargs
+    if (why := _unbindable(fn, contract, positional, keywords)) is not None:
+        return {"error": {"kind": "raised", "message": why}}
     try:
-        out = fn(completions, golds, **kwargs)
+        out = fn(*positional, **keywords)
     except BaseException as e:  # noqa: BLE001 - SystemExit / KeyboardInterrupt of user code too: reported
         return {"error": {"kind": "raised", "message": _raised(e)}}
     try:
@@ -228,6 +336,7 @@ def main() -> int:
     os.close(devnull)
 
     spec = os.environ.get(ENV_FUNCTION, "")
+    contract = os.environ.get(ENV_CONTRACT) or "auto"
     sys.path[:] = json.loads(os.environ.get(ENV_SYS_PATH, "null")) or sys.path
     t0 = time.perf_counter()
     ready: dict[str, Any] = {"ready": True, "self_check": True}
@@ -242,11 +351,14 @@ def main() -> int:
     proto.write(json.dumps(ready) + "\n")
     if fn is None:
         return 1
+    if contract not in ("tokencredit", "trl"):
+        contract = detect_contract(fn)
     for line in requests:
         if not line.strip():
             continue
         req = json.loads(line)
-        proto.write(json.dumps({"id": req["id"], "ok": call(fn, spec, req["args"])}) + "\n")
+        result = {**call(fn, spec, req["args"], contract), "contract": contract}
+        proto.write(json.dumps({"id": req["id"], "ok": result}) + "\n")
     return 0
 
 

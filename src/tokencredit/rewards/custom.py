@@ -13,7 +13,11 @@ Names (`Reward(spec)`, the trainer's ``reward.function``):
   "module:function" a user function.
 
 A user reward function has the signature ``fn(completions: list[str], golds: list, **kwargs) ->
-list[float]`` (one real number per completion) and follows the built-in verifier's rules
+list[float]`` (one real number per completion), or TRL's, ``fn(prompts, completions, completion_ids,
+**columns)`` with every argument by keyword (the problem's fields as columns, and TRL's
+``trainer_state``, ``log_extra``, ``log_metric``): `contract` "auto" reads which from the signature in
+the worker (`tokencredit.rewards._custom_worker.detect_contract`), "trl" / "tokencredit" choose it.
+It follows the built-in verifier's rules
 (`UserRewardFunction`): it runs in a worker process of the verifiers' `WorkerPool`
 (`_custom_worker.py`, imported once per worker with this process's ``sys.path``), called once per
 `Reward.verify` with every completion of the call, under the verifier's time limit: ``timeout``
@@ -39,17 +43,26 @@ an error: the run counts its timeouts).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tokencredit.errors import ConfigError, closest
-from tokencredit.rewards._custom_worker import ENV_FUNCTION, ENV_SYS_PATH, find_function, pack, reward_values
+from tokencredit.rewards._custom_worker import (
+    CONTRACTS,
+    ENV_CONTRACT,
+    ENV_FUNCTION,
+    ENV_SYS_PATH,
+    find_function,
+    pack,
+    reward_values,
+)
 from tokencredit.rewards.pool import WorkerPool, WorkerStartError
 from tokencredit.rewards.reasoning_gym import ReasoningGymVerifier, check_installed, is_gym_gold
 from tokencredit.rewards.shaping import FORMAT_STYLES, format_reward
@@ -80,6 +93,31 @@ def load_reward_function(path: str) -> RewardCallable:
         return find_function(path)
     except LookupError as e:
         raise ConfigError(str(e)) from None
+
+
+def check_contract(contract: str) -> str:
+    """`contract` when it is one of `CONTRACTS` ("auto", "tokencredit", "trl"); else a ConfigError naming
+    ``reward.contract`` and the closest valid value."""
+    if contract not in CONTRACTS:
+        raise ConfigError(
+            f"reward.contract must be one of {', '.join(CONTRACTS)}, got {contract!r}{closest(str(contract), CONTRACTS)}"
+        )
+    return contract
+
+
+def problem_columns(problems: Sequence[Any]) -> dict[str, list[Any]]:
+    """Each field of the problem records (a dataclass such as `tokencredit.data.Problem`, or a mapping) ->
+    its value per record, in order: the dataset columns TRL's contract passes. Fields all records share."""
+    rows = [
+        {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}
+        if dataclasses.is_dataclass(p)
+        else dict(p)
+        for p in problems
+    ]
+    if not rows:
+        return {}
+    names = [k for k in rows[0] if all(k in r for r in rows[1:])]
+    return {k: [r[k] for r in rows] for k in names}
 
 
 def _check_spec(path: str) -> None:
@@ -138,14 +176,24 @@ class UserRewardFunction(PooledVerifier):
     worker is a `RewardError` naming the function (module docstring); a function that cannot be
     loaded in the worker is a ConfigError. One worker by default (`num_workers`): a call holds one.
     The arguments reach the worker pickled (the same objects as in this process); the values come
-    back as floats. `stats`: "verified" and "retried" count calls, "timeouts" completions.
+    back as floats. `stats`: "verified" and "retried" count calls, "timeouts" completions. `contract`
+    ("auto", "tokencredit", "trl": module docstring) is how the worker calls the function; `called_as`
+    is the contract the last finished call used (None before one).
     """
 
     def __init__(
-        self, spec: str, timeout: float = 5.0, *, retry_timeouts: bool = False, num_workers: int | None = None
+        self,
+        spec: str,
+        timeout: float = 5.0,
+        *,
+        retry_timeouts: bool = False,
+        num_workers: int | None = None,
+        contract: str = "auto",
     ) -> None:
         _check_spec(spec)
-        env = {ENV_FUNCTION: spec, ENV_SYS_PATH: json.dumps(_sys_path())}
+        self.contract = check_contract(contract)
+        self.called_as: str | None = None
+        env = {ENV_FUNCTION: spec, ENV_SYS_PATH: json.dumps(_sys_path()), ENV_CONTRACT: contract}
         pool = WorkerPool(
             num_workers or 1,
             max_memory_mb=None,
@@ -160,18 +208,25 @@ class UserRewardFunction(PooledVerifier):
         self.spec = spec
 
     def verify(
-        self, completions: Sequence[str], golds: Sequence[Any], *, _retry: bool = True, **kwargs: Any
+        self,
+        completions: Sequence[str],
+        golds: Sequence[Any],
+        *,
+        context: Mapping[str, Any] | None = None,
+        _retry: bool = True,
+        **kwargs: Any,
     ) -> Verification:
         """The function's values on `completions`, or 0 for each and all timed out when the call did not
         finish in time (after the retry when `retry_timeouts` is on; `_retry=False`: no retry, the
-        start-up check's rule). `kwargs` are passed to the function."""
+        start-up check's rule). `kwargs` are passed to the function; `context` is what TRL's contract
+        reads besides (`tokencredit.rewards._custom_worker.trl_arguments`)."""
         n = len(completions)
         if len(golds) != n:
             raise ValueError(f"got {n} completions but {len(golds)} gold answers")
         if n == 0:
             return Verification([], [])
         try:
-            job = {"args": pack(list(completions), list(golds), dict(kwargs))}
+            job = {"args": pack(list(completions), list(golds), dict(kwargs), context)}
         except Exception as e:  # noqa: BLE001 - an argument pickle cannot carry
             raise RewardError(
                 f"reward function {self.spec}: its arguments cannot be sent to its worker process ({type(e).__name__}: {e})"
@@ -187,6 +242,8 @@ class UserRewardFunction(PooledVerifier):
             if result is None:
                 self.stats["timeouts"] += n
                 return Verification([0.0] * n, [True] * n)
+        if isinstance(result, dict) and result.get("contract") in CONTRACTS:
+            self.called_as = result["contract"]
         call = f"when called on {n} completion{'s' if n > 1 else ''} (rollout{'s 0-' + str(n - 1) if n > 1 else ' 0'})"
         if isinstance(result, _Exited):
             detail = f"ended its worker process ({_exit_text(result.code)})"
@@ -328,7 +385,9 @@ class Reward:
     (module docstring); `format_weight` * the format reward of `format_style` is added (0 by
     default). `timeout` and `retry_timeouts` are the verifier's per-answer limit and whether a
     timed-out answer is judged once more with a longer one. `verifier` (a `MathVerifier`) is used
-    instead of a new one for "math", and for the math side of "auto".
+    instead of a new one for "math", and for the math side of "auto". `contract` is how a
+    ``module:function`` is called ("auto": from its signature; "trl"; "tokencredit"; module docstring),
+    `max_steps` the ``trainer_state.max_steps`` TRL's contract receives.
     """
 
     def __init__(
@@ -342,7 +401,15 @@ class Reward:
         num_workers: int | None = None,
         verifier: MathVerifier | None = None,
         retry_timeouts: bool = False,
+        contract: str = "auto",
+        max_steps: int | None = None,
     ):
+        check_contract(contract)
+        if contract != "auto" and is_builtin_reward(spec):
+            raise ConfigError(
+                f"reward.contract = {contract!r} applies to a module:function reward, not to the built-in {spec!r}; "
+                "leave it 'auto'"
+            )
         if format_style not in FORMAT_STYLES:
             raise ConfigError(f"format_style must be one of {FORMAT_STYLES}, got {format_style!r}")
         if not math.isfinite(format_weight):
@@ -350,6 +417,7 @@ class Reward:
         self.spec = spec
         self.format_weight = float(format_weight)
         self.format_style = format_style
+        self.max_steps = max_steps
         self.verifier: MathVerifier | ReasoningGymVerifier | AutoVerifier | None = None
         self.user: UserRewardFunction | None = None  # a module:function reward (`verifier` stays None)
         self._owned: list[Any] = []
@@ -386,19 +454,40 @@ class Reward:
                 self.verifier = AutoVerifier(verifier, gym)
         else:
             self.user = UserRewardFunction(
-                spec, timeout, retry_timeouts=retry_timeouts, num_workers=num_workers
+                spec, timeout, retry_timeouts=retry_timeouts, num_workers=num_workers, contract=contract
             )
             self._owned.append(self.user)
             self.user.start(wait=False)  # the worker imports the function while the caller sets up
 
-    def verify(self, completions: Sequence[str], golds: Sequence[Gold], **kwargs: Any) -> Verification:
+    def verify(
+        self,
+        completions: Sequence[str],
+        golds: Sequence[Gold],
+        *,
+        prompts: Sequence[Any] | None = None,
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        problems: Sequence[Any] | None = None,
+        step: int | None = None,
+        **kwargs: Any,
+    ) -> Verification:
         """The rewards and which completions timed out (scored 0 for that reason): in the verifier, or
-        in a call of a user function that ran past its limit. `kwargs` go to a user function."""
+        in a call of a user function that ran past its limit. `kwargs` go to a user function; so do, under
+        TRL's contract, each completion's `prompts` (as the model saw them), `completion_ids`, the fields of
+        its problem record (`problems`, `problem_columns`) and the training `step` (``trainer_state``)."""
         if self.verifier is not None:
             result = self.verifier.verify(completions, golds)
         else:
             assert self.user is not None
-            result = self.user.verify(completions, golds, **kwargs)
+            context = {
+                "prompts": None if prompts is None else list(prompts),
+                "completion_ids": None
+                if completion_ids is None
+                else [list(map(int, c)) for c in completion_ids],
+                "columns": None if problems is None else problem_columns(problems),
+                "step": step,
+                "max_steps": self.max_steps,
+            }
+            result = self.user.verify(completions, golds, context=context, **kwargs)
         scores, timed_out = result.scores, result.timed_out
         if self.format_weight:
             fmt = format_reward(completions, self.format_style)
@@ -426,8 +515,16 @@ class Reward:
             f"reward.function = {self.spec!r} failed its start-up check (called on {len(completions)} completions "
             f"of training problem {getattr(problem, 'id', '?')!r})"
         )
+        # no tokenizer is loaded yet: the problem text stands for the prompt, and the ids are empty
+        context = {
+            "prompts": [getattr(problem, "problem", None)] * len(completions),
+            "completion_ids": [[] for _ in completions],
+            "columns": problem_columns([problem] * len(completions)),
+            "step": 0,
+            "max_steps": self.max_steps,
+        }
         try:
-            self.user.verify(completions, [gold] * len(completions), _retry=False)
+            self.user.verify(completions, [gold] * len(completions), context=context, _retry=False)
         except RewardError as e:
             if e.kind == "returned":
                 raise ConfigError(

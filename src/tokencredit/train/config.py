@@ -19,7 +19,7 @@ from tokencredit.data.synthetic import MAX_DIFFICULTY, MAX_DIGITS
 from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError, closest
 from tokencredit.models import resolve_device
-from tokencredit.rewards.custom import resolve_reward_function
+from tokencredit.rewards.custom import check_contract, is_builtin_reward, resolve_reward_function
 from tokencredit.train.trackers import parse_report_to
 
 
@@ -53,7 +53,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    train: str = "toy"  # "toy", a benchmark name (gsm8k_train), "reasoning-gym:NAME[?params]", or a JSONL / Parquet / datasets path
+    train: str = "toy"  # "toy", a benchmark name (gsm8k_train), "reasoning-gym:NAME[?params]", a JSONL / Parquet / datasets path, or a cached hub dataset ORG/NAME
     eval: str = "toy"  # "toy" or comma-separated benchmark names / paths
     template: str = "qwen-math"  # qwen-math | chat (instruct models: the problem as the only user turn) | r1-zero | a custom string with {problem}
     difficulty: int = 3  # toy task: number of arithmetic steps
@@ -98,6 +98,9 @@ class OptimConfig:
 class RewardConfig:
     # auto (each problem's own checker) | math | reasoning-gym[?options] | module:function
     function: str = "auto"
+    # how a module:function reward is called: auto (from its signature) | tokencredit f(completions, golds)
+    # | trl f(prompts, completions, completion_ids, **columns)
+    contract: str = "auto"
     # wall-clock seconds per answer (a timed-out answer scores 0 and is counted: verify_timeouts)
     timeout: float = 5.0
     retry_timeouts: bool = True  # judge a timed-out answer once more with 4x the limit before it scores 0
@@ -398,6 +401,12 @@ def validate_config(cfg: TrainConfig) -> None:
         math.isfinite(cfg.reward.timeout) and cfg.reward.timeout > 0, "reward.timeout", "must be > 0 seconds"
     )
     need(isinstance(cfg.reward.retry_timeouts, bool), "reward.retry_timeouts", "must be true or false")
+    check_contract(cfg.reward.contract)  # an unknown value names the closest
+    need(
+        cfg.reward.contract == "auto" or not is_builtin_reward(cfg.reward.function),
+        "reward.contract",
+        f"applies to a module:function reward, not to the built-in {cfg.reward.function!r}: leave it 'auto'",
+    )
     need(math.isfinite(cfg.reward.format_weight), "reward.format_weight", "must be finite")
     need(e.every >= 0, "eval.every", "must be >= 0 (0 = only at the start and the end)")
     need(e.samples >= 0, "eval.samples", "must be >= 0 (0 = greedy only)")

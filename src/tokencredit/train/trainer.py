@@ -110,7 +110,11 @@ class Trainer:
         self.sampler = PromptSampler(self.train_problems, cfg.run.seed)
         # correctness only; the format reward and DAPO's overlong shaping are added to the score separately
         self.reward_fn = Reward(
-            cfg.reward.function, timeout=cfg.reward.timeout, retry_timeouts=cfg.reward.retry_timeouts
+            cfg.reward.function,
+            timeout=cfg.reward.timeout,
+            retry_timeouts=cfg.reward.retry_timeouts,
+            contract=cfg.reward.contract,
+            max_steps=cfg.run.steps,
         )
         self.reward_fn.check(self.train_problems[0])  # a wrong user reward stops here, before the model loads
         if cfg.run.threads > 0 or cfg.model.name in models.TOY_VARIANTS:
@@ -343,13 +347,13 @@ class Trainer:
             verifier=self.reward_fn.verifier,
             progress=False,
         )
+        # One name per quantity (the tracker tags come from these keys): the evaluation's greedy_acc,
+        # avg@{samples} and mean_response_length are logged under the names every reader of
+        # metrics.jsonl uses; files written before this kept both, which those readers still read.
+        renamed = {"greedy_acc": "greedy_accuracy", f"avg@{e.samples}": "avg_at_k"}
+        renamed["mean_response_length"] = "mean_length"
         rec: dict[str, Any] = {"step": step, "type": "eval"}
-        rec.update({f"eval_{k}": float(v) for k, v in res.items()})
-        if "greedy_acc" in res:
-            rec["eval_greedy_accuracy"] = float(res["greedy_acc"])
-        if e.samples and f"avg@{e.samples}" in res:
-            rec["eval_avg_at_k"] = float(res[f"avg@{e.samples}"])
-        rec["eval_mean_length"] = float(res.get("mean_response_length", 0.0))
+        rec.update({f"eval_{renamed.get(k, k)}": float(v) for k, v in res.items()})
         return rec
 
     def save_rollouts(self, step: int, result: StepResult) -> None:
@@ -535,7 +539,11 @@ class Trainer:
         plot_curves(self.history, self.run.curves_path, title=title)
         steps = [h for h in self.history if h.get("type") != "eval" and "reward" in h]
         self.console.print(summary_table(summary, steps))
-        self.console.print(
-            f"curves: {self.run.curves_path}   metrics: {self.metrics.path}   model: {final_dir}"
-        )
+        # soft_wrap: a path is never broken across lines, whatever the console's width
+        for label, path in (
+            ("curves", self.run.curves_path),
+            ("metrics", self.metrics.path),
+            ("model", final_dir),
+        ):
+            self.console.print(f"{label + ':':<9}{path}", soft_wrap=True, highlight=False)
         return summary

@@ -94,6 +94,8 @@ def test_a_run_directory_is_scored_on_its_own_data_as_its_trainer_scored_it(toy_
     # trainer's evaluation: the greedy accuracy, and the sampled metrics too, are the same numbers.
     assert got["greedy_acc"] == last["eval_greedy_accuracy"]
     assert got["avg@2"] == last["eval_avg_at_k"] and got["mean_response_length"] == last["eval_mean_length"]
+    # one metrics.jsonl key (one tracker tag) per quantity
+    assert not {"eval_greedy_acc", "eval_avg@2", "eval_mean_response_length"} & set(last)
     for key in ("pass@2", "maj@2", "truncated_rate"):
         assert got[key] == last[f"eval_{key}"], key
     s = res["settings"]

@@ -354,7 +354,10 @@ def test_mlflow_logs_every_record_to_a_file_store(tiny_model_dir, micro_sets, mo
     assert run.info.status == "FINISHED" and run.info.run_name == "run"
     assert run.data.params["run.report_to"] == "['mlflow']" and run.data.params["algo.recipe"] == "grpo"
     want = _expected(run_dir)
-    assert {"credit/gini", "train/reward", "eval/greedy_accuracy", "eval/avg@2"} <= set(want)
+    assert {"credit/gini", "train/reward", "eval/greedy_accuracy", "eval/avg_at_k", "eval/pass@2"} <= set(
+        want
+    )
+    assert not {"eval/greedy_acc", "eval/avg@2", "eval/mean_response_length"} & set(want)  # one name each
     for key, points in want.items():
         history = client.get_metric_history(run_id, mlflow_key(key))
         assert sorted((m.step, m.value) for m in history) == points, key

@@ -1,8 +1,9 @@
 """Smoke test of benchmarks/distributed_stats.py (issue 29): two gloo ranks on a tiny batch.
 
 The script's sharded DelTA must equal the whole batch's on one process, its counted passes over h
-and collectives must match the formulas its --plan prints (and docs/integrations.md quotes), and
---plan must run without starting a process group.
+and collectives must match the formulas its --plan prints (and docs/integrations.md quotes),
+--plan must run without starting a process group, and --device cuda on a machine without a GPU
+stops with one line.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "distributed_stats.py"
@@ -52,3 +54,10 @@ def test_two_ranks_match_the_whole_batch_and_the_formulas(tmp_path):
             d["allreduce_bytes_formula"],
         )
         assert r["arca"]["median_s"] > 0 and r["roofline"]["read_gbps"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_without_a_gpu_is_one_clear_line():
+    proc = _run("--device", "cuda", "--world", "1")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith("--device cuda: no CUDA device here"), proc.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from test_readme import LINK, _anchors, _code_blocks
 from tokencredit.data import load_problems
-from tokencredit.explain.inputs import load_jsonl
+from tokencredit.explain.jsonl import load_jsonl
 from tokencredit.train.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]

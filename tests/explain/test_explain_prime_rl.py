@@ -17,8 +17,8 @@ from test_explain import Page
 from bad_input import one_line_error
 from tokencredit import cli
 from tokencredit.explain import load_jsonl
-from tokencredit.explain.prime_rl import export_record
 from tokencredit.rollout import records
+from tokencredit.rollout.prime_rl import export_record
 
 STREAMS_OFF = (
     "mismatch_kl",

@@ -292,7 +292,7 @@ def test_credit_diagnostics_in_trl_logs_and_saved_rollouts_explained(model_dir, 
     from tokencredit import diagnostics
     from tokencredit.cli import main
     from tokencredit.data.loaders import load_problems
-    from tokencredit.explain.inputs import load_jsonl
+    from tokencredit.explain.jsonl import load_jsonl
     from tokencredit.models import special_token_ids
     from tokencredit.recipes import token_credit
 

@@ -350,7 +350,7 @@ def train_one_step(trainer, rank: int, saved_dir: Path) -> None:
     assert diff <= TOL, f"rank {rank}: trained DelTA Â differs from the gathered batch's by {diff:.3g}"
     # SaveRolloutsCallback: process 0 wrote the whole batch (both processes' rows, in global order, their Â)
     dist.barrier()
-    from tokencredit.explain.inputs import load_jsonl
+    from tokencredit.explain.jsonl import load_jsonl
 
     groups = load_jsonl(saved_dir / "step_000001.jsonl")
     comps = [c for g in groups for c in g.completions]

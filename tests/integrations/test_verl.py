@@ -424,7 +424,7 @@ def _saving_dataproto():
 
 
 def _check_saved(path, out, tok, *, legacy):
-    from tokencredit.explain.inputs import load_jsonl
+    from tokencredit.explain.jsonl import load_jsonl
 
     token_ids, mask, scores, uid, _, _ = _fixture()
     groups = load_jsonl(path)

@@ -10,7 +10,7 @@ import torch
 
 from tokencredit.batch import MC_SIGNALS, RolloutBatch
 from tokencredit.data.loaders import Problem
-from tokencredit.explain.inputs import load_jsonl
+from tokencredit.explain.jsonl import load_jsonl
 from tokencredit.rollout import records
 
 N, T = 6, 5

@@ -40,7 +40,8 @@ after its prompt is cut, marked truncated and noted; a page estimated past 20 MB
 shows bidirectional controls visibly and isolates problems in <bdi>; the picture draws every string
 literally (no mathtext); both are written whole or not at all.
 
-Modules: `inputs` (the groups), `prime_rl` (prime-rl's token exports as groups), `options` (settings and their defaults), `selection` (which groups
+Modules: `inputs` (the groups), `prime_rl` (prime-rl's token exports as groups), `jsonl` (a --jsonl
+file or directory, in either format), `options` (settings and their defaults), `selection` (which groups
 are shown), `marks` (the task checker's marks), `assemble` (groups ->
 the scored rollouts and saved signals the batch builder reads), `signals` (saved vs recomputed, which
 model; token ids checked and cut; the batch from `tokencredit.builder.build_batch`), `compute`
@@ -53,13 +54,8 @@ CSS and script are package data in ``tokencredit/assets/explain/``; the columns 
 
 from tokencredit.explain.assemble import assemble_batch
 from tokencredit.explain.compute import display_tokens, explain_batch, make_groups
-from tokencredit.explain.inputs import (
-    CompletionInput,
-    GroupInput,
-    load_jsonl,
-    load_run_rollouts,
-    saved_steps,
-)
+from tokencredit.explain.inputs import CompletionInput, GroupInput, load_run_rollouts, saved_steps
+from tokencredit.explain.jsonl import load_jsonl
 from tokencredit.explain.marks import mark_groups, step_check
 from tokencredit.explain.options import DEFAULT_METHODS, ExplainOptions
 from tokencredit.explain.pipeline import ExplainResult, write_report

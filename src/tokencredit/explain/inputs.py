@@ -6,8 +6,8 @@ A JSONL file holds one group per line: ``{"prompt" | "problem": str, "completion
 "entropy" / "old_log_probs", an oracle / VinePPO run's Monte-Carlo "mc_advantages" /
 "mc_step_advantages", and raw "tokens"; see `tokencredit.train.rundir.rollout_records`). A line's
 "format_version" (`tokencredit.rollout.records.FORMAT_VERSION`; a line without one is version 1) above the
-version this reader knows is refused. prime-rl's token exports are read too (`tokencredit.explain.prime_rl`),
-detected from the first record's keys. Every error names the file and line. A run's saved rollouts can be read leniently (`skipped` a list):
+version this reader knows is refused. `tokencredit.explain.jsonl` reads these files and prime-rl's token
+exports (`tokencredit.explain.prime_rl`), told apart by the first record's keys. Every error names the file and line. A run's saved rollouts can be read leniently (`skipped` a list):
 a damaged line or group is left out, with one line there naming file:line, and the other groups are used.
 
 What is refused, naming file:line and the field: a file that is not UTF-8 text (its encoding is not
@@ -42,11 +42,14 @@ __all__ = [
     "GroupInput",
     "check_token_ids",
     "cut_completion",
-    "load_jsonl",
+    "data_error",
+    "finite",
+    "groups_of_lines",
     "load_run_rollouts",
     "read_groups",
     "read_lines",
     "saved_steps",
+    "short",
 ]
 
 # the per-token signals a saved completion may carry (shown on the page, used when present)
@@ -93,22 +96,22 @@ class GroupInput:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _data_error(where: str, msg: str) -> Exception:
+def data_error(where: str, msg: str) -> Exception:
     return DataError(f"{where}: {msg}")
 
 
-def _finite(value: Any, where: str, what: str) -> float:
+def finite(value: Any, where: str, what: str) -> float:
     """`value` as a float: a number, finite in float32 (the precision credit is computed in)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _data_error(where, f"{what} must be a finite number, got {value!r}")
+        raise data_error(where, f"{what} must be a finite number, got {value!r}")
     try:
         x = float(value)
     except OverflowError:  # an integer beyond float64
         x = math.inf
     if not math.isfinite(x):
-        raise _data_error(where, f"{what} must be a finite number, got {_short(value)}")
+        raise data_error(where, f"{what} must be a finite number, got {short(value)}")
     if abs(x) > _FLOAT32_MAX:
-        raise _data_error(
+        raise data_error(
             where,
             f"{what} = {x!r} is finite in float64 but not in float32 (|x| > 3.4e38), which credit is "
             "computed in; rescale it",
@@ -116,7 +119,7 @@ def _finite(value: Any, where: str, what: str) -> float:
     return x
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     """repr of `value`, cut to 40 characters (a 4000-digit integer named in a one-line error)."""
     r = repr(value)
     return r if len(r) <= 40 else f"{r[:20]}...{r[-8:]} ({len(r)} characters)"
@@ -128,7 +131,7 @@ def _text(value: str, where: str, what: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise _data_error(
+        raise data_error(
             where,
             f"{what} holds a lone surrogate ({value[e.start]!r} at character {e.start}), not Unicode "
             "text: fix that \\u escape in the file",
@@ -141,11 +144,11 @@ def _token_ids(ids: Any, where: str, what: str) -> list[int] | None:
     if ids is None:
         return None
     if not isinstance(ids, list):
-        raise _data_error(where, f"{what} must be a list of non-negative integers, got {type(ids).__name__}")
+        raise data_error(where, f"{what} must be a list of non-negative integers, got {type(ids).__name__}")
     for j, x in enumerate(ids):
         if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < _INT64:
-            raise _data_error(
-                where, f"{what}[{j}] = {_short(x)} is not a token id (a non-negative integer below 2**63)"
+            raise data_error(
+                where, f"{what}[{j}] = {short(x)} is not a token id (a non-negative integer below 2**63)"
             )
     return ids
 
@@ -155,8 +158,8 @@ def _float_list(value: Any, n: int, where: str, what: str) -> list[float] | None
         return None
     if not isinstance(value, list) or len(value) != n:
         got = f"{len(value)} values" if isinstance(value, list) else type(value).__name__
-        raise _data_error(where, f"{what} must be a list of {n} numbers (one per token), got {got}")
-    return [_finite(v, where, f"{what}[{i}]") for i, v in enumerate(value)]
+        raise data_error(where, f"{what} must be a list of {n} numbers (one per token), got {got}")
+    return [finite(v, where, f"{what}[{i}]") for i, v in enumerate(value)]
 
 
 def _answer_text(value: Any, ref: Any = None) -> str | None:
@@ -174,42 +177,42 @@ def _answer_text(value: Any, ref: Any = None) -> str | None:
 def _completion_object(c: Any, where: str, i: int) -> CompletionInput:
     """A completion in the run-directory schema (see `tokencredit.train.rundir.rollout_records`)."""
     if not isinstance(c, dict):
-        raise _data_error(where, f"completions[{i}] must be an object or a string, got {type(c).__name__}")
+        raise data_error(where, f"completions[{i}] must be an object or a string, got {type(c).__name__}")
     text = c.get("text", "")
     if not isinstance(text, str):
-        raise _data_error(where, f"completions[{i}].text must be a string")
+        raise data_error(where, f"completions[{i}].text must be a string")
     _text(text, where, f"completions[{i}].text")
     ids = _token_ids(c.get("token_ids"), where, f"completions[{i}].token_ids")
     if ids is None and "text" not in c:
-        raise _data_error(where, f"completions[{i}] has neither token_ids nor text")
+        raise data_error(where, f"completions[{i}] has neither token_ids nor text")
     score = c.get("score", c.get("reward"))
     if score is None:
-        raise _data_error(where, f"completions[{i}] has no score")
+        raise data_error(where, f"completions[{i}] has no score")
     n = len(ids) if ids is not None else -1
     signals = {}
     for name in SAVED_SIGNALS:
         v = c.get(name)
         if v is not None and ids is None:
-            raise _data_error(where, f"completions[{i}].{name} needs token_ids (values are per token)")
+            raise data_error(where, f"completions[{i}].{name} needs token_ids (values are per token)")
         signals[name] = _float_list(v, n, where, f"completions[{i}].{name}")
     tokens = c.get("tokens")
     if tokens is not None and not (
         isinstance(tokens, list) and len(tokens) == n and all(isinstance(t, str) for t in tokens)
     ):
-        raise _data_error(where, f"completions[{i}].tokens must be a list of {n} strings")
+        raise data_error(where, f"completions[{i}].tokens must be a list of {n} strings")
     for j, t in enumerate(tokens or []):
         _text(t, where, f"completions[{i}].tokens[{j}]")
     if c.get("token_advantages") is not None and ids is None:
-        raise _data_error(where, f"completions[{i}].token_advantages needs token_ids (values are per token)")
+        raise data_error(where, f"completions[{i}].token_advantages needs token_ids (values are per token)")
     token_advantages = _float_list(c.get("token_advantages"), n, where, f"completions[{i}].token_advantages")
     advantage = c.get("advantage")
-    advantage = None if advantage is None else _finite(advantage, where, f"completions[{i}].advantage")
+    advantage = None if advantage is None else finite(advantage, where, f"completions[{i}].advantage")
     correct = c.get("correct")
     if correct is not None and not isinstance(correct, bool):
-        raise _data_error(where, f"completions[{i}].correct must be true/false")
+        raise data_error(where, f"completions[{i}].correct must be true/false")
     return CompletionInput(
         text=text,
-        score=_finite(score, where, f"completions[{i}].score"),
+        score=finite(score, where, f"completions[{i}].score"),
         token_ids=ids,
         correct=correct,
         truncated=bool(c.get("truncated", False)),
@@ -226,47 +229,47 @@ def _completions(obj: dict[str, Any], comps: list[Any], where: str) -> list[Comp
         rewards = obj.get("rewards")
         if not isinstance(rewards, list) or len(rewards) != len(comps):
             got = f"{len(rewards)} values" if isinstance(rewards, list) else repr(rewards)
-            raise _data_error(
+            raise data_error(
                 where, f"'rewards' must be a list of {len(comps)} numbers (one per completion), got {got}"
             )
         return [
             CompletionInput(
-                text=_text(c, where, f"completions[{i}]"), score=_finite(r, where, f"rewards[{i}]")
+                text=_text(c, where, f"completions[{i}]"), score=finite(r, where, f"rewards[{i}]")
             )
             for i, (c, r) in enumerate(zip(comps, rewards))
         ]
     if all(isinstance(c, dict) for c in comps):
         return [_completion_object(c, where, i) for i, c in enumerate(comps)]
-    raise _data_error(where, "'completions' must be all strings (with 'rewards') or all objects")
+    raise data_error(where, "'completions' must be all strings (with 'rewards') or all objects")
 
 
 def _parse_group(obj: Any, where: str, default_id: int) -> GroupInput:
     if not isinstance(obj, dict):
-        raise _data_error(where, f"expected a JSON object, got {type(obj).__name__}")
+        raise data_error(where, f"expected a JSON object, got {type(obj).__name__}")
     version = obj.get(FORMAT_VERSION_FIELD, 1)  # a line without one is version 1 (written before the field)
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
-        raise _data_error(
+        raise data_error(
             where,
-            f"'{FORMAT_VERSION_FIELD}' is {_short(version)}: this tokencredit reads rollouts format versions 1 to "
+            f"'{FORMAT_VERSION_FIELD}' is {short(version)}: this tokencredit reads rollouts format versions 1 to "
             f"{FORMAT_VERSION} (a newer tokencredit wrote the file? upgrade it)",
         )
     comps = obj.get("completions")
     if not isinstance(comps, list) or not comps:
-        raise _data_error(where, "'completions' must be a non-empty list")
+        raise data_error(where, "'completions' must be a non-empty list")
     prompt, problem = obj.get("prompt"), obj.get("problem")
     if prompt is not None and not isinstance(prompt, str):
-        raise _data_error(where, "'prompt' must be a string")
+        raise data_error(where, "'prompt' must be a string")
     if problem is not None and not isinstance(problem, str):
-        raise _data_error(where, "'problem' must be a string")
+        raise data_error(where, "'problem' must be a string")
     for name, value in (("prompt", prompt), ("problem", problem)):
         if value is not None:
             _text(value, where, f"'{name}'")
     completions = _completions(obj, comps, where)
     gid = obj.get("group", default_id)
     if isinstance(gid, bool) or not isinstance(gid, int):
-        raise _data_error(where, f"'group' must be an integer, got {_short(gid)}")
+        raise data_error(where, f"'group' must be an integer, got {short(gid)}")
     if not -_INT64 <= gid < _INT64:
-        raise _data_error(where, f"'group' = {_short(gid)} does not fit in 64 bits (a group id is an int64)")
+        raise data_error(where, f"'group' = {short(gid)} does not fit in 64 bits (a group id is an int64)")
     answer = _answer_text(obj.get("answer"), obj.get("answer_ref"))
     if answer is not None:
         _text(answer, where, "'answer'")
@@ -281,7 +284,7 @@ def _parse_group(obj: Any, where: str, default_id: int) -> GroupInput:
     )
 
 
-def _groups(
+def groups_of_lines(
     lines: Iterable[tuple[int, Any]],
     path: Path,
     skipped: list[str] | None = None,
@@ -300,10 +303,10 @@ def _groups(
         try:
             g = _parse_group(obj, where, len(groups))
             if g.group_id in ids:
-                raise _data_error(where, f"group id {g.group_id} repeats the one at {ids[g.group_id]}")
+                raise data_error(where, f"group id {g.group_id} repeats the one at {ids[g.group_id]}")
             missing = [i for i, c in enumerate(g.completions) if c.token_ids is None] if run_schema else []
             if missing:
-                raise _data_error(
+                raise data_error(
                     where, f"completions[{missing[0]}] has no token_ids (not a file written by the trainer?)"
                 )
         except DataError as e:
@@ -316,13 +319,13 @@ def _groups(
     if skipped is not None:
         skipped += [damaged_line(path, n, why, len(groups), what="group") for n, why in bad]
     if not groups and (bad or damaged):
-        raise _data_error(
+        raise data_error(
             str(path),
             f"no readable group in the file ({len(bad) + damaged} damaged line(s)); explain another "
             "saved step (--step) or copy the file again",
         )
     if not groups:
-        raise _data_error(str(path), "no group in the file")
+        raise data_error(str(path), "no group in the file")
     return groups
 
 
@@ -370,47 +373,7 @@ def read_lines(path: Path) -> list[tuple[int, Any]]:
 def read_groups(path: Path) -> list[GroupInput]:
     """Every group of a JSONL file in our rollouts format, in order; group ids must be unique (errors name
     file:line)."""
-    return _groups(read_lines(path), path)
-
-
-def load_jsonl(
-    path: str | Path, *, step: int | None = None, notes: list[str] | None = None
-) -> list[GroupInput]:
-    """Groups from a JSONL of prompts, completions and rewards (see the module docstring), or from prime-rl's
-    token exports (a file, or a directory of step_N/rank_R.jsonl: `step`, default the latest; detected from the
-    records' keys, `tokencredit.explain.prime_rl`), with what the reader noted appended to `notes`; errors name
-    file:line."""
-    # imported here: prime_rl builds this module's GroupInput, so it imports this module
-    from tokencredit.explain import prime_rl
-
-    p = Path(path)
-    notes = [] if notes is None else notes
-    if p.is_dir():
-        try:
-            return prime_rl.load_export(p, step, notes)
-        except OSError as e:
-            raise ConfigError(f"--jsonl {p}: cannot read it ({e.strerror or e})") from None
-    if p.exists() and not p.is_file():
-        raise ConfigError(f"--jsonl {p}: not a regular file (a device or a pipe?); give a JSONL file")
-    if not p.is_file():
-        raise ConfigError(f"--jsonl: file not found: {p}")
-    try:
-        lines = read_lines(p)
-    except OSError as e:
-        raise ConfigError(f"--jsonl {p}: cannot read it ({e.strerror or e})") from None
-    if lines and prime_rl.is_record(lines[0][1]):
-        return prime_rl.groups_of([(p, lines)], notes)
-    if step is not None:
-        raise ConfigError(
-            f"--step selects a step of a run directory or of a prime-rl export directory; {p} is one file"
-        )
-    groups = _groups(lines, p)
-    for g in groups:
-        if g.prompt is None and g.problem is None:
-            raise _data_error(
-                g.where, "needs a 'prompt' (the literal prompt text) or a 'problem' (templated)"
-            )
-    return groups
+    return groups_of_lines(read_lines(path), path)
 
 
 def saved_steps(run_dir: str | Path) -> list[int]:
@@ -444,7 +407,7 @@ def load_run_rollouts(
     except ConfigError as e:
         raise DataError(str(e)) from None
     damaged = len(skipped) - before if skipped is not None else 0
-    return step, _groups(lines, run.rollout_path(step), skipped, run_schema=True, damaged=damaged)
+    return step, groups_of_lines(lines, run.rollout_path(step), skipped, run_schema=True, damaged=damaged)
 
 
 def check_token_ids(groups: Iterable[GroupInput], vocab_size: int, model: str) -> None:
@@ -453,17 +416,17 @@ def check_token_ids(groups: Iterable[GroupInput], vocab_size: int, model: str) -
     for g in groups:
         for j, x in enumerate(g.prompt_token_ids or ()):
             if x >= vocab_size:
-                raise _data_error(
+                raise data_error(
                     g.where,
-                    f"the prompt's token id {_short(x)} (token {j}) is outside the vocabulary of {model} (ids 0 to "
+                    f"the prompt's token id {short(x)} (token {j}) is outside the vocabulary of {model} (ids 0 to "
                     f"{vocab_size - 1}): was this sampled with another model? (--model)",
                 )
         for i, c in enumerate(g.completions):
             for j, x in enumerate(c.token_ids or ()):
                 if x >= vocab_size:
-                    raise _data_error(
+                    raise data_error(
                         g.where,
-                        f"completions[{i}].token_ids[{j}] = {_short(x)} is outside the vocabulary of {model} "
+                        f"completions[{i}].token_ids[{j}] = {short(x)} is outside the vocabulary of {model} "
                         f"(ids 0 to {vocab_size - 1}): were these rollouts sampled with another model? (--model)",
                     )
 

@@ -13,10 +13,11 @@ from typing import Any
 from tokencredit import advantages
 from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError, closest
-from tokencredit.explain.inputs import GroupInput, load_jsonl, load_run_rollouts
-from tokencredit.explain.prime_rl import export_root
+from tokencredit.explain.inputs import GroupInput, load_run_rollouts
+from tokencredit.explain.jsonl import load_jsonl
 from tokencredit.explain.selection import check_kind, parse_indices
 from tokencredit.recipes import Recipe
+from tokencredit.rollout.prime_rl import export_root
 from tokencredit.train.config import TrainConfig
 from tokencredit.train.rundir import RunDir
 

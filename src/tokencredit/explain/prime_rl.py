@@ -1,4 +1,5 @@
-"""prime-rl's per-token exports read as explain's groups (`tokencredit explain --jsonl FILE_OR_DIR`).
+"""prime-rl's per-token exports read as explain's groups (`tokencredit explain --jsonl FILE_OR_DIR`); their
+layout and how a record is recognised are `tokencredit.rollout.prime_rl`.
 
 prime-rl's trainer, with ``enable_token_export = true``, writes one JSON object per trained sequence to
 ``OUTPUT_DIR/token_exports/step_<step>/rank_<rank>.jsonl`` and touches ``STABLE`` in the step's directory once
@@ -26,106 +27,24 @@ log-probs. Every error is one line naming file:line and the field.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tokencredit.errors import ConfigError
-from tokencredit.explain.inputs import CompletionInput, GroupInput, _data_error, _finite, _short, read_lines
+from tokencredit.explain.inputs import CompletionInput, GroupInput, data_error, finite, read_lines, short
+from tokencredit.rollout.prime_rl import SCHEMA_VERSION, export_files, is_record
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "export_files",
-    "export_record",
-    "export_root",
-    "groups_of",
-    "is_record",
-    "load_export",
-]
-
-SCHEMA_VERSION = 1  # prime-rl's token_export.SCHEMA_VERSION this reader knows
-_STEP_DIR = re.compile(r"step_(\d+)")
-_RANK_FILE = re.compile(r"rank_(\d+)\.jsonl")
-_NAMED_STEPS = 8  # steps named in an error, the rest counted
-
-
-def is_record(obj: Any) -> bool:
-    """Whether a parsed JSONL value is meant as a prime-rl token-export record (not one of our rollout groups):
-    one of its identifying keys, so that a record missing another field is named as such."""
-    if not isinstance(obj, dict) or "completions" in obj:
-        return False
-    return "loss_mask" in obj or "schema_version" in obj or ("token_ids" in obj and "advantages" in obj)
-
-
-def _rank_files(d: Path) -> list[Path]:
-    found = [(int(m.group(1)), f) for f in d.iterdir() if (m := _RANK_FILE.fullmatch(f.name)) and f.is_file()]
-    return [f for _, f in sorted(found)]
-
-
-def _steps(root: Path) -> dict[int, Path]:
-    """{step: its directory} of the step_N directories under `root` that hold rank files."""
-    if not root.is_dir():
-        return {}
-    found = {}
-    for d in root.iterdir():
-        m = _STEP_DIR.fullmatch(d.name)
-        if m and d.is_dir() and _rank_files(d):
-            found[int(m.group(1))] = d
-    return found
-
-
-def _named(steps: Sequence[int]) -> str:
-    more = f" and {len(steps) - _NAMED_STEPS} more" if len(steps) > _NAMED_STEPS else ""
-    return ", ".join(map(str, steps[:_NAMED_STEPS])) + more
-
-
-def export_root(path: Path) -> Path:
-    """The directory holding the step_N directories of the export `path` names (OUTPUT_DIR, its token_exports/,
-    or one step_N/ directory)."""
-    if _STEP_DIR.fullmatch(path.name) and _rank_files(path):
-        return path.parent
-    return path / "token_exports" if _steps(path / "token_exports") else path
-
-
-def export_files(path: Path, step: int | None, notes: list[str]) -> tuple[int, list[Path]]:
-    """(step, its rank files in rank order) of a prime-rl export directory: OUTPUT_DIR, its token_exports/, or
-    one step_N/ directory. Without `step` the latest step whose directory has prime-rl's STABLE marker (every
-    rank written), else the latest; a newer step without it is noted. ConfigError when there is no such layout."""
-    m = _STEP_DIR.fullmatch(path.name)
-    if m and _rank_files(path):
-        if step is not None and step != int(m.group(1)):
-            raise ConfigError(f"--step {step}: {path} holds step {m.group(1)} only")
-        return int(m.group(1)), _rank_files(path)
-    root = export_root(path)
-    steps = _steps(root)
-    if not steps:
-        raise ConfigError(
-            f"--jsonl {path}: a directory, but not prime-rl's token exports (step_N/rank_R.jsonl, or "
-            "token_exports/step_N/rank_R.jsonl); a tokencredit run directory is given without --jsonl"
-        )
-    if step is not None:
-        if step not in steps:
-            raise ConfigError(f"--step {step}: no step_{step} in {root}; its steps: {_named(sorted(steps))}")
-        return step, _rank_files(steps[step])
-    stable = [n for n, d in steps.items() if (d / "STABLE").is_file()]
-    step = max(stable) if stable else max(steps)
-    if step < max(steps):
-        notes.append(
-            f"{steps[max(steps)]} has no STABLE marker (prime-rl may still be writing it): step {step} shown, "
-            "the latest complete one; --step chooses another"
-        )
-    return step, _rank_files(steps[step])
+__all__ = ["groups_of", "load_export"]
 
 
 def _list(obj: dict[str, Any], name: str, n: int | None, where: str) -> list[Any]:
     value = obj.get(name)
     if value is None:
-        raise _data_error(where, f"no '{name}' (a prime-rl token export record carries it)")
+        raise data_error(where, f"no '{name}' (a prime-rl token export record carries it)")
     if not isinstance(value, list) or (n is not None and len(value) != n):
         got = f"{len(value)} values" if isinstance(value, list) else type(value).__name__
-        raise _data_error(where, f"'{name}' must be a list of {n} values (one per token id), got {got}")
+        raise data_error(where, f"'{name}' must be a list of {n} values (one per token id), got {got}")
     return value
 
 
@@ -134,49 +53,49 @@ def _numbers(values: list[Any], start: int, end: int, where: str, name: str) -> 
     part = values[start:end]
     if any(v is None for v in part):
         return None
-    return [_finite(v, where, f"'{name}'[{start + k}]") for k, v in enumerate(part)]
+    return [finite(v, where, f"'{name}'[{start + k}]") for k, v in enumerate(part)]
 
 
 def _record(obj: Any, where: str, notes: _Notes) -> tuple[tuple[Any, ...], CompletionInput, dict[str, Any]]:
     """(group key: step and prompt ids, the completion, the group's fields) of one record (module docstring)."""
     if not isinstance(obj, dict):
-        raise _data_error(where, f"expected a JSON object, got {type(obj).__name__}")
+        raise data_error(where, f"expected a JSON object, got {type(obj).__name__}")
     if not is_record(obj):
-        raise _data_error(
+        raise data_error(
             where,
             "not a prime-rl token export record (no 'token_ids' and 'loss_mask'), unlike the file's first line",
         )
     version = obj.get("schema_version", SCHEMA_VERSION)
     if version != SCHEMA_VERSION:
-        raise _data_error(
+        raise data_error(
             where,
-            f"'schema_version' is {_short(version)}: this reader knows prime-rl's version {SCHEMA_VERSION}",
+            f"'schema_version' is {short(version)}: this reader knows prime-rl's version {SCHEMA_VERSION}",
         )
     ids = _list(obj, "token_ids", None, where)
     for j, x in enumerate(ids):
         if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < 2**63:
-            raise _data_error(
-                where, f"'token_ids'[{j}] = {_short(x)} is not a token id (a non-negative integer)"
+            raise data_error(
+                where, f"'token_ids'[{j}] = {short(x)} is not a token id (a non-negative integer)"
             )
     n = len(ids)
     mask = _list(obj, "loss_mask", n, where)
     if not all(isinstance(m, bool) for m in mask):
-        raise _data_error(where, "'loss_mask' must be a list of true / false")
+        raise data_error(where, "'loss_mask' must be a list of true / false")
     if not any(mask):
-        raise _data_error(where, "'loss_mask' has no true value: no token the model sampled")
+        raise data_error(where, "'loss_mask' has no true value: no token the model sampled")
     start = mask.index(True)
     if start == 0:
-        raise _data_error(where, "'loss_mask' is true at token 0: no prompt before the completion")
+        raise data_error(where, "'loss_mask' is true at token 0: no prompt before the completion")
     end = mask.index(False, start) if False in mask[start:] else n
     advantages = _list(obj, "advantages", n, where)
     for j in range(start, end):
-        _finite(advantages[j], where, f"'advantages'[{j}] (a completion token; null is a non-finite value)")
+        finite(advantages[j], where, f"'advantages'[{j}] (a completion token; null is a non-finite value)")
     hat = [float(advantages[j]) for j in range(start, end)]
     seq = sum(hat) / len(hat)
     rewards = obj.get("rewards")
     if rewards is not None:
         rewards = _list(obj, "rewards", n, where)
-        score = _finite(rewards[start], where, f"'rewards'[{start}] (the first completion token)")
+        score = finite(rewards[start], where, f"'rewards'[{start}] (the first completion token)")
     else:
         score = seq
         notes.no_reward += 1
@@ -188,7 +107,7 @@ def _record(obj: Any, where: str, notes: _Notes) -> tuple[tuple[Any, ...], Compl
     )
     step = obj.get("step")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-        raise _data_error(where, f"'step' must be an integer, got {_short(step)}")
+        raise data_error(where, f"'step' must be an integer, got {short(step)}")
     completion = CompletionInput(
         text="",
         score=score,
@@ -251,22 +170,3 @@ def load_export(path: Path, step: int | None, notes: list[str]) -> list[GroupInp
     step, files = export_files(path, step, notes)
     notes.append(f"prime-rl token export: step {step}, {len(files)} rank file(s) in {files[0].parent}")
     return groups_of([(f, read_lines(f)) for f in files], notes)
-
-
-def export_record(path: Path) -> str | None:
-    """file:line of the first record when `path` is prime-rl's token export (a JSONL file whose first record is
-    one, or an export directory), else None; a file that cannot be read as JSON lines is left to its loader."""
-    if path.is_dir():
-        m = _STEP_DIR.fullmatch(path.name)
-        steps = _steps(path / "token_exports") or _steps(path)
-        dirs = [path] if m and _rank_files(path) else [steps[n] for n in sorted(steps)]
-        files = [f for d in dirs for f in _rank_files(d)]
-        return f"{files[0]}:1" if files else None
-    try:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    return f"{path}:{lineno}" if is_record(json.loads(line)) else None
-    except (OSError, ValueError, RecursionError):
-        return None
-    return None

@@ -29,6 +29,7 @@ from tokencredit.models import TOY_VARIANTS, toy_task
 from tokencredit.oracle import DEFAULT_DELTA
 from tokencredit.recipes import Recipe
 from tokencredit.rollout import SamplingSettings
+from tokencredit.rollout.prime_rl import export_record
 from tokencredit.train.config import TrainConfig
 
 __all__ = [
@@ -204,9 +205,6 @@ def _check_data(data: str) -> None:
         reasoning_gym.check_spec(data)
         return
     if Path(data).exists():
-        # imported here: tokencredit.explain imports the probe's checker truth
-        from tokencredit.explain.prime_rl import export_record
-
         where = export_record(Path(data))
         if where is not None:
             raise ConfigError(

@@ -9,7 +9,8 @@ Modules: `generation` (`generate`, `generate_ids`, the rollouts' layout, and wha
 without changing what it samples: its docstring), `settings` (`SamplingSettings`), `cache` (the shared
 prompt prefill and the append-in-place cache), `cascade` (shared-prefix attention), `decode` (our
 decoding loop for Llama / Qwen models), `records` (the saved-rollouts JSONL the trainer and the plugins
-write and explain / probe read; not imported here).
+write and explain / probe read), `prime_rl` (prime-rl's per-token exports: layout and recognition);
+these two are not imported here.
 """
 
 from tokencredit.rollout.generation import (

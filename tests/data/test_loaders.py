@@ -248,8 +248,9 @@ def test_a_hub_dataset_id_reads_the_local_cache(tmp_path, monkeypatch):
     _cache_dataset(cache, "org/gsm", {**layout, "socratic/train-00000-of-00001.parquet": GSM_ROWS[:1]})
     train = load_problems("org/gsm?config=main")  # the train split by default
     assert [(p.problem, p.answer) for p in train] == [("What is 2+3?", "5"), ("7*6?", "42")]
-    assert train[0].id == "gsm-0"
-    assert [p.answer for p in load_problems("org/gsm?config=main&split=test")] == ["42"]
+    test = load_problems("org/gsm?config=main&split=test")
+    assert [p.answer for p in test] == ["42"]
+    assert (train[0].id, test[0].id) == ("gsm-train-0", "gsm-test-0")  # distinct across splits
     with pytest.raises(DataError, match=r"org/gsm: .*[Cc]onfig.*\(choose with org/gsm\?config=NAME\)"):
         load_problems("org/gsm")  # two configs, none chosen
     with pytest.raises(DataError, match=r"no split 'tset'; available: \['train', 'test'\] \(closest: test\)"):

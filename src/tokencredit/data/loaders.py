@@ -293,9 +293,12 @@ def _hub_dataset(spec: str) -> re.Match[str] | None:
     return m
 
 
-def _hub_dataset_rows(spec: str, m: re.Match[str], split: str | None) -> Iterator[tuple[dict, str, int]]:
-    """The rows of the cached Hugging Face dataset `spec` (`_HUB_DATASET`), read by `datasets` from the
-    snapshot folder in the hub cache; a DataError with the ``hf download`` command when it is not cached."""
+def _hub_dataset_rows(
+    spec: str, m: re.Match[str], split: str | None
+) -> tuple[Iterator[tuple[dict, str, int]], str]:
+    """(the rows, the split read) of the cached Hugging Face dataset `spec` (`_HUB_DATASET`), read by
+    `datasets` from the snapshot folder in the hub cache; a DataError with the ``hf download`` command when
+    it is not cached."""
     repo, revision = m["repo"], m["revision"]
     opts: dict[str, str] = {}
     for key, value in parse_qsl(m["query"] or "", keep_blank_values=True, strict_parsing=bool(m["query"])):
@@ -328,8 +331,8 @@ def _hub_dataset_rows(spec: str, m: re.Match[str], split: str | None) -> Iterato
     name = _choose_split(
         list(dd.keys()), opts.get("split") or split, spec, f"choose one with {repo}?split=NAME"
     )
-    for i, row in enumerate(dd[name]):
-        yield dict(row), f"{spec} ({name}) row {i}", i
+    rows = ((dict(row), f"{spec} ({name}) row {i}", i) for i, row in enumerate(dd[name]))
+    return rows, name
 
 
 def _rows(path: Path, split: str | None) -> Iterable[tuple[dict, str, int]]:
@@ -367,8 +370,9 @@ def load_problems(
         raise DataError(f"limit must be >= 0, got {limit}")
     hub_id = None if p.exists() else _hub_dataset(str(path))
     if hub_id is not None:
-        rows = _hub_dataset_rows(str(path), hub_id, split)
-        stem = hub_id["repo"].rsplit("/", 1)[-1]
+        # ids without an id field: NAME-SPLIT-ROW, distinct across the splits of one dataset
+        rows, split_read = _hub_dataset_rows(str(path), hub_id, split)
+        stem = f"{hub_id['repo'].rsplit('/', 1)[-1]}-{split_read}"
     else:
         if not p.exists():
             raise DataError(f"{p}: no such file or directory")

@@ -121,7 +121,7 @@ def test_metric_names():
             "credit_gini",
             "credit_q_pos_high",
             "eval_greedy_accuracy",
-            "eval_avg@2",
+            "eval_pass@2",
             "time_generate",
             "wall_time",
             "tokens_per_s",
@@ -132,14 +132,14 @@ def test_metric_names():
         "credit/gini",
         "credit/q_pos_high",
         "eval/greedy_accuracy",
-        "eval/avg@2",
+        "eval/pass@2",
         "time/generate",
         "time/wall",
         "time/tokens_per_s",
         "train/reward",
         "train/pg_loss",
     ]
-    assert mlflow_key("eval/avg@2") == "eval/avg_at_2" and mlflow_key("credit/gini") == "credit/gini"
+    assert mlflow_key("eval/pass@2") == "eval/pass_at_2" and mlflow_key("credit/gini") == "credit/gini"
     step = {"step": 3, "reward": 0.5, "rollouts": 8, "credit_gini": 0.25, "wall_time": 1.5}
     assert tracker_metrics(step) == (
         3,

@@ -321,7 +321,7 @@ def _new_run_note(name: str, run: RunFiles) -> str:
 
 
 def mlflow_key(name: str) -> str:
-    """`name` as MLflow allows it (letters, digits, _ - . / : space): eval/avg@2 -> eval/avg_at_2."""
+    """`name` as MLflow allows it (letters, digits, _ - . / : space): eval/pass@2 -> eval/pass_at_2."""
     return re.sub(r"[^\w./: -]", "_", name.replace("@", "_at_"))
 
 

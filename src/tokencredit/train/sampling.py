@@ -211,14 +211,16 @@ def sample_round(
         raise
     rows = [problems[int(i)] for i in ro.prompt_index]
     try:
-        verdicts = reward.verify(
-            ro.texts,
-            [p.answer for p in rows],
-            prompts=[prompts[int(i)] for i in ro.prompt_index],
-            completion_ids=[r[m].tolist() for r, m in zip(ro.response_ids, ro.response_mask.bool())],
-            problems=rows,
-            step=step,
-        )
+        # what TRL's contract passes besides the texts, gathered only for a module:function reward
+        context: dict[str, Any] = {}
+        if reward.user is not None:
+            context = {
+                "prompts": [prompts[int(i)] for i in ro.prompt_index],
+                "completion_ids": [r[m].tolist() for r, m in zip(ro.response_ids, ro.response_mask.bool())],
+                "problems": rows,
+                "step": step,
+            }
+        verdicts = reward.verify(ro.texts, [p.answer for p in rows], **context)
     except RewardError as e:  # the reward function's output names the bad rollout
         raise TrainingError(f"step {step + 1}: {e}") from e
     raw = torch.tensor(verdicts.scores, dtype=torch.float32)

@@ -37,7 +37,7 @@ def is_control(ch: str) -> bool:
 
 def control_symbol(ch: str) -> tuple[str, str]:
     """(symbol drawn, name for a tooltip) of the control character `ch`: ⇥ tab, ↵ newline, the Control
-    Pictures block for the other C0 characters (␛ escape), U+XXXX for C1."""
+    Pictures block for the other C0 characters (␛ escape), the code point for C1 (U+0085 for next line)."""
     symbol, name = _NAMED.get(ch, ("", ""))
     code = f"U+{ord(ch):04X}"
     if not symbol:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import errno
+import json
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -70,6 +71,27 @@ def tiny_qwen3(vocab_size: int, seed: int = 0, **config: Any) -> Qwen3ForCausalL
 
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab_size, **{**TINY_QWEN3, **config}))
+
+
+def _train_with_recording_example(tmp_path, monkeypatch, recording: str, spec: str, model_dir: str) -> list:
+    """One micro training step scored by `spec`, a function of examples/custom_reward.py, recorded in the
+    reward's worker process: `recording` is a module named ``custom_reward`` put ahead of examples/ on the
+    path (it loads the real example from $EXAMPLE_FILE and appends each call to $CALLS_LOG as a JSON
+    line). The run goes to tmp_path/run; returns the recorded calls, in order."""
+    from tokencredit.train.config import load_config
+    from tokencredit.train.trainer import Trainer
+
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "custom_reward.py").write_text(recording)
+    monkeypatch.syspath_prepend(str(shadow))
+    monkeypatch.setenv(
+        "EXAMPLE_FILE", str(Path(__file__).resolve().parents[1] / "examples" / "custom_reward.py")
+    )
+    monkeypatch.setenv("CALLS_LOG", str(tmp_path / "calls.jsonl"))
+    cfg = load_config(sets=_micro_sets(model_dir, steps=1) + [f"reward.function={spec}"], recipe="grpo")
+    Trainer(cfg, tmp_path / "run").fit()
+    return [json.loads(x) for x in (tmp_path / "calls.jsonl").read_text().splitlines()]
 
 
 def _micro_sets(model_dir: str, steps: int = 2, **extra: object) -> list[str]:

@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _micro_sets
+from conftest import _train_with_recording_example
 from tokencredit.rewards import Reward
-from tokencredit.train.config import load_config
-from tokencredit.train.trainer import Trainer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SPEC = "custom_reward:boxed_match"
@@ -54,14 +52,7 @@ def test_a_training_step_scores_its_rollouts_with_the_example(
 ):
     # The function runs in a worker process (with this process's sys.path), so it is recorded there: a
     # module of the same name ahead of examples/ on the path wraps the example and logs each call.
-    (tmp_path / "shadow").mkdir()
-    (tmp_path / "shadow" / "custom_reward.py").write_text(RECORDING_EXAMPLE)
-    monkeypatch.syspath_prepend(str(tmp_path / "shadow"))
-    monkeypatch.setenv("EXAMPLE_FILE", str(EXAMPLES / "custom_reward.py"))
-    monkeypatch.setenv("CALLS_LOG", str(tmp_path / "calls.jsonl"))
-    cfg = load_config(sets=_micro_sets(tiny_model_dir, steps=1) + [f"reward.function={SPEC}"], recipe="grpo")
-    Trainer(cfg, tmp_path / "run").fit()
-    calls = [json.loads(x) for x in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    calls = _train_with_recording_example(tmp_path, monkeypatch, RECORDING_EXAMPLE, SPEC, tiny_model_dir)
     # prompts_per_step x group_size completions (not the start-up check's 2)
     rollouts = [c for c in calls if len(c[0]) == 2 * 4]
     assert len(rollouts) == 1, f"the trainer called the reward on {[len(c[0]) for c in calls]} completions"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _micro_sets
+from conftest import _train_with_recording_example
 from tokencredit.data import Problem
 from tokencredit.errors import ConfigError
 from tokencredit.rewards import Reward
@@ -269,17 +269,10 @@ def test_a_training_step_calls_the_trl_function_with_what_the_model_saw(
 ):
     from tokencredit.data.templates import render
     from tokencredit.models import load_model
-    from tokencredit.train.trainer import Trainer
 
-    (tmp_path / "shadow").mkdir()
-    (tmp_path / "shadow" / "custom_reward.py").write_text(RECORDING_EXAMPLE)
-    monkeypatch.syspath_prepend(str(tmp_path / "shadow"))
-    monkeypatch.setenv("EXAMPLE_FILE", str(EXAMPLES / "custom_reward.py"))
-    monkeypatch.setenv("CALLS_LOG", str(tmp_path / "calls.jsonl"))
     spec = "custom_reward:boxed_answer_reward"
-    cfg = load_config(sets=_micro_sets(tiny_model_dir, steps=1) + [f"reward.function={spec}"], recipe="grpo")
-    Trainer(cfg, tmp_path / "run").fit()
-    calls = [json.loads(x) for x in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    calls = _train_with_recording_example(tmp_path, monkeypatch, RECORDING_EXAMPLE, spec, tiny_model_dir)
+    template = tomllib.loads((tmp_path / "run" / "config.toml").read_text())["data"]["template"]
     check, step = calls[0], [c for c in calls if len(c["completions"]) == 2 * 4]
     assert len(step) == 1, (
         f"the trainer called the reward on {[len(c['completions']) for c in calls]} completions"
@@ -295,7 +288,7 @@ def test_a_training_step_calls_the_trl_function_with_what_the_model_saw(
     for prompt, problem, text, ids in zip(
         call["prompts"], call["problem"], call["completions"], call["completion_ids"]
     ):
-        assert prompt == render(cfg.data.template, problem, tok)  # the prompt as the model saw it
+        assert prompt == render(template, problem, tok)  # the prompt as the model saw it
         assert ids and all(isinstance(i, int) for i in ids)
         assert tok.decode(ids, skip_special_tokens=True) == text  # the ids of that very completion
     assert len(set(call["problem"])) == 2 and call["trainer_state"] == [0, 1]

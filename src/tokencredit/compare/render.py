@@ -263,6 +263,53 @@ def tune_section(tune: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def placebo_section(rows: list[dict[str, Any]]) -> list[str]:
+    """compare.md's "Placebo controls": each token-credit recipe R against its placebo rows (`--placebo`)."""
+    if not rows:
+        return []
+    lines = [
+        "## Placebo controls: does the placement of credit matter?",
+        "",
+        "Each placebo keeps R's update size and moves its credit: `permute` moves each response's effective "
+        "credit to random positions (same values), `uniform-rms` gives every token the response's RMS credit, "
+        "`uniform-mean` its mean credit (same total). Δ = R minus the placebo, paired over seeds (positive: "
+        "R's placement does better than random placement of the same credit), with its 95% interval and "
+        "Holm's correction across the placebo rows.",
+        "",
+        "| recipe R | placebo | R − placebo, final [95% CI] | p | Holm p | d_z | R − placebo, AUC | Holm p |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        t, a = r["final"], r["auc"]
+        d, da = t.get("difference") or {}, a.get("difference") or {}
+        mean = "n/a" if d.get("mean") is None else f"{d['mean']:+.3f} {_fmt_ci(d)}"
+        d_z = "n/a" if d.get("d_z") is None else f"{d['d_z']:+.2f}"
+        auc = "n/a" if da.get("mean") is None else f"{da['mean']:+.3f}"
+        lines.append(
+            f"| {r['recipe']} | {r['placebo']} | {mean} | {_fmt_p(t.get('p'))} | {_fmt_p(t.get('p_holm'))} | "
+            f"{d_z} | {auc} | {_fmt_p(a.get('p_holm'))} |"
+        )
+    return lines + [""]
+
+
+def placebo_table(rows: list[dict[str, Any]]) -> Table:
+    """The placebo rows (`placebo_section`) for the terminal."""
+    t = Table(title="placebo controls: R − placebo, paired over seeds (Holm across placebo rows)")
+    for col in ("recipe R", "placebo", "Δ final [95% CI]", "Holm p", "Δ AUC", "Holm p (AUC)"):
+        t.add_column(col, justify="left" if col in ("recipe R", "placebo") else "right")
+    for r in rows:
+        d, da = r["final"].get("difference") or {}, r["auc"].get("difference") or {}
+        t.add_row(
+            r["recipe"],
+            r["placebo"],
+            "n/a" if d.get("mean") is None else f"{d['mean']:+.3f} {_fmt_ci(d)}",
+            _fmt_p(r["final"].get("p_holm")),
+            "n/a" if da.get("mean") is None else f"{da['mean']:+.3f}",
+            _fmt_p(r["auc"].get("p_holm")),
+        )
+    return t
+
+
 def markdown(result: dict[str, Any], command: str) -> str:
     """compare.md: the command, the table, the settings and notes, the learning-rate sweep (--tune-lr)
     and the plots."""
@@ -283,6 +330,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         "",
         *_notes(result),
         "",
+        *placebo_section(result.get("placebo") or []),
         *(tune_section(result["tune"]) if result.get("tune") else []),
         f"![held-out accuracy]({ACCURACY_PNG})",
         "",

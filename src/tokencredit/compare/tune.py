@@ -127,6 +127,7 @@ def plan_tune(args: PlanOptions, lrs: list[float], seeds: list[int]) -> list[Pla
             name=f"{arm.label}-lr{lr_text(lr)}-s{seed}",
         )
         for arm in plan_arms(args)
+        if not arm.placebo_of  # a placebo row trains at its recipe's chosen rate
         for lr in lrs
         for seed in seeds
     ]

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from tokencredit import advantages, credit, objectives
 from tokencredit.batch import RolloutBatch
+from tokencredit.credit.placebo import apply_placebo
 from tokencredit.recipes.recipe import Recipe
 from tokencredit.recipes.resolve import resolve
 
@@ -20,6 +21,7 @@ __all__ = [
     "batch_fields",
     "credit_arguments",
     "credit_needs",
+    "placebo_credit",
     "recipe_needs",
     "requires_lora",
     "token_credit",
@@ -117,6 +119,8 @@ def token_credit(
     3. the ratio kernel's arguments, prepared from the batch (S-trace: the kept set from the
        old policy's entropy)                                                   (objectives.prepare_kernel)
     4. the loss tokens: valid tokens, minus truncated rows when the recipe masks them, within the kept set.
+    5. a placebo control, when the recipe names one (`placebo_credit`): the effective credit's values
+       moved at random within each response, or made uniform at its RMS or mean, trained per token
 
     `recipe` is a Recipe or a name (`resolve` applies, with `overrides`). `special_ids`: the
     tokenizer's special token ids (KTAE gives them no key value). `max_response_length`: the
@@ -139,7 +143,26 @@ def token_credit(
     )
     objective = recipe.objective_args(kernel_args, max_response_length=max_response_length)
     loss_mask = objectives.loss_token_mask(mask, objective.keep)
-    return TokenCredit(recipe, seq_adv.detach().float(), tok_adv, mask, loss_mask, objective)
+    tc = TokenCredit(recipe, seq_adv.detach().float(), tok_adv, mask, loss_mask, objective)
+    return tc if recipe.placebo == "none" else placebo_credit(tc, batch.token_ids)
+
+
+def placebo_credit(tc: TokenCredit, token_ids: Tensor) -> TokenCredit:
+    """The placebo arm of `tc.recipe` (its `placebo` field, `credit.placebo`): R's update size, random placement.
+
+    The placebo acts on R's effective credit Â_eff (each token's on-policy gradient weight, `TokenCredit.
+    effective`: Â for a per-token objective; a ratio kernel's trace weights and kept set included, so
+    S-trace's kept set is placement too and moves with its values), over each response's training tokens
+    `tc.mask`, and the arm trains it with the per-token ratio (no kept set), R's loss, clip range and
+    aggregation otherwise. token_ids [N,T] seed the permutation (a function of each row alone).
+    """
+    recipe = tc.recipe
+    placebo = apply_placebo(recipe.placebo, tc.effective(), tc.mask, tc.seq_advantages, token_ids)
+    objective = tc.objective
+    if recipe.uses_ratio and recipe.kernel != "token":
+        recipe = replace(recipe, kernel="token", kernel_params={})
+        objective = replace(objective, kernel="token", kernel_args={})
+    return TokenCredit(recipe, tc.seq_advantages, placebo.float(), tc.mask, tc.mask, objective)
 
 
 def zero_outside(values: Tensor, keep: Tensor | None) -> Tensor:

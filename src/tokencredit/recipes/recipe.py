@@ -36,6 +36,7 @@ class Recipe:
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, resample
     overlong_buffer: int = 0  # DAPO overlong shaping buffer L_cache in tokens (0 = off)
     mask_truncated: bool = False  # DAPO: truncated completions get no loss
+    placebo: str = "none"  # tokencredit.credit.placebo.PLACEBOS: R's update size with random placement
     notes: str = ""
     kind: str = "recipe"  # "recipe": a row of the table; "method": a credit method on its own
 

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tokencredit import advantages, credit, objectives
+from tokencredit.credit.placebo import PLACEBOS
 from tokencredit.errors import ConfigError, closest
 from tokencredit.recipes.recipe import CLIP_FIELDS, Recipe
 from tokencredit.recipes.table import RECIPES, get_recipe, known_names, method_recipe
@@ -85,6 +86,11 @@ def validate(recipe: Recipe, overridden: Iterable[str] = ()) -> None:
     if recipe.loss_agg_mode not in objectives.AGG_MODES:
         raise ConfigError(
             f"{where}: unknown loss_agg_mode {recipe.loss_agg_mode!r}{closest(recipe.loss_agg_mode, objectives.AGG_MODES)}"
+        )
+    if recipe.placebo not in PLACEBOS:
+        raise ConfigError(
+            f"{where}: unknown placebo {recipe.placebo!r}{closest(str(recipe.placebo), PLACEBOS)}; "
+            f"choose one of: {', '.join(PLACEBOS)}"
         )
     if recipe.kl_type not in ("k1", "k2", "k3"):
         raise ConfigError(f"{where}: kl_type must be 'k1', 'k2' or 'k3', got {recipe.kl_type!r}")

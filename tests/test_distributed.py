@@ -28,8 +28,9 @@ from tokencredit.credit.ktae import key_token_values
 from tokencredit.recipes import token_credit
 
 HERE = Path(__file__).resolve().parent
-# The five (delta, arca, entropy-80-20, strace, ktae), GRPO, and every estimator that reads more than
-# scores (reinforce++, remax, opo, gpg, grpo-passk, otb).
+# The five (delta, arca, entropy-80-20, strace, ktae), GRPO, every estimator that reads more than
+# scores (reinforce++, remax, opo, gpg, grpo-passk, otb), PEPO (per response) and its 80/20 frame (a global
+# top-k of proximal entropies), and CW-GRPO (whole-batch covariance statistics).
 RECIPES = (
     "grpo",
     "delta",
@@ -47,6 +48,9 @@ RECIPES = (
     "grpo-passk",
     "otb",
     "rloo",
+    "pepo",
+    "entropy-80-20-proximal",
+    "cw-grpo",
 )
 SPECIAL_IDS = (0,)
 N_GROUPS, G, T, H = 5, 4, 9, 6

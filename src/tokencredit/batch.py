@@ -63,6 +63,8 @@ class RolloutBatch:
       truncated [N] bool: the completion hit the length limit without EOS.
       baseline_scores [N] float: the reward of one greedy (temperature 0) rollout of each row's
         prompt (ReMax's baseline; every row of a group carries its prompt's value); must be finite.
+      values [N,T] float: a learned critic's V_t, the value of the state before response token t (PPO's
+        GAE; `tokencredit.critic`); must be finite on valid tokens.
       shard: set when these N rollouts are this rank's part of a batch split across data-parallel
         ranks (`tokencredit.distributed.Shard`); batch statistics are then the whole batch's, and
         `group_ids` must be the same for a prompt on every rank.
@@ -86,6 +88,7 @@ class RolloutBatch:
     delta_coefficients: Tensor | None = None
     truncated: Tensor | None = None
     baseline_scores: Tensor | None = None
+    values: Tensor | None = None
     shard: Shard | None = None
 
     def __post_init__(self) -> None:
@@ -151,6 +154,8 @@ class RolloutBatch:
             if not b.dtype.is_floating_point:
                 self.baseline_scores = b = b.float()
             check_finite_scores(b, "RolloutBatch.baseline_scores")
+        if self.values is not None:
+            self._check_signal("values", "T", n, t)  # a per-token float field, checked as the signals are
         if self.shard is not None and tuple(self.shard.rows.shape) != (n,):
             raise BatchValidationError(
                 f"RolloutBatch.shard: rows must give the global index of each of the {n} rollouts, "

@@ -143,7 +143,9 @@ class Estimator:
     fn: EstimatorFn  # fn(batch: RolloutBatch, **params) -> A [N] (or [N,T] when token_level)
     defaults: Mapping[str, Any]
     needs: frozenset[str] = frozenset()  # per-token signals it reads (tokencredit.batch.SIGNALS)
-    fields: frozenset[str] = frozenset()  # optional RolloutBatch fields an engine must fill (baseline_scores)
+    fields: frozenset[str] = (
+        frozenset()
+    )  # optional RolloutBatch fields an engine must fill (baseline_scores, values)
     token_level: bool = False  # A [N,T]: only credit methods that take token advantages accept it
     paper: str = ""
     scores_fn: Callable[..., Tensor] | None = field(
@@ -158,6 +160,7 @@ ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 # Batch fields an estimator may read besides the per-token signals, and how an engine fills them.
 FIELDS: dict[str, str] = {
     "baseline_scores": "the reward of one greedy (temperature 0) rollout of each row's prompt",
+    "values": "a learned critic's value V_t [N,T] of the state before each response token (tokencredit.critic)",
 }
 
 

@@ -2,9 +2,10 @@
 
 `registry` holds the registry and the one entry point (`compute`, `register`, `get`; its docstring
 states the contract every method meets); each other module holds methods and registers them on
-import: `uniform` (GRPO, Â = A), `arca` (ARCA and its salience baselines), `delta` (DelTA),
-`entropy` (the 80/20 rule), `gcpo`, `ktae`, `montecarlo` (oracle, VinePPO) and `token_shaping`
-(entropy-advantage, advantage-reweighting).
+import: `uniform` (GRPO, Â = A), `arca` (ARCA and its salience baselines), `cw_grpo` (CW-GRPO),
+`delta` (DelTA), `entropy` (the 80/20 rule, in the global or PEPO's proximal frame), `gcpo`, `ktae`,
+`montecarlo` (oracle, VinePPO), `pepo` (PEPO) and `token_shaping` (entropy-advantage,
+advantage-reweighting).
 
 Adding a method is one module: every public module of this package is imported below, sorted by
 name (`tokencredit.registry.import_submodules`), so a new ``credit/my_method.py`` whose function is

@@ -14,11 +14,16 @@ S-trace silently become plain token-level training. `top_entropy_mask` therefore
 k = ceil(keep_ratio * n) of the n valid tokens of each scope, ranked by entropy; among equal
 entropies at the boundary the token that comes first in row-major (response, position) order is
 kept. With distinct entropies and the default keep ratios (0.2, 0.5, 1) this is the same set the
-linearly interpolated quantile threshold selects. `entropy_from_logits` gives the entropy in float32
+linearly interpolated quantile threshold selects. With ``frame="proximal"`` the ranking is over PEPO's
+proximal entropy instead of the raw one (PEPO, Kim & Kwak 2026, arXiv 2609.39402, Sec. 5.3 and Table 3:
+"80/20 + proximal entropy", the top 20% of the batch by proximal entropy, nothing else changed);
+`window` is its W. `entropy_from_logits` gives the entropy in float32
 without the cancellation that zeroes small entropies in verl's and most trainers' formula.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -26,8 +31,113 @@ from torch import Tensor
 from tokencredit.batch import RolloutBatch
 from tokencredit.credit.registry import register
 from tokencredit.distributed import Shard, all_sum, global_top_k
+from tokencredit.errors import ConfigError, closest
 
-__all__ = ["entropy_80_20", "entropy_from_logits", "keep_count", "top_entropy_mask"]
+__all__ = [
+    "DEFAULT_WINDOW",
+    "FRAMES",
+    "check_temperature",
+    "check_window",
+    "entropy_80_20",
+    "entropy_from_logits",
+    "keep_count",
+    "proximal_entropy",
+    "top_entropy_mask",
+]
+
+# The reference frame the kept set ranks entropies in: "global" compares raw entropies across the scope (the
+# paper's rule); "proximal" compares PEPO's proximal entropy (each token's softmax share within a centred
+# window of its own response, `proximal_entropy` below), which is blind to a response's
+# overall entropy level (prompt difficulty) and to slow positional trends (PEPO, arXiv 2609.39402, Prop. 1).
+FRAMES = ("global", "proximal")
+DEFAULT_WINDOW = 101  # PEPO's W, in all of its experiments
+
+
+def check_window(window: int, who: str) -> int:
+    """floor(window / 2), the half width of PEPO's window W(t) = {k : |k - t| <= W / 2}; ConfigError unless
+    window is a positive int."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ConfigError(f"{who}: window must be a positive integer (the paper's W = 101), got {window!r}")
+    return window // 2
+
+
+def _check_entropy(entropy: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    if entropy.shape != mask.shape or entropy.dim() != 2:
+        raise ValueError(
+            f"entropy {tuple(entropy.shape)} and mask {tuple(mask.shape)} must be the same shape [N, T]"
+        )
+    valid = mask.bool()
+    ent = entropy.detach().double()
+    bad = valid & ~torch.isfinite(ent)
+    if bool(bad.any()):
+        row, pos = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"entropy is {float(ent[row, pos])} at valid token (response {row}, position {pos}); "
+            f"{int(bad.sum())} valid tokens have a non-finite entropy"
+        )
+    return torch.where(valid, ent, torch.zeros((), dtype=ent.dtype, device=ent.device)), valid
+
+
+def _reflect_index(length: Tensor, width: int, half: int) -> Tensor:
+    """int64 [N, width + 2 half]: for padded column j, the compact position j - half reflected into
+    [0, length_i) (numpy's "reflect": the edge is not repeated; repeated for short rows; 0 for length <= 1)."""
+    j = torch.arange(-half, width + half, device=length.device)[None, :]
+    last = (length - 1).clamp(min=0)[:, None]
+    period = (2 * last).clamp(min=1)
+    m = torch.remainder(j, period)
+    idx = torch.where(m <= last, m, period - m)
+    return torch.where(last > 0, idx, torch.zeros_like(idx)).clamp(max=max(width - 1, 0))
+
+
+def check_temperature(temperature: float, who: str) -> float:
+    """temperature as a float; ConfigError unless it is finite and > 0."""
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, int | float)
+        or not 0 < temperature < math.inf
+    ):
+        raise ConfigError(
+            f"{who}: temperature must be a finite number > 0 (the paper's 1.0), got {temperature!r}"
+        )
+    return float(temperature)
+
+
+def proximal_entropy(
+    entropy: Tensor, mask: Tensor, window: int = DEFAULT_WINDOW, temperature: float = 1.0
+) -> Tensor:
+    """PEPO's proximal entropy e [N,T] float64 (Kim & Kwak 2026, arXiv 2609.39402, Eq. 6):
+
+        e_t = exp(H_t / tau) / sum_{k in W(t)} exp(H_k / tau),   W(t) = {k : |k - t| <= window / 2},
+
+    over the response's own valid tokens in order (a mask with holes is compacted first), the window
+    reflect-padded at the response's first and last token as the paper's App. C.2 (numpy's "reflect": the
+    edge token is not repeated; a response shorter than the half window repeats the reflection, our
+    choice). tau = `temperature`: 1 in Eq. 6, swept over 0.5 / 1 / 2 in the paper's App. F.3.
+    entropy [N,T] any float dtype, mask [N,T] bool/0-1. e is in (0, 1]; a constant row gives
+    1 / (2 floor(window / 2) + 1); 0 where mask is False; a row never depends on its padding or other rows.
+    Raises ValueError on a non-finite entropy at a valid token, ConfigError on a bad window.
+    """
+    half = check_window(window, "proximal_entropy")
+    tau = check_temperature(temperature, "proximal_entropy")
+    ent, valid = _check_entropy(entropy, mask)
+    ent = ent / tau
+    n, width = ent.shape
+    if n == 0 or width == 0:
+        return torch.zeros_like(ent)
+    length = valid.sum(-1)
+    # Valid tokens first, in order, so the window runs over the response's own tokens whatever the mask.
+    order = torch.sort((~valid).to(torch.int8), dim=-1, stable=True).indices
+    compact = ent.gather(-1, order)
+    # exp(H / tau - row max): the softmax is shift invariant (Prop. 1 (i)); the clamp only guards inputs whose
+    # H / tau lie more than 600 below the row's maximum (a real entropy is at most log V) from 0 / 0.
+    top = torch.where(valid, ent, torch.full_like(ent, float("-inf"))).amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row without valid tokens
+    expd = torch.exp((compact - top).clamp(min=-600.0))
+    padded = expd.gather(-1, _reflect_index(length, width, half))
+    denom = padded.unfold(-1, 2 * half + 1, 1).sum(-1)  # a strided view: no [N, T, W] copy
+    e_compact = expd / denom
+    out = torch.empty_like(ent).scatter_(-1, order, e_compact)
+    return torch.where(valid, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
 def keep_count(n: Tensor, keep_ratio: float) -> Tensor:
@@ -122,9 +232,26 @@ def entropy_from_logits(logits: Tensor, chunk_size: int = 4096) -> Tensor:
 
 @register("entropy-80-20", needs=("entropy",), paper="Wang et al. 2025, arXiv 2506.01939")
 def entropy_80_20(
-    batch: RolloutBatch, advantages: Tensor, keep_ratio: float = 0.2, scope: str = "batch"
+    batch: RolloutBatch,
+    advantages: Tensor,
+    keep_ratio: float = 0.2,
+    scope: str = "batch",
+    frame: str = "global",
+    window: int = DEFAULT_WINDOW,
+    temperature: float = 1.0,
 ) -> Tensor:
-    """Â = A on the top-`keep_ratio` high-entropy tokens (exactly ceil(keep_ratio * n)), 0 elsewhere."""
+    """Â = A on the top-`keep_ratio` high-entropy tokens (exactly ceil(keep_ratio * n)), 0 elsewhere.
+
+    frame="global" ranks raw entropies (the paper); "proximal" ranks PEPO's proximal entropy with its
+    `window` and `temperature` (read only then, always validated)."""
+    if frame not in FRAMES:
+        raise ConfigError(
+            f"entropy-80-20: unknown frame {frame!r}{closest(str(frame), FRAMES)}; known: {', '.join(FRAMES)}"
+        )
+    check_window(window, "entropy-80-20")
+    check_temperature(temperature, "entropy-80-20")
     entropy = batch.signal("entropy", "credit method 'entropy-80-20'")
+    if frame == "proximal":
+        entropy = proximal_entropy(entropy, batch.mask, window, temperature)
     keep = top_entropy_mask(entropy, batch.mask, keep_ratio, scope, shard=batch.shard)
     return advantages[:, None] * keep.to(advantages.dtype)

@@ -22,7 +22,7 @@ it: `uniform` (Â = A) and the per-token shapings that are functions of each tok
 refuses such a recipe before any model loads.
 
 Data-parallel ranks. A batch whose `shard` is set holds one rank's rows of a batch split across
-ranks; the methods with whole-batch statistics (delta, entropy-80-20, ktae) reduce them over the
+ranks; the methods with whole-batch statistics (delta, entropy-80-20, ktae, cw-grpo) reduce them over the
 ranks with `tokencredit.distributed`, the others are functions of each response alone, so every
 rank gets its rows of the single-process Â (tests/test_distributed.py, 2 gloo processes).
 """

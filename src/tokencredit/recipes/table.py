@@ -280,6 +280,32 @@ _TABLE: list[Recipe] = [
         kl_coef=0.001,
         notes="Â = (alpha pi_old + 1 - alpha) A, alpha 0.3; clip 0.2/0.24 and KL 0.001 as the authors' script",
     ),
+    # -- entropy in a local frame (PEPO) and covariance-aware reweighting (CW-GRPO): docs/spec/pepo.md, cw-grpo.md
+    Recipe(
+        "pepo",
+        "Kim & Kwak 2026, PEPO, NeurIPS (arXiv 2609.39402)",
+        credit="pepo",
+        credit_params={"window": 101, "temperature": 1.0, "positive_only": True},
+        eps_low=0.2,
+        eps_high=0.28,
+        notes="Â = c A on positive rollouts, c = proximal entropy (softmax over a centred 101-token window) "
+        "rescaled to mean 1; GRPO token-mean, clip 0.2/0.28 (Eq. 8)",
+    ),
+    replace(
+        _DAPO,
+        name="entropy-80-20-proximal",
+        paper="Kim & Kwak 2026, PEPO's 80/20 + proximal entropy (arXiv 2609.39402, Table 3)",
+        credit="entropy-80-20",
+        credit_params={"keep_ratio": 0.2, "scope": "batch", "frame": "proximal", "window": 101},
+        notes="the 80/20 rule ranking PEPO's proximal entropy instead of the raw entropy; otherwise entropy-80-20",
+    ),
+    Recipe(
+        "cw-grpo",
+        "Wang et al. 2026, CW-GRPO, ACL (arXiv 2605.11538); details reconstructed",
+        credit="cw-grpo",
+        notes="Â = w A, w = exp(-c^2 / 2 sigma^2) of the token's log pi-A covariance c, rescaled to keep the "
+        "batch's total weight; PPO-clip 0.2, token-mean (KL off: set kl_coef for TRL's beta)",
+    ),
     # -- credit from Monte-Carlo values of the policy's prefixes: EXPENSIVE (K continuations per state; the cost
     # is printed every step); K and delta in the config's [oracle] section
     Recipe(
@@ -294,6 +320,32 @@ _TABLE: list[Recipe] = [
         "Kazemnejad et al. 2025, VinePPO, ICML (arXiv 2410.01679)",
         credit="vineppo",
         notes="EXPENSIVE: Monte-Carlo values at line breaks (K = 9 each), step advantage on its tokens; PPO-clip 0.2",
+    ),
+    # -- a learned critic (tokencredit.critic; docs/spec/ppo.md): the `gae` estimator reads the batch's `values`,
+    # which is what makes the trainer build and train a value model ([critic] in the config)
+    Recipe(
+        "ppo",
+        "Schulman et al. 2017, PPO (arXiv 1707.06347) with GAE (arXiv 1506.02438), as verl's defaults",
+        advantage="gae",
+        advantage_params={"gamma": 1.0, "lam": 1.0},
+        notes="learned critic, GAE gamma 1 lam 1 whitened over the batch's tokens; PPO-clip 0.2, token-mean (verl's defaults)",
+    ),
+    Recipe(
+        "bpco",
+        "Qi, Zhou, Lee 2026, Best Practice Critic Optimization (arXiv 2608.23566), reconstructed from its abstract",
+        advantage="gae",
+        advantage_params={
+            "whiten": False,
+            "length_alpha": 0.05,
+            "target": "monte-carlo",
+            "value_min": 0.0,
+            "value_max": 1.0,
+        },
+        loss="dppo-tv",
+        eps_low=0.15,
+        eps_high=0.15,
+        notes="critic bounded to [0, 1] on Monte-Carlo targets; unwhitened GAE, VAPO's length-adaptive lam; DPPO-TV; "
+        "run with rollout.group_size=1",
     ),
 ]
 

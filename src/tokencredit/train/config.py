@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tokencredit import models, recipes
+from tokencredit import models, objectives, recipes
 from tokencredit.data.synthetic import MAX_DIFFICULTY, MAX_DIGITS
 from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError, closest
@@ -120,6 +120,22 @@ class OracleConfig:
 
 
 @dataclass
+class CriticConfig:
+    """The learned critic of a recipe whose advantage estimator reads the critic's values (ppo, bpco; none else
+    builds one). Its discount, lambda, regression target and value bounds are the estimator's parameters
+    (algo.advantage_params: gamma, lam, target, value_min, value_max), so A and the critic never disagree."""
+
+    lr: float = 1e-4  # critic AdamW learning rate (verl's default 1e-5 is for billion-parameter critics; the toy critic learns at 1e-4)
+    weight_decay: float = 0.01  # critic AdamW weight decay (verl's)
+    grad_clip: float = 1.0  # critic gradient-norm clip (0 = no clipping)
+    epochs: int = 1  # passes of the critic over each step's rollouts
+    mini_batches: int = 1  # critic optimiser steps per epoch (must divide the rollouts per step)
+    warmup_steps: int = 0  # first steps that update only the critic (the policy starts after them)
+    cliprange_value: float = 0.5  # c of the clipped value loss: V is held within V_old +- c (verl's 0.5)
+    loss_agg_mode: str = "token-mean"  # how the per-token value losses become one scalar (verl's names)
+
+
+@dataclass
 class EvalConfig:
     every: int = 20  # steps between held-out evaluations (0 = only at start and end)
     samples: int = 2  # sampled completions per problem for avg@k / pass@k (0 = greedy only)
@@ -161,6 +177,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     oracle: OracleConfig = field(default_factory=OracleConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -374,7 +391,8 @@ def validate_config(cfg: TrainConfig) -> None:
     need(0.0 <= cfg.model.lora_dropout < 1.0, "model.lora_dropout", "must be in [0, 1)")
     _check_data(cfg.data)
     need(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
-    need(r.group_size >= 2, "rollout.group_size", "must be >= 2 for group baselines")
+    # >= 2 for a group baseline: `check_recipe` says so, knowing whether the recipe has a critic instead
+    need(r.group_size >= 1, "rollout.group_size", "must be >= 1")
     # Sampling, not greedy: G identical greedy completions would give every group zero advantage.
     need(
         math.isfinite(r.temperature) and r.temperature > 0,
@@ -426,6 +444,35 @@ def validate_config(cfg: TrainConfig) -> None:
     need(q.vine_max_steps >= 1, "oracle.vine_max_steps", "must be >= 1")
     need(bool(q.delimiter), "oracle.delimiter", "must be a non-empty string")
     need(q.batch_size >= 1, "oracle.batch_size", "must be >= 1")
+    _check_critic(cfg.critic, r)
+
+
+def _check_critic(c: CriticConfig, r: RolloutConfig) -> None:
+    """The [critic] values (checked with or without a critic: a typo'd value is named either way)."""
+
+    def need(ok: bool, key: str, rule: str) -> None:
+        if not ok:
+            raise ConfigError(f"critic.{key} {rule}, got {getattr(c, key)!r}")
+
+    need(math.isfinite(c.lr) and c.lr > 0, "lr", "must be a finite number > 0")
+    need(math.isfinite(c.weight_decay) and c.weight_decay >= 0, "weight_decay", "must be >= 0")
+    need(math.isfinite(c.grad_clip) and c.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = no clipping)")
+    need(c.epochs >= 1, "epochs", "must be >= 1")
+    need(c.mini_batches >= 1, "mini_batches", "must be >= 1")
+    need(c.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+    need(math.isfinite(c.cliprange_value) and c.cliprange_value > 0, "cliprange_value", "must be > 0")
+    modes = objectives.AGG_MODES
+    need(
+        c.loss_agg_mode in modes,
+        "loss_agg_mode",
+        f"must be one of {', '.join(modes)}{closest(c.loss_agg_mode, modes)}",
+    )
+    n_rows = r.prompts_per_step * r.group_size
+    need(
+        n_rows % c.mini_batches == 0,
+        "mini_batches",
+        f"must divide the rollouts per step (rollout.prompts_per_step x rollout.group_size = {n_rows})",
+    )
 
 
 def _check_data(d: DataConfig) -> None:
@@ -515,6 +562,11 @@ def check_recipe(r: recipes.Recipe, c: TrainConfig) -> None:
         raise ConfigError(
             f"model {c.model.name!r} was warm-started on the {c.model.name!r} task, not "
             f"data.train='toy' (use --config {c.model.name})"
+        )
+    if c.rollout.group_size < 2 and "values" not in recipes.batch_fields(r):
+        raise ConfigError(
+            f"rollout.group_size must be >= 2 for recipe {r.name!r}'s group baseline (only a recipe with a "
+            f"learned critic, such as ppo or bpco, runs one rollout per prompt), got {c.rollout.group_size}"
         )
     if recipes.requires_lora(r) and c.model.lora_rank <= 0:
         raise ConfigError(

@@ -40,6 +40,7 @@ from tokencredit.rollout import SamplingSettings
 from tokencredit.tasks import load_problems_for
 from tokencredit.train import checkpoint as ckpt
 from tokencredit.train.config import TrainConfig, check_recipe, validate_config
+from tokencredit.train.critic import Critic, needs_critic
 from tokencredit.train.progress import StepProgress
 from tokencredit.train.rundir import RunDir, check_replaceable, replace_run, rollout_records
 from tokencredit.train.sampling import (
@@ -56,7 +57,7 @@ from tokencredit.train.sampling import (
 from tokencredit.train.stop import StopNow, StopSignals, signal_name, stopped_message
 from tokencredit.train.summary import plot_curves, run_summary, step_record, summary_table
 from tokencredit.train.trackers import Trackers, require
-from tokencredit.train.update import can_fuse_old_pass, lr_factor, policy_update
+from tokencredit.train.update import UpdateStats, can_fuse_old_pass, lr_factor, policy_update
 
 __all__ = ["StepResult", "Trainer", "resolve_recipe"]
 
@@ -146,6 +147,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, partial(lr_factor, o, cfg.run.steps)
         )
+        # PPO's value model, when the recipe's estimator reads critic values (declared data, not the recipe's name)
+        self.critic = Critic.build(cfg, self.recipe, self.device) if needs_critic(self.recipe) else None
         self.step_done = 0
         self.resumed = resume
         self.stopped_by: int | None = None  # the stop signal fit() received, if any
@@ -178,6 +181,13 @@ class Trainer:
             self.metrics.truncate_after(-1)
         else:
             self.step_done = ckpt.restore(self.model, self.optimizer, self.scheduler, state)
+            if self.critic is not None:
+                if "critic" not in state["extra"]:
+                    raise ConfigError(
+                        f"--resume {self.run_dir}: checkpoint step {self.step_done} holds no critic, which recipe "
+                        f"{self.recipe.name!r} trains (was it written by a run of another recipe?)"
+                    )
+                self.critic.load_state_dict(state["extra"]["critic"], f"checkpoint step {self.step_done}")
             self.sampler.cursor = int(state["extra"]["sampler_cursor"])
             self.metrics.truncate_after(self.step_done)
             self.console.print(f"resumed {self.run_dir} at step {self.step_done}")
@@ -216,29 +226,37 @@ class Trainer:
             }
             return StepResult(record, ro)
         batch = self.old_policy_batch(ro)  # signals: one no-grad pass of the old policy
+        seq, attn = ro.sequences.to(self.device), ro.attention_mask.to(self.device)
+        prompt_len = ro.prompt_ids.shape[1]
+        if self.critic is not None:  # V_old: one no-grad pass of the critic, read by the estimator (GAE)
+            batch = replace(batch, values=self.critic.values(seq, attn, prompt_len, batch.mask))
         credit = self.credit(batch)  # advantage A, then the credit method's token advantages Â
         t_sig = time.perf_counter() - t0 - t_gen
-        seq, attn = ro.sequences.to(self.device), ro.attention_mask.to(self.device)
-        upd = policy_update(
-            self.model,
-            self.optimizer,
-            batch,
-            credit,
-            seq,
-            attn,
-            ro.prompt_ids.shape[1],
-            self.cfg.optim,
-            temperature=self.cfg.rollout.temperature,
-            fuse_old=self.fused_old,
-            seed=self.cfg.run.seed,
-            step=step,
-        )
-        self.scheduler.step()
+        if self.critic is not None and step < self.cfg.critic.warmup_steps:
+            upd = UpdateStats({}, 0.0)  # critic warm-up: the policy (and its schedule) waits
+        else:
+            upd = policy_update(
+                self.model,
+                self.optimizer,
+                batch,
+                credit,
+                seq,
+                attn,
+                prompt_len,
+                self.cfg.optim,
+                temperature=self.cfg.rollout.temperature,
+                fuse_old=self.fused_old,
+                seed=self.cfg.run.seed,
+                step=step,
+            )
+            self.scheduler.step()
+        critic_metrics = {} if self.critic is None else self.critic.update(batch, seq, attn, prompt_len, step)
         times = {"generate": t_gen, "signals": t_sig, "update": time.perf_counter() - t0 - t_gen - t_sig}
         lr = float(self.scheduler.get_last_lr()[0])
         # the fused pass's old log-probs and entropy join a copy: the batch credit read stays as it was
         logged = batch.with_signals(upd.old_signals) if upd.old_signals else batch
-        return StepResult(step_record(step + 1, ro, logged, credit, upd, times, lr), ro, logged, credit)
+        record = step_record(step + 1, ro, logged, credit, upd, times, lr) | critic_metrics
+        return StepResult(record, ro, logged, credit)
 
     def sample(self, step: int) -> StepRollouts:
         """The step's scored rollouts; with dynamic sampling only groups whose rewards differ; for ReMax
@@ -376,7 +394,8 @@ class Trainer:
             self.model,
             self.optimizer,
             self.scheduler,
-            extra={"sampler_cursor": self.sampler.cursor},
+            extra={"sampler_cursor": self.sampler.cursor}
+            | ({} if self.critic is None else {"critic": self.critic.state_dict()}),
             keep=self.cfg.checkpoint.keep,
         )
 

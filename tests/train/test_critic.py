@@ -82,6 +82,11 @@ def test_critic_metrics_warmup_and_one_rollout_per_prompt(tiny_model_dir, tmp_pa
         == recs[0]["critic/forward_tokens"] + recs[1]["critic/forward_tokens"]
     )
     assert recs[0]["critic/backward_tokens"] > 0
+    # the policy's passes, for compare's work column: no backward pass while the critic warms up
+    assert recs[0]["policy/backward_tokens"] == 0 and recs[1]["policy/backward_tokens"] > 0
+    assert recs[1]["policy/forward_tokens"] >= recs[1]["policy/backward_tokens"]
+    # each critic pass reads the same prompt + response tokens as each policy pass
+    assert recs[1]["critic/backward_tokens"] == recs[1]["policy/backward_tokens"] * cfg.critic.epochs
 
 
 def test_group_size_one_needs_a_critic(tiny_model_dir, tmp_path):

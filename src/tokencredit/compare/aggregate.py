@@ -69,6 +69,8 @@ _OVER_SEEDS = (
     "gen_rounds",
     "seconds",
     "generated_tokens",
+    "work_tokens",
+    "critic_work_tokens",
 )
 
 
@@ -154,11 +156,38 @@ def generated_tokens(run: RunData) -> int | None:
     return sum(vals) if vals else None
 
 
+# Forward-token equivalents of a step: a backward pass costs about two forwards (the usual FLOPs ratio).
+_WORK = {
+    "generated_tokens": 1,
+    "policy/forward_tokens": 1,
+    "policy/backward_tokens": 2,
+    "critic/forward_tokens": 1,
+    "critic/backward_tokens": 2,
+}
+
+
+def work_tokens(run: RunData) -> tuple[int | None, int]:
+    """(total work, the critic's part) of a run in forward-token equivalents: each generated token, each
+    prompt or response token through a forward pass of the policy, the reference or the critic, and twice
+    each token through a backward pass (`_WORK`, summed over the trained steps). None for a run written before
+    the trainer logged its passes (`policy/forward_tokens`)."""
+    if not any("policy/forward_tokens" in s for s in run.steps):
+        return None, 0
+    total = critic = 0
+    for s in run.steps:
+        for key, weight in _WORK.items():
+            value = int(s.get(key, 0)) * weight
+            total += value
+            critic += value if key.startswith("critic/") else 0
+    return total, critic
+
+
 def _run_entry(r: RunData, final: float, key: str, target: float) -> dict[str, Any]:
     """One run's row of the result: its final accuracy, steps to `target`, the area under its accuracy
     curve, its cost (generated tokens, wall seconds) and per-step means."""
     summary = r.summary or {}
     means = {k: _step_mean(r, k) for k in _STEP_MEANS}
+    work, critic_work = work_tokens(r)
     last = int(summary.get("steps", len(r.steps) + r.skipped_steps))
     return {
         "run_dir": str(r.run_dir),
@@ -168,6 +197,8 @@ def _run_entry(r: RunData, final: float, key: str, target: float) -> dict[str, A
         "steps_to_target": steps_to_target(r.evals, key, target),
         "accuracy_auc": curve_area(r.evals, key, last),
         "generated_tokens": generated_tokens(r),
+        "work_tokens": work,
+        "critic_work_tokens": critic_work if work is not None else None,
         "response_length": means["response_length"],
         "tokens_per_s": float(summary.get("tokens_per_s") or 0.0) or _step_mean(r, "tokens_per_s"),
         "credit_gini": means["credit_gini"],

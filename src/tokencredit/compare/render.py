@@ -65,6 +65,17 @@ def _fmt_test(t: dict[str, Any] | None) -> tuple[str, str]:
     return f"{t['mean_diff']:+.3f}", _fmt_p(t["p"])
 
 
+def _fmt_work(g: dict[str, Any]) -> str:
+    """The work column: total forward-token equivalents per run, with the critic's share when it has one."""
+    work, critic = g.get("work_tokens") or {}, g.get("critic_work_tokens") or {}
+    if work.get("mean") is None:
+        return "n/a"
+    text = _fmt(work, 0)
+    if critic.get("mean"):
+        text += f" (critic {critic['mean'] / work['mean']:.0%})"
+    return text
+
+
 def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Column names and rows of the comparison table (shared by the Markdown and the rich table)."""
     base = result["baseline"]
@@ -89,6 +100,7 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         "Δ AUC",
         "p AUC (Holm)",
         "gen. tokens/run",
+        "work/run (fwd-token eq.)",
         "wall s/run",
     ]
     rows = []
@@ -112,6 +124,7 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 _fmt(g.get("accuracy_auc", {})),
                 *_fmt_paired(g.get("auc_vs_baseline"), effect=False),
                 _fmt(g.get("generated_tokens", {}), 0),
+                _fmt_work(g),
                 _fmt(g.get("seconds", {}), 0),
             ]
         )
@@ -182,7 +195,11 @@ def _notes(result: dict[str, Any]) -> list[str]:
         "p (Holm): Holm's correction across the recipes compared; d_z: mean paired difference / its sd. "
         "acc. AUC: area under the held-out accuracy curve over the run divided by its steps (the mean "
         "accuracy over training: sample efficiency), with the same paired test. gen. tokens/run: tokens "
-        "generated (every sampled round, Monte-Carlo continuations included); wall s/run: wall time. "
+        "generated (every sampled round, Monte-Carlo continuations included); work/run: the whole compute in "
+        "forward-token equivalents: each generated token, each prompt and response token through a forward pass "
+        "of the policy (old-policy and reference signals, training), of the reference model or of a learned "
+        "critic, and twice each token through a backward pass (about the FLOPs ratio), with the critic's share; "
+        "n/a for runs written before the trainer logged its passes; wall s/run: wall time. "
         f"Steps to {result['target']:g}: first evaluated step reaching it (resolution = eval.every), mean over "
         "the seeds that reached it. Response length, credit Gini (of |Â| per response) and generation rounds: "
         "means over training steps, then over seeds. tokens/s: response tokens per second of rollout + signals + "
@@ -349,6 +366,7 @@ _DROP_ORDER = (
     "length",
     "Gini",
     "tokens",
+    "work",
     "LoRA",
     "Δ CI",
     "95% CI",
@@ -384,6 +402,7 @@ def rich_table(result: dict[str, Any], width: int | None = None) -> Table:
         "Δ AUC",
         "p AUC",
         "tokens",
+        "work",
         "s",
     ]
     keep = list(range(len(cols)))

@@ -256,7 +256,22 @@ class Trainer:
         # the fused pass's old log-probs and entropy join a copy: the batch credit read stays as it was
         logged = batch.with_signals(upd.old_signals) if upd.old_signals else batch
         record = step_record(step + 1, ro, logged, credit, upd, times, lr) | critic_metrics
+        record |= self.policy_work(int(attn.sum()), updated=bool(upd.metrics))
         return StepResult(record, ro, logged, credit)
+
+    def policy_work(self, tokens: int, *, updated: bool) -> dict[str, int]:
+        """The policy's passes over the step's sequences (`tokens`: prompt + response tokens), for the compute
+        axis (`compare`'s work column): no-grad forwards of the old policy (none when the fused pass reads its
+        signals from the training forward) and of the reference model, and ppo_epochs training passes
+        (a forward and a backward each). Generation is counted separately (`generated_tokens`)."""
+        fwd_models = int(bool(self.needs.forward) and not self.fused_old) + int(
+            "ref_log_probs" in self.needs.forward
+        )
+        epochs = self.cfg.optim.ppo_epochs if updated else 0
+        return {
+            "policy/forward_tokens": tokens * (fwd_models + epochs),
+            "policy/backward_tokens": tokens * epochs,
+        }
 
     def sample(self, step: int) -> StepRollouts:
         """The step's scored rollouts; with dynamic sampling only groups whose rewards differ; for ReMax
@@ -400,7 +415,8 @@ class Trainer:
         )
 
     def export_final(self) -> Path:
-        """The trained model as a plain Hugging Face directory (LoRA merged), loadable by `tokencredit eval`."""
+        """The trained model as a plain Hugging Face directory (LoRA merged), loadable by `tokencredit eval`;
+        with a critic also its final weights (`RunDir.final_critic_path`), which explain and probe read."""
         out = self.run.final_dir
         model = self.model
         if hasattr(model, "merge_and_unload"):
@@ -409,6 +425,9 @@ class Trainer:
         try:
             model.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
+            if self.critic is not None:  # weights only: the optimiser stays in the checkpoints (for --resume)
+                state = self.critic.state_dict()
+                torch.save({"step": self.step_done, "model": state["model"]}, tmp / self.run.final_critic_path.name)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)  # a half-written export is never left behind
             if (err := write_error(out, e)) is not None:

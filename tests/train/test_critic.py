@@ -129,30 +129,31 @@ def test_resume_with_a_critic_equals_uninterrupted(tiny_model_dir, tmp_path):
     assert a.critic.forward_tokens == resumed.critic.forward_tokens
 
 
-@pytest.mark.xfail(
-    reason="not yet reliable: on the tiny random model's fresh rollouts the critic's explained variance stays "
-    "near 0 over 12 steps (it fits a fixed batch: EV 0.95 in 20 AdamW steps); see the PR report",
-    strict=False,
-)
-def test_explained_variance_rises(tiny_model_dir, tmp_path):
-    """The reward (the completion starts with a digit) is known to every state after the first token: a critic
-    that learns sees its explained variance climb. The policy is held (warm-up) so the target stands still."""
-    cfg = micro_config(
-        tiny_model_dir,
-        "ppo",
-        steps=12,
-        **{
-            "rollout.prompts_per_step": 8,
-            "rollout.group_size": 4,
-            "critic.warmup_steps": 12,
-            "critic.lr": 3e-3,
-            "critic.epochs": 4,
-            "critic.mini_batches": 2,
-            "checkpoint.every": 0,
-            "reward.function": "_critic_rewards:first_char_is_digit",
-        },
-    )
-    Trainer(cfg, tmp_path / "run").fit()
+def test_explained_variance_rises(tmp_path):
+    """On the embedded toy model (its warm start, no download) with a reward every state after the first token
+    knows (the completion starts with a digit), the critic's explained variance climbs from far below 0 (a
+    zero-initialised head on returns that barely vary) to well above 0. The policy is held (warm-up), so the
+    target stands still. Measured: -1536, -112, -23, -7.6, -2.1, -0.83, -0.21, 0.05, 0.49, 0.61, 0.64 (steps 2-12).
+    """
+    sets = [
+        "model.name=toy",
+        "run.steps=12",
+        "run.progress=false",
+        "run.threads=2",
+        "rollout.prompts_per_step=8",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=24",
+        "critic.warmup_steps=12",
+        "critic.lr=3e-3",
+        "critic.epochs=4",
+        "critic.mini_batches=2",
+        "checkpoint.every=0",
+        "eval.every=0",
+        "eval.at_start=false",
+        "data.eval_size=4",
+        "reward.function=_critic_rewards:first_char_is_digit",
+    ]
+    Trainer(load_config(sets=sets, recipe="ppo"), tmp_path / "run").fit()
     ev = [r["critic/explained_variance"] for r in _steps(tmp_path / "run")]
-    first, last = sum(ev[:3]) / 3, sum(ev[-3:]) / 3
-    assert last > first + 0.2 and last > 0.2, ev
+    first, last = sum(ev[1:4]) / 3, sum(ev[-3:]) / 3  # step 1's returns can all be equal (EV undefined: 1)
+    assert last > first + 0.2 and last > 0.3, ev

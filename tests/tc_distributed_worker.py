@@ -41,6 +41,7 @@ def local_batch(full: dict, rows: torch.Tensor, shard: Shard) -> RolloutBatch:
         group_ids=full["group_ids"][rows],
         scores=full["scores"][rows],
         baseline_scores=full["baseline_scores"][rows],
+        values=full["values"][rows, :t],
         shard=shard,
         **{k: full[k][rows, :t] for k in SIGNAL_NAMES},
     )

@@ -30,7 +30,8 @@ from tokencredit.recipes import token_credit
 HERE = Path(__file__).resolve().parent
 # The five (delta, arca, entropy-80-20, strace, ktae), GRPO, every estimator that reads more than
 # scores (reinforce++, remax, opo, gpg, grpo-passk, otb), PEPO (per response) and its 80/20 frame (a global
-# top-k of proximal entropies), and CW-GRPO (whole-batch covariance statistics).
+# top-k of proximal entropies), CW-GRPO (whole-batch covariance statistics), and the learned critic's GAE (ppo:
+# its A whitened over every rank's tokens; bpco: unwhitened, VAPO's per-row lam) on the batch's critic values.
 RECIPES = (
     "grpo",
     "delta",
@@ -51,6 +52,8 @@ RECIPES = (
     "pepo",
     "entropy-80-20-proximal",
     "cw-grpo",
+    "ppo",
+    "bpco",
 )
 SPECIAL_IDS = (0,)
 N_GROUPS, G, T, H = 5, 4, 9, 6
@@ -82,6 +85,8 @@ def full_batch(seed: int = 0) -> dict[str, torch.Tensor]:
         "neg_log_probs": old - torch.rand(n, T, generator=gen),
         "sum_sq_probs": torch.rand(n, T, generator=gen) * 0.5,
         "baseline_scores": (torch.arange(n) // G % 2).float(),
+        # a critic's V in [0, 1] (bpco's bounds), 0 off the mask as the value model gives them
+        "values": torch.rand(n, T, generator=gen) * mask,
     }
 
 
@@ -127,7 +132,13 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, lis
     full = full_batch()
     splits = cases(full["mask"].shape[0])
     torch.save(
-        {"batch": full, "cases": splits, "recipes": RECIPES, "special_ids": SPECIAL_IDS, "advantages": ADV},
+        {
+            "batch": full,
+            "cases": splits,
+            "recipes": RECIPES,
+            "special_ids": SPECIAL_IDS,
+            "advantages": ADV,
+        },
         tmp / "fixture.pt",
     )
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1"}

@@ -6,6 +6,9 @@ every per-token signal) goes through each engine's own glue: the trainer's `Trai
 `explain_batch`, probe's `probe_batch`, `CreditGRPOTrainer._token_advantages` and verl's
 `compute_advantage` through the plugin's hook. Each must equal the core pipeline,
 `tokencredit.recipes.token_credit`, to 1e-6, and KTAE must give the tokenizer's special ids no key value.
+A recipe whose estimator reads a learned critic's `values` (ppo, bpco) agrees once values are supplied (as the
+trainer's critic and explain / probe with a loaded critic supply them); without them explain and probe show
+it as skipped / n/a saying it needs a critic, and the TRL and verl plugins refuse it saying why.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from tokencredit.columns import resolve_methods
 from tokencredit.data.synthetic import ArithmeticTask
 from tokencredit.errors import ConfigError
 from tokencredit.explain import explain_batch, make_groups
-from tokencredit.recipes import RECIPES, known_names, token_credit, zero_outside
+from tokencredit.recipes import RECIPES, batch_fields, known_names, resolve, token_credit, zero_outside
 from tokencredit.train.config import load_config
 from tokencredit.train.trainer import Trainer
 
@@ -34,6 +37,11 @@ LORA_ONLY = {"arca", "policy-divergence"}
 # generates it (and then agrees with the core); an engine without it (saved rollouts in explain / probe, TRL,
 # verl outside its own remax) must refuse with a ConfigError naming the field, never train without it.
 NEEDS_GREEDY_BASELINE = {"remax"}
+# A learned critic's values V [N,T] (RolloutBatch.values): the trainer's critic supplies them (and the recipe then
+# agrees with the core), explain / probe with a critic loaded (--critic RUN) too; without one explain / probe show
+# the column as skipped / n/a naming the critic, and the TRL (no critic) and verl (its own: adv_estimator=gae)
+# plugins refuse the recipe. Declared data: every name whose estimator reads `values` (ppo, bpco).
+NEEDS_CRITIC = {n for n in known_names() if "values" in batch_fields(resolve(n))}
 # Monte-Carlo values (oracle, vineppo) are sampled only by tokencredit's trainer (and probe / explain, with a model):
 # the TRL and verl plugins refuse those recipes.
 SAMPLED_VALUES = {"oracle", "vineppo"}
@@ -96,6 +104,13 @@ def fixed(tokenizer):
         **signals,
     )
     return batch, special, (eos, pad, inner)
+
+
+def with_values(batch: RolloutBatch) -> RolloutBatch:
+    """`batch` with critic values V [N,T] in [0, 1] (a bounded critic's range, BPCO's), 0 off the mask, as the
+    trainer's critic fills them."""
+    v = torch.rand(batch.mask.shape, generator=torch.Generator().manual_seed(3)) * batch.mask
+    return dataclasses.replace(batch, values=v)
 
 
 def reference(name: str, batch: RolloutBatch, special) -> torch.Tensor:
@@ -161,6 +176,11 @@ def test_trainer_path(name, trainers, fixed):
         batch = dataclasses.replace(
             batch, baseline_scores=torch.linspace(0.0, 1.0, N)
         )  # as Trainer.sample adds it
+    if name in NEEDS_CRITIC:
+        assert trainers[name].critic is not None  # the trainer built the critic that supplies them
+        with pytest.raises(ConfigError, match="RolloutBatch.values"):
+            trainers[name].credit(batch)
+        batch = with_values(batch)  # as Trainer.step adds the critic's V_old
     tc = trainers[name].credit(batch)
     got = loss_tokens(tc)
     assert_same(got, reference(name, batch, special), "trainer", name)
@@ -173,7 +193,8 @@ def test_explain_path(name, fixed, tokenizer):
     batch, special, _ = fixed
     specs = resolve_methods([name])
     refused = name in NEEDS_GREEDY_BASELINE
-    seq = torch.zeros(N) if refused else token_credit(name, batch, special_ids=special).seq_advantages
+    no_a = refused or name in NEEDS_CRITIC  # no sequence advantage to show without the field
+    seq = torch.zeros(N) if no_a else token_credit(name, batch, special_ids=special).seq_advantages
     tokens = [[str(int(x)) for x in row[m]] for row, m in zip(batch.token_ids, batch.mask)]
     groups = make_groups(batch, tokens, seq, groups=N_GROUPS)
     credits: dict = {}
@@ -183,6 +204,13 @@ def test_explain_path(name, fixed, tokenizer):
     if refused:  # shown as skipped, with the reason
         assert data.methods[0].skipped and "baseline_scores" in data.methods[0].note
         return
+    if name in NEEDS_CRITIC:  # without a critic: skipped, naming it; with its values: the core's Â
+        assert data.methods[0].skipped and "needs a trained critic" in data.methods[0].note
+        batch = with_values(batch)
+        groups = make_groups(batch, tokens, token_credit(name, batch, special_ids=special).seq_advantages)
+        data = explain_batch(
+            batch, specs, groups, special_ids=models.special_token_ids(tokenizer), credits=credits
+        )
     assert not data.methods[0].skipped, data.methods[0].note
     got = loss_tokens(credits[name])
     assert_same(got, reference(name, batch, special), "explain", name)
@@ -195,17 +223,25 @@ def test_probe_path(name, fixed, tokenizer):
     problems = [p for p in ArithmeticTask(seed=1).sample(N_GROUPS, "heldout") for _ in range(G)]
     truth, _ = probe.build_truth(problems, batch.token_ids, batch.mask, batch.group_ids, tokenizer)
     credits: dict = {}
-    res = probe.probe_batch(
-        batch,
-        truth,
-        resolve_methods([name]),
-        lora=True,
-        special_ids=models.special_token_ids(tokenizer),
-        credits=credits,
-    )
+
+    def run(batch):
+        return probe.probe_batch(
+            batch,
+            truth,
+            resolve_methods([name]),
+            lora=True,
+            special_ids=models.special_token_ids(tokenizer),
+            credits=credits,
+        )
+
+    res = run(batch)
     if name in NEEDS_GREEDY_BASELINE:
         assert res[name]["status"] == "n/a" and "baseline_scores" in res[name]["reason"]
         return
+    if name in NEEDS_CRITIC:  # without --critic: n/a, naming it; with the critic's values: the core's Â
+        assert res[name]["status"] == "n/a" and "needs a trained critic" in res[name]["reason"]
+        batch = with_values(batch)
+        res = run(batch)
     assert res[name]["status"] == "ok", res[name]
     got = loss_tokens(credits[name])
     assert_same(got, reference(name, batch, special), "probe", name)
@@ -261,6 +297,10 @@ def test_trl_path(name, trl_module, fixed, tiny_model_dir, tmp_path, monkeypatch
     recipe = RECIPES[name]
     if name in SAMPLED_VALUES:
         with pytest.raises(ConfigError, match="Monte-Carlo values"):
+            _trl_trainer(trl_module, tiny_model_dir, tmp_path, name)
+        return
+    if name in NEEDS_CRITIC:  # TRL's GRPO trainer has no value model: refused, never trained without values
+        with pytest.raises(ConfigError, match="has no critic.*adv_estimator=gae"):
             _trl_trainer(trl_module, tiny_model_dir, tmp_path, name)
         return
     if recipe.uses_ratio and recipe.kernel not in ("token", "gspo", "gspo-token"):
@@ -335,6 +375,13 @@ def test_verl_path(name, tc_verl, fixed, tokenizer):
 
     if name in SAMPLED_VALUES:  # verl does not sample Monte-Carlo values: no tc_ estimator is registered
         assert f"tc_{slug(name)}" not in tc_verl.ESTIMATORS
+        return
+    if (
+        name in NEEDS_CRITIC
+    ):  # verl trains its own critic (adv_estimator=gae): no tc_ estimator, and one is refused
+        assert f"tc_{slug(name)}" not in tc_verl.ESTIMATORS
+        with pytest.raises(ConfigError, match="algorithm.adv_estimator=gae"):
+            tc_verl.register_estimator(f"tc_{slug(name)}", name)
         return
     batch, special, _ = fixed
     lengths = batch.mask.sum(-1)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from tokencredit import credit
+from tokencredit.advantages.core import FIELDS
 from tokencredit.batch import BatchValidationError, RolloutBatch
 from tokencredit.builder import needs_of
+from tokencredit.critic import no_critic_reason
 from tokencredit.errors import ConfigError, closest
 from tokencredit.recipes import Recipe, TokenCredit, known_names, resolve, token_credit
 
@@ -28,6 +30,7 @@ __all__ = [
     "method_credit",
     "resolve_columns",
     "resolve_methods",
+    "with_critic_recipe",
 ]
 
 NA_LORA = "n/a (needs a LoRA-trained model)"
@@ -160,6 +163,9 @@ def resolve_columns(
     return specs
 
 
+_Spec = TypeVar("_Spec", MethodSpec, MethodSpec | SavedSpec)
+
+
 @dataclass(frozen=True)
 class MethodCredit:
     """A column's credit on a batch, or why there is none (`credit` None, `reason` says why)."""
@@ -173,6 +179,24 @@ class MethodCredit:
         return self.credit is not None
 
 
+def _missing_field(name: str) -> str:
+    """Why a column that reads the batch field `name` has no credit, when the engine gave no reason."""
+    if name == "values":
+        return no_critic_reason()
+    return f"RolloutBatch.{name} unavailable ({FIELDS[name]}): not supplied by this report"
+
+
+def with_critic_recipe(specs: Sequence[_Spec], recipe: Recipe) -> list[_Spec]:
+    """`specs` with the column named like a loaded critic's run recipe (e.g. "ppo") taking that recipe, so its
+    Â uses the gamma, lam and value bounds the critic was trained with."""
+    return [
+        cast(_Spec, MethodSpec(s.name, recipe))
+        if isinstance(s, MethodSpec) and s.recipe.name == recipe.name
+        else s
+        for s in specs
+    ]
+
+
 def method_credit(
     spec: MethodSpec,
     batch: RolloutBatch,
@@ -182,8 +206,9 @@ def method_credit(
     unavailable: Mapping[str, str] | None = None,
 ) -> MethodCredit:
     """One column's `TokenCredit` on `batch` from the pipeline, or the reason it cannot be had: a
-    LoRA-only method on a model without an adapter (`lora` False), a missing signal (`unavailable`
-    says why it is missing), or the configuration / data error the method raised on this batch."""
+    LoRA-only method on a model without an adapter (`lora` False), a missing signal or batch field
+    (`unavailable` says why it is missing, keyed by its name; a missing `values` defaults to "needs a trained
+    critic"), or the configuration / data error the method raised on this batch."""
     if credit.get(spec.recipe.credit).requires_lora and not lora:
         return MethodCredit(spec, None, NA_LORA)
     missing = sorted(needs_of(spec.recipe).signals - batch.available_signals())
@@ -194,6 +219,12 @@ def method_credit(
             None,
             "; ".join(f"signal {s} unavailable: {why.get(s, 'not in the input')}" for s in missing),
         )
+    fields = sorted(f for f in needs_of(spec.recipe).fields if getattr(batch, f, None) is None)
+    if (
+        fields
+    ):  # a batch field the engine fills (a critic's values, ReMax's greedy baseline), said with its reason
+        why = dict(unavailable or {})
+        return MethodCredit(spec, None, "; ".join(why.get(f, _missing_field(f)) for f in fields))
     try:
         return MethodCredit(spec, token_credit(spec.recipe, batch, special_ids=special_ids))
     except (ConfigError, BatchValidationError, ValueError, FloatingPointError) as e:

@@ -132,3 +132,11 @@ def test_explained_variance():
     assert explained_variance(r, r, m) == pytest.approx(1.0, abs=1e-4)
     assert explained_variance(torch.full_like(r, 5.0), r, m) == pytest.approx(0.0, abs=1e-4)
     assert math.isnan(explained_variance(r, r, torch.zeros_like(m)))
+
+
+def test_outcome_rewards_of_a_rank_without_rollouts() -> None:
+    # a data-parallel rank holding no rollout has a [0, 0] batch: zeros, not a reduction over an empty axis
+    from tokencredit.advantages.gae import outcome_rewards
+
+    assert outcome_rewards(torch.zeros(0), torch.zeros(0, 0, dtype=torch.bool)).shape == (0, 0)
+    assert outcome_rewards(torch.ones(2), torch.zeros(2, 0, dtype=torch.bool)).shape == (2, 0)

@@ -40,6 +40,8 @@ TARGETS = ("gae", "monte-carlo")
 def outcome_rewards(scores: Tensor, mask: Tensor) -> Tensor:
     """Token-level rewards [N,T] float64: r_i on row i's last valid token, 0 elsewhere (0 for an empty row)."""
     m = mask.bool()
+    if m.shape[1] == 0:  # a data-parallel rank without rollouts (or a batch of empty responses)
+        return torch.zeros(m.shape, dtype=torch.float64, device=m.device)
     cols = torch.arange(m.shape[1], device=m.device)
     last = torch.where(m, cols, torch.full_like(cols, -1)).amax(-1)  # [N], -1 for an empty row
     hit = (cols[None, :] == last[:, None]) & m

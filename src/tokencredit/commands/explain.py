@@ -5,6 +5,7 @@ tokencredit explain --jsonl FILE --model PATH [--methods ...] [--groups K] [--ou
 tokencredit explain ... [--select mixed|all-wrong|all-right|any] [--groups K]  |  [--group-index 3,7,12]
 tokencredit explain RUN_DIR --methods saved,ktae,...   (saved: the Â the rollouts were trained with)
 tokencredit explain ... [--png F.png] [--max-tokens 8192]
+tokencredit explain RUN_DIR|--jsonl ... [--critic CRITIC_RUN]   (ppo / bpco columns: a trained critic's values)
 
 A bad input is one line naming it (exit 2); a completion cut to fit or a large page is one warning line
 on stderr, said before the model scores, and a note on the page.
@@ -79,6 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-size", type=int, default=16, help="rows per forward when recomputing signals"
     )
+    parser.add_argument(
+        "--critic",
+        metavar="RUN",
+        help="a run trained with ppo / bpco (or one of its checkpoints): its trained critic gives the values V that "
+        "the ppo / bpco columns read, added beside the default --methods (default: the explained run's own critic, "
+        "if it trained one; without a critic those columns are skipped)",
+    )
     parser.add_argument("--png", help="also write a static picture (PNG) of the first group's credit")
     parser.add_argument(
         "--max-tokens",
@@ -113,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             png=args.png,
             max_tokens=args.max_tokens,
+            critic=args.critic,
         ),
         warn=_say,  # a large page or a completion cut: said before the model loads or scores
     )

@@ -3,6 +3,7 @@
     tokencredit probe --model toy|PATH|RUN_DIR [--checkpoint step_N | --all-checkpoints]
                       [--methods grpo,ktae,delta,strace,arca,...] [--groups N] [--group-size G] [--seed S]
                       [--data toy|toy-hard|BENCHMARK|FILE] [--oracle K [--oracle-delta D] [--grad-batches B]]
+                      [--critic RUN_DIR]   (a ppo / bpco run's trained critic: the values the ppo / bpco columns read)
 
 Parses the arguments, calls `tokencredit.probe` (points -> config -> methods -> probe ->
 report) and prints the Markdown; the JSON goes to --out and the Markdown beside it.
@@ -16,8 +17,9 @@ from pathlib import Path
 
 import torch
 
-from tokencredit.columns import resolve_methods
+from tokencredit.columns import resolve_methods, with_critic_recipe
 from tokencredit.errors import ConfigError
+from tokencredit.models import resolve_device
 from tokencredit.oracle import DEFAULT_DELTA
 from tokencredit.probe import (
     DEFAULT_GRAD_BATCHES,
@@ -34,6 +36,7 @@ from tokencredit.probe import (
     resolve_points,
     write_report,
 )
+from tokencredit.train.checkpoint import load_run_critic
 
 __all__ = ["add_arguments", "run"]
 
@@ -98,6 +101,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_METHODS,
         help=f"comma-separated credit methods and/or recipes (default: {DEFAULT_METHODS})",
     )
+    parser.add_argument(
+        "--critic",
+        metavar="RUN_DIR",
+        help="a run trained with ppo / bpco (or one of its checkpoints): its trained critic gives the values V the "
+        "ppo / bpco columns of --methods read, scored like every other column; it must share the probed model's "
+        "tokenizer (without it those columns are n/a)",
+    )
     parser.add_argument("--groups", type=int, default=64, help="held-out problems (groups), default 64")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per problem (G), default 8")
     parser.add_argument(
@@ -149,6 +159,8 @@ def _command(args: argparse.Namespace, cfg: ProbeConfig) -> str:
     if args.all_checkpoints:
         parts.append("--all-checkpoints")
     parts.append(f"--methods {args.methods}")
+    if args.critic:
+        parts.append(f"--critic {args.critic}")
     parts += [f"--groups {args.groups}", f"--group-size {args.group_size}", f"--seed {args.seed}"]
     for name in ("data", "difficulty", "digits", "operand_digits", "template", "temperature", "advantage"):
         value = getattr(args, name)
@@ -170,6 +182,10 @@ def _command(args: argparse.Namespace, cfg: ProbeConfig) -> str:
 
 
 MAX_THREADS = 1024
+
+
+def _say(msg: str) -> None:
+    print(f"[probe] {msg}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -209,8 +225,12 @@ def run(args: argparse.Namespace) -> int:
         advantage_params=cfg.advantage_params,
         run_recipe=recipe,
     )
+    critic = None
+    if args.critic:  # loaded (and checked) before any rollout is sampled
+        critic = load_run_critic(args.critic, resolve_device(args.device, "--device"), log=_say)
+        specs = with_critic_recipe(specs, critic.recipe)  # its column with the critic's gamma, lam and bounds
     out_json = Path(args.out) if args.out else default_output(run_dir)
-    results = probe_points(points, specs, cfg, log=lambda m: print(f"[probe] {m}", file=sys.stderr))
+    results = probe_points(points, specs, cfg, log=_say, critic=critic)
     result = probe_result(_command(args, cfg), args.model, cfg, specs, results)
     md = markdown_report(result)
     out_md = write_report(result, md, out_json)

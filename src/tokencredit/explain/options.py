@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tokencredit import advantages
+from tokencredit.critic import critic_recipes, needs_values
 from tokencredit.data.templates import check_template
 from tokencredit.errors import ConfigError, closest
 from tokencredit.explain.inputs import GroupInput, load_run_rollouts
@@ -50,6 +51,8 @@ class ExplainOptions:
     batch_size: int = 16  # rows per forward when recomputing signals
     png: str | Path | None = None  # also a static picture of the first group (`picture.draw_png`)
     max_tokens: int = DEFAULT_MAX_TOKENS  # a longer completion is cut to its first max_tokens tokens (noted)
+    # a run whose trained critic gives `values` (ppo / bpco columns); default: the explained run's own, if any
+    critic: str | Path | None = None
 
     def check(self) -> None:
         """Raise ConfigError (naming the flag) for settings that contradict each other or are out of range."""
@@ -102,6 +105,10 @@ class Source:
     notes: list[str] = field(default_factory=list)
     # parts of the run directory skipped as damaged, one line each naming file:line (also in `notes`)
     damaged: list[str] = field(default_factory=list)
+    # the run whose critic fills `values` (--critic, else the explained run when it trained one) and its recipe
+    critic: Path | None = None
+    critic_recipe: Recipe | None = None
+    critic_given: bool = False  # named with --critic (a failure to load it is an error, not a note)
 
 
 def _jsonl_source(opts: ExplainOptions) -> Source:
@@ -158,9 +165,26 @@ def _run_source(opts: ExplainOptions) -> Source:
     )
 
 
+def _critic_source(opts: ExplainOptions, src: Source) -> None:
+    """`src.critic` and its recipe: the run --critic names (ConfigError unless it trained a critic), else the
+    explained run when its recipe trains one. Only reads config and recipe (the weights load with the model)."""
+    if opts.critic is not None:
+        run, _ = RunDir.containing(opts.critic, "--critic")
+        recipe = run.read_recipe(None, [])
+        if not needs_values(recipe):
+            raise ConfigError(
+                f"--critic {opts.critic}: the run trained with recipe {recipe.name!r}, which has no critic (a run "
+                f"trained with {' / '.join(critic_recipes())} has one)"
+            )
+        src.critic, src.critic_recipe, src.critic_given = Path(str(opts.critic)), recipe, True
+    elif src.run_dir is not None and src.recipe is not None and needs_values(src.recipe):
+        src.critic, src.critic_recipe = src.run_dir, src.recipe
+
+
 def read_source(opts: ExplainOptions) -> Source:
     """The groups of the JSONL file or the run directory `opts` names, with their settings resolved."""
     src = _jsonl_source(opts) if opts.jsonl is not None else _run_source(opts)
+    _critic_source(opts, src)
     try:
         check_template(src.template)
     except ConfigError as e:

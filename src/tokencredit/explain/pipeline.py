@@ -21,7 +21,7 @@ from torch import Tensor
 from tokencredit import advantages
 from tokencredit.batch import BatchValidationError, RolloutBatch
 from tokencredit.builder import needs_of
-from tokencredit.columns import SAVED, MethodSpec, SavedSpec, resolve_columns
+from tokencredit.columns import SAVED, MethodSpec, SavedSpec, resolve_columns, with_critic_recipe
 from tokencredit.errors import ConfigError
 from tokencredit.explain.assemble import saved_credit
 from tokencredit.explain.compute import (
@@ -33,7 +33,7 @@ from tokencredit.explain.compute import (
 )
 from tokencredit.explain.inputs import GroupInput
 from tokencredit.explain.marks import mark_groups
-from tokencredit.explain.options import ExplainOptions, Source, read_source
+from tokencredit.explain.options import DEFAULT_METHODS, ExplainOptions, Source, read_source
 from tokencredit.explain.output import check_output, same_file, write_whole
 from tokencredit.explain.picture import draw_png
 from tokencredit.explain.render import build_report
@@ -44,7 +44,7 @@ from tokencredit.explain.selection import (
     parse_indices,
     select_groups,
 )
-from tokencredit.explain.signals import batch_with_signals, load_tokens_tokenizer, prepare_tokens
+from tokencredit.explain.signals import batch_with_signals, load_critic, load_tokens_tokenizer, prepare_tokens
 from tokencredit.explain.views import GroupView
 from tokencredit.models import resolve_device, resolve_model, special_token_ids
 
@@ -245,17 +245,20 @@ def write_report(opts: ExplainOptions, warn: Callable[[str], None] | None = None
     # which groups are shown, known before any model loads (by default the candidates: the choice needs the credit)
     kind = opts.select or DEFAULT_KIND
     chosen = select_groups(src.groups, kind=kind, indices=indices, count=opts.groups)
+    names = opts.methods.split(",")
+    if src.critic_recipe is not None and opts.methods == DEFAULT_METHODS:
+        names.append(src.critic_recipe.name)  # the critic's Â beside the default columns
     specs = resolve_columns(
-        opts.methods.split(","),
-        advantage=src.advantage,
-        advantage_params=src.advantage_params,
-        run_recipe=src.recipe,
+        names, advantage=src.advantage, advantage_params=src.advantage_params, run_recipe=src.recipe
     )
+    if src.critic_recipe is not None:  # its column with the gamma, lam and bounds the critic was trained with
+        specs = with_critic_recipe(specs, src.critic_recipe)
     with_saved = any(isinstance(s, SavedSpec) for s in specs)
     if with_saved:
         _require_saved(chosen.groups)  # before any model loads
     _check_model(src)
-    needs = set(needs_of([s.recipe for s in specs if isinstance(s, MethodSpec)]).signals)
+    need = needs_of([s.recipe for s in specs if isinstance(s, MethodSpec)])
+    needs = set(need.signals)
     notes = list(src.notes)
     warnings = _Warnings(warn)
     device = resolve_device(opts.device, "--device")
@@ -264,6 +267,8 @@ def write_report(opts: ExplainOptions, warn: Callable[[str], None] | None = None
     size = _size_warning(chosen, len(specs), opts, notes)
     if size is not None:
         warnings.append(size)
+    missing: dict[str, str] = {}  # {"values": why} when a column needs the critic and none is loaded
+    critic = load_critic(src, device, tokenizer, notes, missing) if "values" in need.fields else None
     with _warnings_as_notes(notes):
         batch, tokenizer, unavailable = batch_with_signals(
             src,
@@ -273,7 +278,9 @@ def write_report(opts: ExplainOptions, warn: Callable[[str], None] | None = None
             batch_size=opts.batch_size,
             tokenizer=tokenizer,
             warnings=warnings,
+            critic=critic,
         )
+        unavailable.update(missing)
         columns = compute_columns(
             batch,
             specs,

@@ -6,6 +6,10 @@ or, for the LoRA signals of a LoRA run, the base model with the adapter from the
 (`tokencredit.train.checkpoint.load_run_policy`). From a JSONL every signal is recomputed with
 the given model. A signal that cannot be had is reported with the reason, never faked.
 
+A column whose recipe reads a learned critic's `values` (ppo, bpco) gets them from the trained critic of
+`Source.critic` (`load_critic`: --critic RUN, else the explained run's own), run on the same prompt + response
+ids as the policy's signals; without one the column is skipped with the reason.
+
 The Monte-Carlo values of the `oracle` / `vineppo` columns are the ones an oracle / vineppo run
 saved with its rollouts; otherwise they are sampled (`tokencredit.oracle.mc_signals`: expensive, the
 cost goes in the notes) with the model, each group's gold answer and the verifier: the run's reward
@@ -32,6 +36,7 @@ from torch import Tensor
 
 from tokencredit.batch import MC_SIGNALS, RolloutBatch
 from tokencredit.builder import Needs, Passes, ScoredRollouts, build_batch, rendered_negative_prompts
+from tokencredit.critic import TrainedCritic, no_critic_reason
 from tokencredit.data.templates import render
 from tokencredit.errors import ConfigError
 from tokencredit.explain.assemble import padded, saved_signals, scored_rollouts, tokenize_completions
@@ -42,10 +47,16 @@ from tokencredit.oracle import MCSettings, mc_signals
 from tokencredit.rewards import Reward
 from tokencredit.rollout import SamplingSettings
 from tokencredit.signals import has_lora_adapter
-from tokencredit.train.checkpoint import load_run_policy
+from tokencredit.train.checkpoint import load_run_critic, load_run_policy
 from tokencredit.train.config import TrainConfig
 
-__all__ = ["batch_with_signals", "load_tokens_tokenizer", "prepare_tokens", "sample_mc_signals"]
+__all__ = [
+    "batch_with_signals",
+    "load_critic",
+    "load_tokens_tokenizer",
+    "prepare_tokens",
+    "sample_mc_signals",
+]
 
 _LORA_SIGNALS = frozenset({"base_hidden", "base_log_probs"})
 # rows x sequence length^2 per forward at most (`_rows_per_forward`): the attention's [rows, T, T] scores
@@ -73,6 +84,27 @@ def load_tokens_tokenizer(src: Source, notes: list[str]) -> Any:
             raise
         notes.append(f"no tokenizer in {src.model_path} ({type(e).__name__}); tokens shown as saved")
         return None
+
+
+def load_critic(
+    src: Source, device: torch.device, tokenizer: Any, notes: list[str], unavailable: dict[str, str]
+) -> TrainedCritic | None:
+    """The trained critic of `src.critic`, checked to read the completions' tokenizer; None, with the reason in
+    `unavailable["values"]` (and a note), when there is none or the explained run's own cannot be loaded. A
+    critic named with --critic that cannot be loaded, or reads another tokenizer, is a ConfigError."""
+    if src.critic is None:
+        unavailable["values"] = no_critic_reason()
+        return None
+    try:
+        critic = load_run_critic(src.critic, device, log=notes.append)
+        critic.check_tokenizer(tokenizer, f"the explained rollouts' ({src.model_path})")
+    except (ConfigError, OSError) as e:
+        if src.critic_given:
+            raise
+        unavailable["values"] = f"the run's critic could not be loaded ({_why(e)})"
+        notes.append(f"no critic values: {unavailable['values']}")
+        return None
+    return critic
 
 
 def _model_config(model_path: str) -> Any:
@@ -359,6 +391,15 @@ def _fit_to_model(
     return prompt_ids
 
 
+def _critic_values(critic: TrainedCritic, scored: ScoredRollouts, batch_size: int) -> Tensor:
+    """V [N,T] of the critic on the rollouts with their prompts (`_with_prompts`), on the CPU."""
+    assert scored.prompt_ids is not None and scored.prompt_mask is not None  # `_with_prompts` set them
+    mask = scored.response_mask.bool()
+    seq = torch.cat([scored.prompt_ids, scored.response_ids], dim=1)
+    attn = torch.cat([scored.prompt_mask.long(), mask.long()], dim=1)
+    return critic.values(seq, attn, int(scored.prompt_ids.shape[1]), mask, batch_size)
+
+
 def batch_with_signals(
     src: Source,
     needs: set[str],
@@ -368,12 +409,13 @@ def batch_with_signals(
     batch_size: int,
     tokenizer: Any = _LOAD,
     warnings: list[str] | None = None,
+    critic: TrainedCritic | None = None,
 ) -> tuple[RolloutBatch, Any, dict[str, str]]:
     """(batch with every obtainable signal, tokenizer or None, {signal: why unavailable}); what was
     used, recomputed or missing is appended to `notes`, a completion cut to fit the model also to `warnings`
     (see the module docstring). `tokenizer`: the one `prepare_tokens` read the completions with, None for
-    none (loaded here when not given). The batch comes from the one builder (`tokencredit.builder.build_batch`),
-    on the CPU."""
+    none (loaded here when not given). With `critic` the batch also carries its `values` [N,T]. The batch
+    comes from the one builder (`tokencredit.builder.build_batch`), on the CPU."""
     warnings = [] if warnings is None else warnings
     recompute_all = src.run_dir is None
     model = None
@@ -401,12 +443,16 @@ def batch_with_signals(
     wanted -= sampled
     given = dict(saved)
     prompt_ids: list[list[int]] = []
-    if wanted or sampled:
-        prompt_ids = _fit_to_model(src, model, tokenizer, notes, warnings)
+    with_prompts = bool(wanted or sampled or critic is not None)
+    # the critic reads the same ids (its tokenizer was checked against this one); its own when none was loaded
+    prompt_tok = tokenizer if tokenizer is not None or critic is None else critic.tokenizer
+    if with_prompts:
+        fit = model if model is not None else critic.model.decoder  # type: ignore[union-attr]
+        prompt_ids = _fit_to_model(src, fit, prompt_tok, notes, warnings)
         given = saved_signals(src.groups) if saved else given  # as cut
     scored = scored_rollouts(src.groups, tokenizer)
-    if wanted or sampled:
-        scored = _with_prompts(tokenizer, src.groups, scored, prompt_ids)
+    if with_prompts:
+        scored = _with_prompts(prompt_tok, src.groups, scored, prompt_ids)
         longest = int(scored.prompt_ids.shape[1] + scored.response_ids.shape[1])  # type: ignore[union-attr]
         batch_size = _rows_per_forward(batch_size, longest, notes)
     if sampled:
@@ -422,6 +468,12 @@ def batch_with_signals(
     )
     need = Needs(forward=frozenset(wanted), sampled=frozenset(sampled))
     batch = build_batch(scored, need, model=model, given=given, passes=passes, device="cpu", who="explain")
+    if critic is not None:
+        batch = replace(batch, values=_critic_values(critic, scored, batch_size))
+        notes.append(
+            f"critic values V: {critic.source}, on these rollouts (the Â a run saves was computed with its critic "
+            "before that step's update, so a saved column can differ)"
+        )
     if wanted:
         origin = "recomputed" if recompute_all else "recomputed (the saved rollouts lack them)"
         notes.append(f"signals {origin} with {model_desc}: {', '.join(sorted(wanted))}")

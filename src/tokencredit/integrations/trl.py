@@ -178,6 +178,12 @@ class CreditGRPOTrainer(GRPOTrainer):
                 f"recipe {spec.name!r} reads Monte-Carlo values of the policy's prefixes, which TRL does not sample; "
                 "use tokencredit's own trainer"
             )
+        if "values" in builder.needs_of(spec).fields:
+            raise ConfigError(
+                f"recipe {spec.name!r} reads a learned critic's values (advantage estimator {spec.advantage!r}), and "
+                "TRL's GRPO trainer has no critic (no value model); use tokencredit's own trainer "
+                f"(tokencredit train --recipe {spec.name}) or verl's PPO (algorithm.adv_estimator=gae)"
+            )
         if spec.loss in _TRL_LOSS_TYPES:
             self._check_loss_type()
         elif spec.loss not in ("ppo-clip", "reinforce"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from tokencredit.builder import (
     rendered_negative_prompts,
 )
 from tokencredit.columns import MethodCredit, MethodSpec, method_credit, resolve_methods
+from tokencredit.critic import TrainedCritic
 from tokencredit.models import special_token_ids
 from tokencredit.probe.config import ProbeConfig
 from tokencredit.probe.fidelity import ProbeOracle, oracle_section, run_oracle
@@ -163,6 +165,18 @@ def _oracle_result(
     return with_gradient_columns(section, gradient_fidelity(model, ro, oracle, got, grpo, cfg, log=say))
 
 
+def _critic_values(
+    critic: TrainedCritic, rollouts: ScoredRollouts, cfg: ProbeConfig, say: Callable[[str], None]
+) -> Tensor:
+    """V [N,T] of the trained critic on the sampled rollouts (their prompts and responses), on the CPU."""
+    assert rollouts.prompt_ids is not None and rollouts.prompt_mask is not None  # sampled with their prompts
+    say(f"critic values V: {critic.source}")
+    mask = rollouts.response_mask.bool()
+    seq = torch.cat([rollouts.prompt_ids, rollouts.response_ids], dim=1)
+    attn = torch.cat([rollouts.prompt_mask.long(), mask.long()], dim=1)
+    return critic.values(seq, attn, int(rollouts.prompt_ids.shape[1]), mask, cfg.sampling.batch_size)
+
+
 def probe_model(
     model: Any,
     tokenizer: Any,
@@ -170,15 +184,21 @@ def probe_model(
     cfg: ProbeConfig,
     *,
     log: Callable[[str], None] | None = None,
+    critic: TrainedCritic | None = None,
 ) -> dict[str, Any]:
     """Sample `cfg.groups` x `cfg.group_size` rollouts of held-out problems (`cfg.data`) with `model`,
     compute every method's credit on them (signals in one pass) and score it; returns the point's
     result: on the synthetic task {"rollouts": summary, "methods": {...}, "baselines": {...}}, on
     other data {"rollouts": `verifier_summary`}; with `cfg.oracle_k` > 0 also "oracle"
-    (`fidelity.oracle_section`, with `cfg.grad_batches` > 0 its "gradients": `gradients.gradient_fidelity`)."""
+    (`fidelity.oracle_section`, with `cfg.grad_batches` > 0 its "gradients": `gradients.gradient_fidelity`).
+    A column that reads a critic's `values` (ppo, bpco) gets them from `critic` (which must read `tokenizer`'s
+    ids: a ConfigError before sampling otherwise), and is n/a saying so without one."""
     say = log or (lambda _msg: None)
     lora = has_lora_adapter(model)
     needs = needs_of([s.recipe for s in specs], lora=lora)
+    with_values = "values" in needs.fields and critic is not None
+    if with_values:
+        critic.check_tokenizer(tokenizer, "the probed model")  # type: ignore[union-attr]
     ro, rows = _sample(model, tokenizer, cfg, say)
     with _reward(cfg) as reward:
         truth, truths, scores, golds = _judge(cfg, reward, ro, rows, tokenizer)
@@ -201,6 +221,8 @@ def probe_model(
             )
             signals = {**signals, **mc}
         batch = build_batch(rollouts, needs, given=signals, device="cpu", who="probe")
+        if with_values:
+            batch = replace(batch, values=_critic_values(critic, rollouts, cfg, say))  # type: ignore[arg-type]
         say("scoring credit ...")
         special_ids = special_token_ids(tokenizer)
         got = method_credits(batch, specs, lora=lora, special_ids=special_ids)
@@ -236,14 +258,18 @@ def probe_points(
     cfg: ProbeConfig,
     *,
     log: Callable[[str], None] | None = None,
+    critic: TrainedCritic | None = None,
 ) -> list[dict[str, Any]]:
-    """`probe_model`'s result for every point, with its label, source and step; one model in memory at a time."""
+    """`probe_model`'s result for every point, with its label, source and step; one model in memory at a time.
+    `critic`: a trained critic whose values the ppo / bpco columns read (`--critic`)."""
     say = log or (lambda _msg: None)
     out: list[dict[str, Any]] = []
     for p in points:
         say(f"{p.label}: loading {p.source}")
         model, tokenizer = p.load()
-        res = probe_model(model, tokenizer, specs, cfg, log=lambda m, lab=p.label: say(f"{lab}: {m}"))
+        res = probe_model(
+            model, tokenizer, specs, cfg, log=lambda m, lab=p.label: say(f"{lab}: {m}"), critic=critic
+        )
         out.append({"label": p.label, "source": p.source, "step": p.step, **res})
         del model
     return out

@@ -26,12 +26,14 @@ from torch import nn
 
 from tokencredit import models
 from tokencredit.atomic import atomic_write_bytes, atomic_write_text
+from tokencredit.critic import TrainedCritic, critic_recipes, needs_values, value_model_from_state
 from tokencredit.errors import ConfigError
 from tokencredit.train.config import TrainConfig
 from tokencredit.train.rundir import RunDir
 
 __all__ = [
     "load_latest_checkpoint",
+    "load_run_critic",
     "load_run_policy",
     "restore",
     "rng_state",
@@ -213,3 +215,56 @@ def load_run_policy(
     model.eval()
     adapter = " + LoRA adapter" if cfg.model.lora_rank > 0 else ""
     return model, tok, f"base {cfg.model.name!r}{adapter} from checkpoint step {int(state['step'])}"
+
+
+def _critic_state(rd: RunDir, step: int | None, log: Any) -> tuple[dict[str, Any], int, str]:
+    """(the critic's weights, their step, which file): checkpoint `step` when named, else final/critic.pt
+    (written at the end of the run), else the newest usable checkpoint that holds a critic."""
+    say = log or (lambda msg: print(msg, file=sys.stderr))
+    if step is None and rd.has_final_critic():
+        try:
+            saved = _read(rd.final_critic_path)
+            return saved["model"], int(saved["step"]), str(rd.final_critic_path)
+        except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file: try the checkpoints
+            say(f"{rd.final_critic_path} could not be read ({type(e).__name__}); trying the checkpoints")
+    if step is not None:
+        path = rd.checkpoint_path(step)
+        ok, why = verify_checkpoint(path) if path.is_file() else (False, "no such file")
+        if not ok:
+            have = ", ".join(f"step_{s}" for s in rd.checkpoint_steps()) or "none"
+            raise ConfigError(f"{path}: checkpoint step {step} is unusable ({why}); saved: {have}")
+        state: dict[str, Any] | None = _read(path)
+    else:
+        state = load_latest_checkpoint(rd, log=say)
+    critic = (state or {}).get("extra", {}).get("critic")
+    if state is None or critic is None:
+        where = (
+            f"checkpoint step {step}"
+            if step is not None
+            else f"no {rd.final_critic_path.name} in {rd.final_dir}"
+        )
+        raise ConfigError(
+            f"{rd.path}: no saved critic ({where}, and no usable checkpoint holds one); train the run to a "
+            "checkpoint first"
+        )
+    return critic["model"], int(state["step"]), str(rd.checkpoint_path(int(state["step"])))
+
+
+def load_run_critic(
+    path: str | Path, device: str | torch.device = "cpu", log: Any = None, option: str = "--critic"
+) -> TrainedCritic:
+    """The trained critic of the run at `path` (RUN_DIR, its final/ or checkpoints/, or one step_N.pt): its
+    saved weights (`_critic_state`) on a value model of the run's `model.name`, with that model's tokenizer and
+    the run's recipe. ConfigError naming `option` when the run trained no critic or saved none."""
+    rd, step = RunDir.containing(path, option)
+    cfg = rd.read_config(skipped=[])
+    recipe = rd.read_recipe(cfg, skipped=[])
+    if not needs_values(recipe):
+        raise ConfigError(
+            f"{option} {path}: the run trained with recipe {recipe.name!r}, which has no critic (a run trained "
+            f"with {' / '.join(critic_recipes())} has one)"
+        )
+    weights, at, where = _critic_state(rd, step, log)
+    lm, tok = models.load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
+    model = value_model_from_state(lm, weights, recipe, f"{option} {where}").to(device)
+    return TrainedCritic(model, tok, recipe, at, f"the critic of run {rd.path} after step {at} ({where})")

@@ -8,6 +8,7 @@
     RUN_DIR/summary.json           start / final evaluation, wall time, the exported model's path
     RUN_DIR/curves.png             training curves
     RUN_DIR/final/                 the trained model as a plain Hugging Face directory (LoRA merged)
+    RUN_DIR/final/critic.pt        a critic's weights at the end of the run (recipes ppo / bpco; explain, probe)
     RUN_DIR/train.log              the output of a run that `tokencredit compare --jobs` started
     RUN_DIR/explain_step_N.html    `tokencredit explain`'s page of saved step N (default output)
     RUN_DIR/probe.json (+ .md)     `tokencredit probe`'s report on the run (default output)
@@ -62,6 +63,7 @@ from tokencredit.train.config import TrainConfig, dump_toml, load_config
 from tokencredit.train.lock import LOCK_NAME, RunLock
 
 __all__ = [
+    "CRITIC_FILE",
     "MetricsLog",
     "RunDir",
     "damaged_line",
@@ -72,6 +74,8 @@ __all__ = [
 ]
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.(jsonl|json|pt)$")
+# The critic's weights in final/ (a file name, so the trainer can write it into final/'s temporary copy)
+CRITIC_FILE = "critic.pt"
 _REMEDY = "repair or delete that line, or copy the file again, to silence this"
 
 
@@ -207,6 +211,7 @@ class RunDir:
         self.summary_path = self.path / "summary.json"
         self.curves_path = self.path / "curves.png"
         self.final_dir = self.path / "final"
+        self.final_critic_path = self.final_dir / CRITIC_FILE
         self.log_path = self.path / "train.log"
         self.tensorboard_dir = self.path / "tensorboard"
         self.mlflow_dir = self.path / "mlruns"
@@ -400,6 +405,31 @@ class RunDir:
     def has_final_model(self) -> bool:
         """True once the trainer exported the final model (a Hugging Face directory) to final/."""
         return (self.final_dir / "config.json").is_file()
+
+    def has_final_critic(self) -> bool:
+        """True once the trainer saved its critic's final weights (final/critic.pt)."""
+        return self.final_critic_path.is_file()
+
+    @classmethod
+    def containing(cls, path: str | Path, option: str) -> tuple[RunDir, int | None]:
+        """(the run, the checkpoint step a path names or None) for RUN_DIR, RUN_DIR/final, RUN_DIR/checkpoints
+        or RUN_DIR/checkpoints/step_N.pt; ConfigError naming `option` for a path that is none of these."""
+        p = Path(os.path.normpath(Path(path).expanduser()))
+        step = None
+        if (
+            p.suffix == ".pt"
+            and (m := _STEP_FILE.match(p.name)) is not None
+            and p.parent.name == "checkpoints"
+        ):
+            p, step = p.parent.parent, int(m.group(1))
+        elif p.name in ("final", "checkpoints") and RunDir(p.parent).is_run():
+            p = p.parent
+        run = cls(p)
+        if not run.is_run():
+            raise ConfigError(
+                f"{option} {path}: not a tokencredit run directory (no config.toml or checkpoints/ there)"
+            )
+        return run, step
 
     def explain_path(self, step: int) -> Path:
         return self.path / f"explain_step_{step:06d}.html"

@@ -427,7 +427,9 @@ class Trainer:
             self.tokenizer.save_pretrained(tmp)
             if self.critic is not None:  # weights only: the optimiser stays in the checkpoints (for --resume)
                 state = self.critic.state_dict()
-                torch.save({"step": self.step_done, "model": state["model"]}, tmp / self.run.final_critic_path.name)
+                torch.save(
+                    {"step": self.step_done, "model": state["model"]}, tmp / self.run.final_critic_path.name
+                )
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)  # a half-written export is never left behind
             if (err := write_error(out, e)) is not None:

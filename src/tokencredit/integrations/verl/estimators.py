@@ -90,6 +90,12 @@ def needs_sampled_values(recipe: Recipe) -> bool:
     return bool(needs_of(recipe).sampled)
 
 
+def needs_critic_values(recipe: Recipe) -> bool:
+    """True for recipes whose advantage reads a learned critic's values (ppo, bpco): verl trains its own critic
+    (algorithm.adv_estimator=gae), so no tc_ estimator is registered for them."""
+    return "values" in needs_of(recipe).fields
+
+
 def uses_keep(recipe: Recipe) -> bool:
     return recipe.uses_ratio and objectives.get_kernel(recipe.kernel).uses_keep
 
@@ -325,6 +331,11 @@ def register_estimator(
         raise ConfigError(
             f"{credit!r} reads Monte-Carlo values of the policy's prefixes ({', '.join(MC_SIGNALS)}), which verl's "
             "trainer does not sample; use tokencredit's own trainer"
+        )
+    if needs_critic_values(spec):
+        raise ConfigError(
+            f"{credit!r} reads a learned critic's values (advantage estimator {spec.advantage!r}); verl trains its "
+            "own critic: use verl's algorithm.adv_estimator=gae (with its critic.* settings), not a tc_ estimator"
         )
     fn = _make_estimator(verl_name, spec)
     existing = core_algos.ADV_ESTIMATOR_REGISTRY.get(verl_name)

@@ -49,6 +49,7 @@ from tokencredit.integrations.verl.batch import SIGNAL_KEYS, batch_from_dataprot
 from tokencredit.integrations.verl.estimators import (  # noqa: E402
     ESTIMATORS,
     estimator_spec,
+    needs_critic_values,
     needs_sampled_values,
     register_estimator,
     slug,
@@ -80,6 +81,8 @@ def register_all() -> None:
     for name in known_names():
         if needs_sampled_values(resolve(name)):
             continue  # oracle / vineppo: verl does not sample the Monte-Carlo values they read
+        if needs_critic_values(resolve(name)):
+            continue  # ppo / bpco: verl's own critic and adv_estimator=gae do this
         try:
             register_estimator(f"tc_{slug(name)}", name)
         except ConfigError as err:  # a recipe whose credit method is not registered in this build

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from tokencredit import credit
+from tokencredit import advantages, credit
 from tokencredit.advantages.core import FIELDS
 from tokencredit.batch import BatchValidationError, RolloutBatch
 from tokencredit.builder import needs_of
@@ -98,6 +98,10 @@ def _method_spec(
     except ConfigError as e:
         raise ConfigError(f"--methods: {e}") from None
     if recipe.kind == "method":
+        if advantages.get_estimator(advantage).token_level and not credit.get(recipe.credit).token_advantages:
+            # a run trained on token-level A (PPO's GAE): a method defined on a sequence advantage A [N]
+            # gets GRPO's group baseline, not an error
+            advantage, advantage_params = "grpo", None
         recipe = recipe.with_method_baseline(advantage, advantage_params)
         if run_recipe is not None and run_recipe.credit == recipe.credit:
             recipe = recipe.with_overrides(credit_params=dict(run_recipe.credit_params))
@@ -123,7 +127,8 @@ def resolve_methods(
 ) -> list[MethodSpec]:
     """MethodSpecs for `names` (duplicates dropped), each read by `recipes.resolve`.
 
-    A credit method on its own gets the estimator `advantage` (the run's, by default) and its
+    A credit method on its own gets the estimator `advantage` (the run's, by default; GRPO's when that one
+    gives a token-level A [N,T], e.g. PPO's GAE, and the method takes a sequence advantage) and its
     default hyperparameters, or the run recipe's credit_params when the run trained with that
     method. A recipe named like the run's recipe is the run's resolved recipe (with its overrides).
     `SAVED` is a ConfigError: these columns are computed on rollouts that carry no saved Â (probe's).

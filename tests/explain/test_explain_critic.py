@@ -124,3 +124,19 @@ def test_critic_errors_are_one_line(ppo_run, tiny_model_dir, tmp_path, capsys):
         (empty / "config.toml").write_text((ppo_run / "config.toml").read_text())
         (empty / "recipe.json").write_text((ppo_run / "recipe.json").read_text())
         load_run_critic(empty)
+
+
+def test_a_credit_method_beside_a_critic_run_gets_grpos_baseline():
+    # a ppo run's estimator (GAE) gives token-level A, which KTAE (defined on a sequence A) cannot take: the
+    # method's column gets GRPO's group baseline instead of an error; a method that takes token-level A keeps it
+    from tokencredit.columns import resolve_methods
+
+    ppo = RECIPES["ppo"]
+    ktae, shaping = resolve_methods(
+        ["ktae", "credit:cw-grpo"],
+        advantage=ppo.advantage,
+        advantage_params=ppo.advantage_params,
+        run_recipe=ppo,
+    )
+    assert ktae.recipe.advantage == "grpo" and ktae.recipe.credit == "ktae"
+    assert shaping.recipe.kind == "method" and shaping.recipe.advantage == "gae"

@@ -520,10 +520,10 @@ def test_terminal_table_fits_the_console_width(tmp_path):
     ]
     res = aggregate([read_run(d) for d in runs], baseline="grpo", target=0.5)
     # no width: every column, and the caption says only which interval the table shows
-    assert len(rich_table(res).columns) == 20 and rich_table(res).caption == render.INTERVAL_NOTE
+    assert len(rich_table(res).columns) == 21 and rich_table(res).caption == render.INTERVAL_NOTE
     narrow = rich_table(res, width=80)
     kept = [c.header for c in narrow.columns]
-    assert {"recipe", "final acc.", "Δ", "p Holm", "AUC", "p AUC"} <= set(kept) and len(kept) < 20
+    assert {"recipe", "final acc.", "Δ", "p Holm", "AUC", "p AUC"} <= set(kept) and len(kept) < 21
     assert "tok/s" in narrow.caption and "compare.md" in narrow.caption
     console = Console(width=80, record=True)
     console.print(narrow)

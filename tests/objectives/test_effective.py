@@ -98,6 +98,12 @@ def test_per_token_kernels_reproduce_the_advantages(loss, kernel, args):
 def test_recipes_with_per_token_kernels_show_their_credit_methods_advantages(name):
     recipe = RECIPES[name]
     b = ragged_batch(2)
+    if (
+        "values" in advantages.get_estimator(recipe.advantage).fields
+    ):  # ppo, bpco: as the trainer's critic gives
+        b = dataclasses.replace(
+            b, values=torch.rand(b.mask.shape, generator=torch.Generator().manual_seed(3)) * b.mask
+        )
     rc = token_credit(recipe, b)
     a = advantages.estimate(
         recipe.advantage, b, **recipe.advantage_params

@@ -254,3 +254,30 @@ def pytest_make_collect_report(collector: pytest.Collector):
         if problem:
             report.outcome, report.longrepr = "failed", problem
     return report
+
+
+def crash_then_resume(cfg: Any, run_dir: Path, crash_at: int, resumed_from: int) -> Any:
+    """Train `cfg` into `run_dir`, crash before step index `crash_at`, assert the resume starts after step
+    `resumed_from` (the newest checkpoint), finish the run and return the resumed Trainer."""
+    import pytest
+
+    from tokencredit.train.trainer import Trainer
+
+    class Crash(Exception):
+        pass
+
+    t = Trainer(cfg, run_dir)
+    real_step = t.step
+
+    def step_then_crash(i: int) -> Any:
+        if i == crash_at:
+            raise Crash
+        return real_step(i)
+
+    t.step = step_then_crash  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        t.fit()
+    resumed = Trainer(cfg, run_dir, resume=True)
+    assert resumed.step_done == resumed_from
+    resumed.fit()
+    return resumed

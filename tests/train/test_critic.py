@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import _micro_sets
+from conftest import _micro_sets, crash_then_resume
 from tokencredit.errors import ConfigError
 from tokencredit.train.config import load_config
 from tokencredit.train.trainer import Trainer
@@ -106,23 +106,7 @@ def test_resume_with_a_critic_equals_uninterrupted(tiny_model_dir, tmp_path):
     a.fit()
     full = _steps(tmp_path / "a")
 
-    class Crash(Exception):
-        pass
-
-    t = Trainer(cfg, tmp_path / "b")
-    real_step = t.step
-
-    def step_then_crash(i):
-        if i == 3:
-            raise Crash
-        return real_step(i)
-
-    t.step = step_then_crash
-    with pytest.raises(Crash):
-        t.fit()
-    resumed = Trainer(cfg, tmp_path / "b", resume=True)
-    assert resumed.step_done == 2
-    resumed.fit()
+    resumed = crash_then_resume(cfg, tmp_path / "b", crash_at=3, resumed_from=2)
     assert _strip(_steps(tmp_path / "b")) == _strip(full)
     for (n, p), q in zip(a.critic.model.named_parameters(), resumed.critic.model.parameters(), strict=True):
         assert torch.equal(p, q), n

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from conftest import _micro_sets
+from conftest import _micro_sets, crash_then_resume
 from tokencredit.errors import ConfigError
 from tokencredit.recipes import RECIPES
 from tokencredit.train.config import load_config
@@ -68,23 +68,7 @@ def test_resume_equals_uninterrupted(tiny_model_dir, tmp_path):
     Trainer(cfg, tmp_path / "a").fit()
     full = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
 
-    class Crash(Exception):
-        pass
-
-    t = Trainer(cfg, tmp_path / "b")
-    real_step = t.step
-
-    def step_then_crash(i):
-        if i == 3:  # after the checkpoint at step 2 and one more finished step
-            raise Crash
-        return real_step(i)
-
-    t.step = step_then_crash
-    with pytest.raises(Crash):
-        t.fit()
-    resumed = Trainer(cfg, tmp_path / "b", resume=True)
-    assert resumed.step_done == 2
-    resumed.fit()
+    crash_then_resume(cfg, tmp_path / "b", crash_at=3, resumed_from=2)
     got = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in got] == [r["step"] for r in full]  # no duplicate, no torn line
     assert _strip(got) == _strip(full)

@@ -26,8 +26,8 @@ from tokencredit.batch import RolloutBatch  # noqa: E402
 from tokencredit.credit.entropy import top_entropy_mask  # noqa: E402
 from tokencredit.errors import ConfigError  # noqa: E402
 from tokencredit.integrations.verl import import_hooks  # noqa: E402
-from tokencredit.integrations.verl.estimators import slug  # noqa: E402
-from tokencredit.recipes import RECIPES  # noqa: E402
+from tokencredit.integrations.verl.estimators import needs_critic_values, slug  # noqa: E402
+from tokencredit.recipes import RECIPES, resolve  # noqa: E402
 
 N, T, H, VOCAB = 12, 7, 5, 9
 
@@ -119,13 +119,18 @@ def test_every_recipe_and_method_is_registered_in_verl():
         "tc_dapo_ktae",
     ):
         assert required in names
-    # every recipe and credit method, except those reading Monte-Carlo values verl does not sample
+    # every recipe and credit method, except those reading Monte-Carlo values verl does not sample and
+    # those reading a learned critic's values (verl's own adv_estimator=gae trains that critic)
     sampled = {"oracle", "vineppo"}
-    expected = {f"tc_{slug(r)}" for r in RECIPES if r not in sampled}
+    critic = {r for r in RECIPES if needs_critic_values(resolve(r))}
+    assert critic == {"ppo", "bpco"}
+    expected = {f"tc_{slug(r)}" for r in RECIPES if r not in sampled | critic}
     expected |= {f"tc_{m.replace('-', '_')}" for m in credit.CREDIT_METHODS if m not in sampled}
     assert expected == set(tc_verl.ESTIMATORS)
     with pytest.raises(ConfigError, match="Monte-Carlo values"):
         tc_verl.register_estimator("tc_my_oracle", "oracle")
+    with pytest.raises(ConfigError, match="adv_estimator=gae"):
+        tc_verl.register_estimator("tc_my_ppo", "ppo")
     assert {"tc_ptrace", "tc_strace"} <= set(core_algos.POLICY_LOSS_REGISTRY)
 
 

@@ -596,6 +596,9 @@ def test_probe_config_data_toy_hard_and_oracle_options(tmp_path):
         "oracle_delta",
         "bootstrap",
         "grad_batches",
+        "prompts_per_step",
+        "prompts_per_step_source",
+        "two_groups",
     ]
     assert (flat["temperature"], flat["max_new_tokens"], flat["batch_size"]) == (1.0, 96, 8)
     hard = probe.probe_config(None, None, model="toy-hard", **kw)
@@ -603,7 +606,13 @@ def test_probe_config_data_toy_hard_and_oracle_options(tmp_path):
     assert hard.data == "toy-hard" and hard.difficulty == 6 and hard.sampling.max_new_tokens == budget >= 128
     run = TrainConfig()
     run.data.train = "toy-hard"
-    assert probe.probe_config(run, None, **kw).data == "toy-hard"
+    run.rollout.prompts_per_step = 5
+    from_run = probe.probe_config(run, None, **kw)
+    assert from_run.data == "toy-hard"
+    assert (from_run.prompts_per_step, from_run.prompts_per_step_source) == (
+        5,
+        "the probed run's rollout.prompts_per_step",
+    )
     explicit = probe.probe_config(None, None, model="toy-hard", data="toy", **{**kw, "max_new_tokens": 40})
     assert (explicit.data, explicit.difficulty, explicit.sampling.max_new_tokens) == ("toy", 3, 40)
     bench = probe.probe_config(None, None, data="math500", oracle=4, oracle_delta=0.01, **kw)
@@ -683,7 +692,15 @@ def test_cli_oracle_on_the_toy_warm_start(toy_oracle_runs):
 
 def test_cli_oracle_off_leaves_the_output_unchanged(toy_oracle_runs, tmp_path):
     off, md = toy_oracle_runs["off"]
-    assert set(off["points"][0]) == {"label", "source", "step", "rollouts", "methods", "baselines"}
+    assert set(off["points"][0]) == {
+        "label",
+        "source",
+        "step",
+        "rollouts",
+        "methods",
+        "baselines",
+        "credit_batches",
+    }
     assert "Monte-Carlo" not in md and "fidelity" not in md and "--oracle" not in off["command"]
     assert md.startswith("# tokencredit probe: does the credit blame the first wrong token?")
     assert (off["config"]["data"], off["config"]["max_new_tokens"]) == ("toy", 96)

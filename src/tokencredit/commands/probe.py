@@ -2,7 +2,8 @@
 
     tokencredit probe --model toy|PATH|RUN_DIR [--checkpoint step_N | --all-checkpoints]
                       [--methods grpo,ktae,delta,strace,arca,...] [--groups N] [--group-size G] [--seed S]
-                      [--data toy|toy-hard|BENCHMARK|FILE] [--oracle K [--oracle-delta D] [--grad-batches B]]
+                      [--data toy|toy-hard|BENCHMARK|FILE] [--prompts-per-step N]
+                      [--oracle K [--oracle-delta D] [--grad-batches B] [--two-groups]]
                       [--critic RUN_DIR]   (a ppo / bpco run's trained critic: the values the ppo / bpco columns read)
 
 Parses the arguments, calls `tokencredit.probe` (points -> config -> methods -> probe ->
@@ -79,6 +80,22 @@ def _add_data_and_oracle_arguments(parser: argparse.ArgumentParser) -> None:
         "headroom index; with an even K also their split-half noise ceiling (A* from each half of the K "
         "continuations, no extra sampling: the noise-corrected cosines and headroom); costs backward passes "
         f"(default {DEFAULT_GRAD_BATCHES}; 0: off)",
+    )
+    parser.add_argument(
+        "--two-groups",
+        action="store_true",
+        help="with --oracle and --grad-batches: sample two independent groups of --group-size rollouts per problem "
+        "and add the noise decomposition of each credit's gradient (signal, between-problem, within-problem and "
+        "A*'s Monte-Carlo part of E|g|^2, raw and in AdamW's metric); costs twice the rollouts and oracle "
+        "continuations, and two backward passes per credit per problem",
+    )
+    parser.add_argument(
+        "--prompts-per-step",
+        type=int,
+        metavar="N",
+        help="problems (groups) per training batch: every credit is computed on batches of N groups, as the "
+        "trainer does per step, so batch statistics (DelTA, S-trace, the 80/20 mask) are a training batch's "
+        "(default: the probed run's rollout.prompts_per_step, else the trainer's default 8; 0: the whole probe set)",
     )
 
 
@@ -178,6 +195,10 @@ def _command(args: argparse.Namespace, cfg: ProbeConfig) -> str:
             parts.append(f"--bootstrap {args.bootstrap}")
         if args.grad_batches != DEFAULT_GRAD_BATCHES:
             parts.append(f"--grad-batches {args.grad_batches}")
+        if args.two_groups:
+            parts.append("--two-groups")
+    if args.prompts_per_step is not None:
+        parts.append(f"--prompts-per-step {args.prompts_per_step}")
     return " ".join(parts)
 
 
@@ -218,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
         oracle_delta=args.oracle_delta,
         bootstrap=args.bootstrap,
         grad_batches=args.grad_batches,
+        prompts_per_step=args.prompts_per_step,
+        two_groups=args.two_groups,
     )
     specs = resolve_methods(
         args.methods.split(","),

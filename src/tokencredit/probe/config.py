@@ -30,7 +30,7 @@ from tokencredit.oracle import DEFAULT_DELTA
 from tokencredit.recipes import Recipe
 from tokencredit.rollout import SamplingSettings
 from tokencredit.rollout.prime_rl import export_record
-from tokencredit.train.config import TrainConfig
+from tokencredit.train.config import RolloutConfig, TrainConfig
 
 __all__ = [
     "DEFAULT_GRAD_BATCHES",
@@ -110,6 +110,12 @@ class ProbeConfig:
       grad_batches      batches of whole problems for the gradient cosines with the oracle's and GRPO's
                         gradient, their spread the standard error (`probe.gradients`; 0: none);
                         with oracle_k even also their split-half noise ceiling.
+      prompts_per_step  problems (groups) per training batch: every credit is computed on batches of
+                        this many groups, as the trainer computes it per step (a batch statistic, e.g.
+                        DelTA's or the 80/20 mask's, is the training batch's); 0: the whole probe set.
+      prompts_per_step_source  where that number came from (the run, the trainer's default, the option).
+      two_groups        sample two independent groups of group_size per problem (twice the rollouts and
+                        the oracle's cost) for the noise decomposition of the gradients (`probe.noise`).
 
     The settings are grouped in the docstring, not in nested objects (but for the sampling), because
     they are the flat options of ``tokencredit probe`` and the flat "config" of its JSON (`record`).
@@ -132,6 +138,9 @@ class ProbeConfig:
     oracle_delta: float = DEFAULT_DELTA
     bootstrap: int = 200
     grad_batches: int = DEFAULT_GRAD_BATCHES
+    prompts_per_step: int = RolloutConfig.prompts_per_step
+    prompts_per_step_source: str = "the trainer's default rollout.prompts_per_step"
+    two_groups: bool = False
 
     @property
     def synthetic(self) -> bool:
@@ -353,6 +362,28 @@ def _check_oracle(data: str, k: int, delta: float, bootstrap: int, grad_batches:
         )
 
 
+def _prompts_per_step(run_cfg: TrainConfig | None, given: int | None) -> tuple[int, str]:
+    """(problems per credit batch, where it came from): the option, else the probed run's
+    rollout.prompts_per_step, else the trainer's default."""
+    if given is not None:
+        if given < 0:
+            raise ConfigError(
+                f"--prompts-per-step must be >= 0 (0: the whole probe set in one batch), got {given}"
+            )
+        return given, "--prompts-per-step"
+    if run_cfg is not None:
+        return run_cfg.rollout.prompts_per_step, "the probed run's rollout.prompts_per_step"
+    return RolloutConfig.prompts_per_step, "the trainer's default rollout.prompts_per_step"
+
+
+def _check_two_groups(two_groups: bool, oracle: int, grad_batches: int) -> None:
+    if two_groups and (not oracle or not grad_batches):
+        raise ConfigError(
+            "--two-groups feeds the noise decomposition of the gradient cosines: it needs --oracle K and "
+            "--grad-batches B > 0"
+        )
+
+
 def probe_config(
     run_cfg: TrainConfig | None,
     recipe: Recipe | None,
@@ -376,9 +407,12 @@ def probe_config(
     oracle_delta: float = DEFAULT_DELTA,
     bootstrap: int = 200,
     grad_batches: int = DEFAULT_GRAD_BATCHES,
+    prompts_per_step: int | None = None,
+    two_groups: bool = False,
 ) -> ProbeConfig:
     """A checked ProbeConfig; options left None take a probed run's settings (toy task, template, temperature,
-    estimator), else the defaults (`default_data`, `default_max_new_tokens` of the data). `ks` may be "1,3,10"."""
+    estimator, rollout.prompts_per_step), else the defaults (`default_data`, `default_max_new_tokens` of the
+    data, the trainer's). `ks` may be "1,3,10"."""
     data = data or default_data(run_cfg, model)
     _check_data(data)
     max_new_tokens = max_new_tokens if max_new_tokens is not None else default_max_new_tokens(data)
@@ -390,7 +424,9 @@ def probe_config(
         random_draws=random_draws,
     )
     _check_oracle(data, oracle, oracle_delta, bootstrap, grad_batches)
-    _check_sizes(groups, group_size, max_new_tokens, batch_size, oracle, seed)
+    _check_two_groups(two_groups, oracle, grad_batches)
+    per_step, per_step_source = _prompts_per_step(run_cfg, prompts_per_step)
+    _check_sizes(groups, group_size * (2 if two_groups else 1), max_new_tokens, batch_size, oracle, seed)
     given = {"difficulty": difficulty, "digits": digits, "operand_digits": operand_digits}
     task = _task_settings(data, run_cfg, given)
     if data in TOY_VARIANTS:
@@ -417,4 +453,7 @@ def probe_config(
         oracle_delta=float(oracle_delta),
         bootstrap=bootstrap,
         grad_batches=grad_batches,
+        prompts_per_step=per_step,
+        prompts_per_step_source=per_step_source,
+        two_groups=two_groups,
     )

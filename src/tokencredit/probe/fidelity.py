@@ -44,7 +44,7 @@ from tokencredit.oracle import (
 )
 from tokencredit.probe.config import ProbeConfig
 from tokencredit.probe.metrics import blame_hits, mean_of, random_credit, stderr_of, uniform_credit
-from tokencredit.probe.sample import select_rollouts
+from tokencredit.probe.sample import problem_and_copy, select_rollouts
 from tokencredit.probe.score import method_row, score_credit
 from tokencredit.probe.truth import ProbeTruth
 from tokencredit.rollout import Rollouts
@@ -71,7 +71,9 @@ class ProbeOracle:
     rows [M] int64: the batch rows estimated (in this order); credit: their `OracleCredit` ([M,T],
     T the batch's response width); targets [M] int64: `oracle_targets(credit, z)` (-1: none);
     groups [M] int64: each row's problem, the unit the standard errors resample (None: each row its
-    own); bootstrap: resamples for those standard errors (0: none); seed: draws them.
+    own); bootstrap: resamples for those standard errors (0: none); seed: draws them; copies [M] int64
+    (0 / 1): with two independent groups per problem (`ProbeConfig.two_groups`), which one each row is in
+    (None: one group per problem).
     """
 
     rows: Tensor
@@ -81,6 +83,7 @@ class ProbeOracle:
     groups: Tensor | None = None
     bootstrap: int = 0
     seed: int = 0
+    copies: Tensor | None = None
 
     def full_advantages(self, n: int) -> Tensor:
         """[n,T] float32: A* on the estimated rows, 0 on the others (for the checker's scoring)."""
@@ -127,9 +130,17 @@ def run_oracle(
         split_halves=split_halves(cfg),
         log=log,
     )
-    groups = ro.prompt_index.cpu()[idx]
+    groups, copies = ro.prompt_index.cpu()[idx], None
+    if cfg.two_groups:  # the unit of the standard errors and of the gradient batches is the problem
+        groups, copies = problem_and_copy(groups)
     return ProbeOracle(
-        idx, credit, oracle_targets(credit, ORACLE_Z), groups=groups, bootstrap=cfg.bootstrap, seed=cfg.seed
+        idx,
+        credit,
+        oracle_targets(credit, ORACLE_Z),
+        groups=groups,
+        bootstrap=cfg.bootstrap,
+        seed=cfg.seed,
+        copies=copies,
     )
 
 

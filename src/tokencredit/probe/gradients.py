@@ -59,6 +59,8 @@ from tokencredit.columns import MethodCredit
 from tokencredit.probe.config import ProbeConfig
 from tokencredit.probe.expected import expected_gradients
 from tokencredit.probe.fidelity import ProbeOracle
+from tokencredit.probe.noise import conditional_cosine, decomposition
+from tokencredit.probe.precondition import AdamMoments, Preconditioner, from_moments, standin_moments
 from tokencredit.rollout import PromptResponseLayout
 from tokencredit.signals import eval_mode, has_lora_adapter, token_log_probs
 
@@ -72,7 +74,10 @@ __all__ = [
     "mean_and_stderr",
     "noise_ceiling",
     "policy_gradient",
+    "problem_blocks",
+    "problem_sums",
     "spearman_brown",
+    "trainable_names",
     "trainable_parameters",
     "with_gradient_columns",
 ]
@@ -206,9 +211,13 @@ def policy_gradient(
         return _BatchGradients(model, layout, params, temperature, micro_batch_size).of(credit)
 
 
-def _dot(a: Tensor, b: Tensor) -> float:
-    """a·b of two flat vectors, accumulated in float64 piece by piece."""
-    return sum(float(x.double() @ y.double()) for x, y in zip(a.split(_DOT_CHUNK), b.split(_DOT_CHUNK)))
+def _dot(a: Tensor, b: Tensor, weight: Tensor | None = None) -> float:
+    """a·b of two flat vectors, accumulated in float64 piece by piece; with `weight` [P] Σ_i a_i b_i w_i
+    (the preconditioned metric: w = s^2, `precondition`)."""
+    if weight is None:
+        return sum(float(x.double() @ y.double()) for x, y in zip(a.split(_DOT_CHUNK), b.split(_DOT_CHUNK)))
+    pieces = zip(a.split(_DOT_CHUNK), b.split(_DOT_CHUNK), weight.to(a.device).split(_DOT_CHUNK))
+    return sum(float((x.double() * w.double()) @ y.double()) for x, y, w in pieces)
 
 
 def cosine(a: Tensor, b: Tensor) -> float | None:
@@ -222,15 +231,18 @@ def cosine(a: Tensor, b: Tensor) -> float | None:
     return max(-1.0, min(1.0, dot / math.sqrt(aa * bb)))
 
 
-def _grams(kept: Mapping[str, list[Tensor]], refs: Mapping[str, list[Tensor]]) -> dict[str, Any]:
-    """{name: {"self": [B, B] g_b·g_b', ref: [B, B] g_b·ref_b'}} of the kept per-batch gradients; a
-    gradient kept under several names (a credit equal to a reference) is one tensor, its products taken once."""
+def _grams(
+    kept: Mapping[str, list[Tensor]], refs: Mapping[str, list[Tensor]], weight: Tensor | None = None
+) -> dict[str, Any]:
+    """{name: {"self": [B, B] g_b·g_b', ref: [B, B] g_b·ref_b'}} of the kept per-batch gradients (with
+    `weight`, in the preconditioned metric); a gradient kept under several names (a credit equal to a
+    reference) is one tensor, its products taken once."""
     done: dict[tuple[int, int], float] = {}
 
     def dot(v: Tensor, w: Tensor) -> float:
         key = (id(v), id(w)) if id(v) <= id(w) else (id(w), id(v))
         if key not in done:
-            done[key] = _dot(v, w)
+            done[key] = _dot(v, w, weight)
         return done[key]
 
     return {
@@ -276,6 +288,7 @@ def gradient_cosines(
     micro_batch_size: int = 64,
     halves: tuple[Tensor, Tensor] | None = None,
     grams: bool = False,
+    preconditioner: Callable[[Tensor, int], Preconditioner] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """({"credits": {name: {ref: [B] cos}}, "references": {ref: {ref: [B] cos}}}, backward passes).
 
@@ -287,6 +300,9 @@ def gradient_cosines(
     each half of its continuations: adds "split_half": [B] cos(g_b(A*_a), g_b(A*_b)) (two more passes).
     grams: keeps every batch's gradients on the CPU ((credits + references) x B x |θ| floats) and adds "grams":
     {"references" / "credits": {name: {"self": [B, B], ref: [B, B]}}}, read by `expected.expected_gradients`.
+    preconditioner (with grams and a "grpo" reference): called after the last batch with Σ_b (g_b(GRPO) /
+    n_b)^2 [P] (n_b the batch's valid tokens; a stand-in's input) and B, it gives the AdamW metric
+    (`precondition`): adds "grams_preconditioned" (the same Gram matrices in it) and "preconditioner".
     """
     by_credit: dict[str, dict[str, list[float | None]]] = {n: {r: [] for r in references} for n in credits}
     by_ref: dict[str, dict[str, list[float | None]]] = {n: {r: [] for r in references} for n in references}
@@ -294,12 +310,16 @@ def gradient_cosines(
     kept: dict[str, dict[str, list[Tensor]]] = {"references": {r: [] for r in references}}
     kept["credits"] = {n: [] for n in credits}
     passes = 0
+    sum_sq: Tensor | None = None
     with torch.enable_grad(), eval_mode(model), _requiring_grad(params):
         for b in batches:
             grads = _BatchGradients(model, _rows(layout, b), params, temperature, micro_batch_size)
             if halves is not None:
                 split.append(_split_half(grads, halves, b))
             ref_g = {r: grads.of(c[b]) for r, c in references.items()}
+            if grams and preconditioner is not None and "grpo" in ref_g:
+                sq = (ref_g["grpo"] / max(1, int(grads.mask.sum()))).double().square()
+                sum_sq = sq if sum_sq is None else sum_sq + sq
             ref_kept = {r: g.cpu() for r, g in ref_g.items()} if grams else {}
             for r, g in ref_g.items():
                 for s, h in ref_g.items():
@@ -323,7 +343,108 @@ def gradient_cosines(
         out["split_half"] = split
     if grams:
         out["grams"] = {part: _grams(vs, kept["references"]) for part, vs in kept.items()}
+        if preconditioner is not None and sum_sq is not None:
+            pre = preconditioner(sum_sq.cpu(), len(batches))
+            w = pre.scale.cpu().square()
+            out["grams_preconditioned"] = {
+                part: _grams(vs, kept["references"], w) for part, vs in kept.items()
+            }
+            out["preconditioner"] = pre
     return out, passes
+
+
+def _pair_sums(
+    ga: Tensor, gb: Tensor, refs: Mapping[str, tuple[Tensor, Tensor]], weight: Tensor | None
+) -> dict[str, float]:
+    """One problem's terms of `noise.BLOCK_KEYS` from its two groups' gradients g_a, g_b (and the
+    references' pairs, for cross_<ref>), in the metric of `weight`."""
+    h = (ga + gb) / 2
+    out = {
+        "n": 1.0,
+        "d": (_dot(ga, ga, weight) + _dot(gb, gb, weight)) / 2,
+        "w": _dot(ga, gb, weight),
+        "hh": _dot(h, h, weight),
+    }
+    for r, (ra, rb) in refs.items():
+        out[f"cross_{r}"] = (_dot(ga, rb, weight) + _dot(gb, ra, weight)) / 2
+    return out
+
+
+def _add(into: dict[str, float], terms: Mapping[str, float]) -> None:
+    for k, v in terms.items():
+        into[k] = into.get(k, 0.0) + v
+
+
+def problem_sums(
+    model: nn.Module,
+    layout: PromptResponseLayout,
+    credits: Mapping[str, Tensor],
+    references: Mapping[str, Tensor],
+    problems: Tensor,
+    copies: Tensor,
+    blocks: Sequence[Sequence[int]],
+    params: Sequence[nn.Parameter],
+    *,
+    weights: Mapping[str, Tensor | None],
+    temperature: float = 1.0,
+    micro_batch_size: int = 64,
+    halves: tuple[Tensor, Tensor] | None = None,
+) -> tuple[dict[str, Any], int]:
+    """({metric: {"references" / "credits": {name: [B] block sums}}}, backward passes): the per-problem
+    terms of the noise decomposition (`noise`, its `BLOCK_KEYS`) summed over each block's problems.
+
+    problems [M] / copies [M] (0 or 1): each row's problem and which of its two independent groups it is in;
+    blocks: the problem ids of each block (every probed problem in one block: a problem without rows adds
+    n = 1 and zeros); weights: {metric: None (raw) or s^2 [P] (`precondition`)}. g_xc(Â) is the gradient of
+    Â on the rows of group c of problem x (one forward per problem, two backward passes per credit); halves
+    (A*_1, A*_2) add the oracle's "mc" (|g(A*_1 - A*_2)_xc|^2 / 4, averaged over c)."""
+    row_of: dict[int, Tensor] = {}
+    for x in torch.unique(problems.cpu()).tolist():
+        row_of[int(x)] = (problems.cpu() == x).nonzero().squeeze(1)
+    names = {"references": list(references), "credits": list(credits)}
+    sums: dict[str, Any] = {
+        m: {part: {n: [{} for _ in blocks] for n in ns} for part, ns in names.items()} for m in weights
+    }
+    passes = 0
+    with torch.enable_grad(), eval_mode(model), _requiring_grad(params):
+        for k, block in enumerate(blocks):
+            for x in block:
+                rows = row_of.get(int(x))
+                if rows is None:  # no row of this problem carries credit: zero gradients
+                    for m in weights:
+                        for part, ns in names.items():
+                            for n in ns:
+                                _add(sums[m][part][n][k], {"n": 1.0, "d": 0.0, "w": 0.0, "hh": 0.0})
+                    continue
+                grads = _BatchGradients(model, _rows(layout, rows), params, temperature, micro_batch_size)
+                in_a = (copies.cpu()[rows] == 0)[:, None]
+
+                def pair(c: Tensor, g: _BatchGradients = grads, a: Tensor = in_a) -> tuple[Tensor, Tensor]:
+                    return g.of(torch.where(a, c, 0.0)), g.of(torch.where(a, 0.0, c))
+
+                ref_pairs = {r: pair(c[rows].float()) for r, c in references.items()}
+                mc = pair((halves[0][rows] - halves[1][rows]).float()) if halves is not None else None
+                for m, w in weights.items():
+                    for r, (ga, gb) in ref_pairs.items():
+                        terms = _pair_sums(ga, gb, ref_pairs, w)
+                        if r == "oracle" and mc is not None:
+                            terms["mc"] = (_dot(mc[0], mc[0], w) + _dot(mc[1], mc[1], w)) / 8
+                        _add(sums[m]["references"][r][k], terms)
+                for name, credit in credits.items():
+                    c = credit[rows].float()
+                    same = next((r for r, rc in references.items() if torch.equal(rc[rows].float(), c)), None)
+                    ga, gb = ref_pairs[same] if same is not None else pair(c)
+                    for m, w in weights.items():
+                        _add(sums[m]["credits"][name][k], _pair_sums(ga, gb, ref_pairs, w))
+                    del ga, gb
+                passes += grads.backward_passes
+                grads.release()
+                del ref_pairs, mc
+    for m in weights:  # the oracle's "mc" in every block (zero where no problem had rows)
+        for blk in sums[m]["references"].get("oracle", []):
+            if halves is not None:
+                blk.setdefault("mc", 0.0)
+    return sums, passes
 
 
 def mean_and_stderr(values: Sequence[float | None]) -> tuple[float | None, float | None]:
@@ -447,6 +568,150 @@ def _expected(cos: Mapping[str, Any], kept_bytes: int) -> dict[str, Any]:
     }
 
 
+def trainable_names(model: nn.Module, params: Sequence[nn.Parameter]) -> list[str]:
+    """The names of θ's parameters in the model (`#i` for one the model does not name)."""
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    return [by_id.get(id(p), f"#{i}") for i, p in enumerate(params)]
+
+
+def _preconditioner_of(
+    model: nn.Module, params: Sequence[nn.Parameter], moments: AdamMoments | str | None
+) -> Callable[[Tensor, int], Preconditioner]:
+    """The AdamW metric's source for `gradient_cosines`: the run's moments on θ when they fit it, else a
+    stand-in from the probe's own GRPO gradients, saying why (`precondition`)."""
+    why = moments if isinstance(moments, str) else "the probed model is not a training run's checkpoint"
+    if isinstance(moments, AdamMoments):
+        got = from_moments(moments, trainable_names(model, params), [p.shape for p in params])
+        if isinstance(got, Preconditioner):
+            return lambda _sum_sq, _batches: got
+        why = got
+    return lambda sum_sq, batches: standin_moments(sum_sq, batches, why)
+
+
+def _diagonal_cosines(grams: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-batch cosines {"references" / "credits": {name: {ref: [B]}}} from the diagonals of Gram
+    matrices (`_grams`); None where a gradient is 0."""
+    refs = grams["references"]
+
+    def cos(g: Mapping[str, Any], r: str, b: int) -> float | None:
+        xx, yy = g["self"][b][b], refs[r]["self"][b][b]
+        if xx <= 0.0 or yy <= 0.0:
+            return None
+        return max(-1.0, min(1.0, g[r][b][b] / math.sqrt(xx * yy)))
+
+    return {
+        part: {
+            n: {r: [cos(g, r, b) for b in range(len(g["self"]))] for r in refs}
+            for n, g in grams[part].items()
+        }
+        for part in ("references", "credits")
+    }
+
+
+def _preconditioned(cos: Mapping[str, Any], kept_bytes: int) -> dict[str, Any]:
+    """The "preconditioned" section: per-batch cosines, headroom and expected gradients in AdamW's metric."""
+    if "grams_preconditioned" not in cos:
+        return {
+            "status": "n/a",
+            "reason": f"needs every batch's gradients kept ({kept_bytes / 2**30:.1f} GiB, over "
+            f"{EXPECTED_MAX_BYTES / 2**30:.0f} GiB) and a GRPO reference",
+        }
+    grams = cos["grams_preconditioned"]
+    per = _diagonal_cosines(grams)
+    headroom = [None if c is None else 1.0 - c for c in per["references"]["grpo"]["oracle"]]
+    return {
+        "status": "ok",
+        "preconditioner": cos["preconditioner"].record(),
+        "headroom": _summary(headroom),
+        **_summaries(per, {}),
+        "expected": {"status": "ok", **expected_gradients(grams["references"], grams["credits"])},
+    }
+
+
+def problem_blocks(problems: Tensor, batches: Sequence[Tensor], n_problems: int) -> list[list[int]]:
+    """The problem ids of each gradient batch (rows `batches` of the rows' `problems` [M]), every problem
+    0..n_problems-1 placed: one without rows joins the batch of the next problem that has rows (the last
+    batch after the last), so that the blocks' sums are the batches' gradients."""
+    block_of: dict[int, int] = {}
+    for k, b in enumerate(batches):
+        for x in torch.unique(problems.cpu()[b]).tolist():
+            block_of[int(x)] = k
+    blocks: list[list[int]] = [[] for _ in batches]
+    k = len(batches) - 1
+    for x in reversed(range(n_problems)):
+        k = block_of.get(x, k)
+        blocks[k].insert(0, x)
+    return blocks
+
+
+def _noise(
+    model: nn.Module,
+    layout: PromptResponseLayout,
+    oracle: ProbeOracle,
+    credits: Mapping[str, Tensor],
+    references: Mapping[str, Tensor],
+    batches: Sequence[Tensor],
+    params: Sequence[nn.Parameter],
+    cfg: ProbeConfig,
+    cos: Mapping[str, Any],
+    halves: tuple[Tensor, Tensor] | None,
+    n_problems: int,
+) -> dict[str, Any]:
+    """The "noise" section (`noise.decomposition` of every credit, raw and in AdamW's metric)."""
+    if "grams" not in cos:
+        return {"status": "n/a", "reason": "needs every batch's gradients kept (see the expected gradients)"}
+    assert oracle.groups is not None and oracle.copies is not None
+    blocks = problem_blocks(oracle.groups, batches, n_problems)
+    weights: dict[str, Tensor | None] = {"raw": None}
+    if "preconditioner" in cos:
+        weights["adamw"] = cos["preconditioner"].scale.square()
+    start = time.perf_counter()
+    sums, passes = problem_sums(
+        model,
+        layout,
+        credits,
+        references,
+        oracle.groups,
+        oracle.copies,
+        blocks,
+        params,
+        weights=weights,
+        temperature=cfg.sampling.temperature,
+        micro_batch_size=cfg.sampling.batch_size,
+        halves=halves,
+    )
+    gram_of = {"raw": cos["grams"], "adamw": cos.get("grams_preconditioned")}
+    per_step = cfg.prompts_per_step or None
+    metrics: dict[str, Any] = {}
+    for m in weights:
+        refs = sums[m]["references"]
+        metrics[m] = {
+            part: {
+                n: {
+                    # the batch gradient is Σ_x (g_xa + g_xb) = 2 H_b: H_b·H_b' is a quarter of its Gram
+                    **decomposition(
+                        blk,
+                        [[v / 4 for v in row] for row in gram_of[m][part][n]["self"]],
+                        batch_problems=per_step,
+                    ),
+                    "cos_given_x": {r: conditional_cosine(blk, refs[r], r) for r in refs},
+                }
+                for n, blk in sums[m][part].items()
+            }
+            for part in ("references", "credits")
+        }
+    return {
+        "status": "ok",
+        "problems": n_problems,
+        "blocks": len(blocks),
+        "batch_problems": per_step,
+        "k_half": cfg.oracle_k // 2 if halves is not None else None,
+        "backward_passes": passes,
+        "seconds": time.perf_counter() - start,
+        "metrics": metrics,
+    }
+
+
 def gradient_fidelity(
     model: nn.Module,
     layout: PromptResponseLayout,
@@ -455,13 +720,19 @@ def gradient_fidelity(
     grpo: MethodCredit,
     cfg: ProbeConfig,
     *,
+    moments: AdamMoments | str | None = None,
+    problems: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The "gradients" result of a point: the oracle's rows of `layout` in `cfg.grad_batches` batches of
     whole problems (`group_batches`); under "credits" (each method of `got` with credit) and "references"
     (A*, GRPO's Â `grpo`) the cosines with g(A*) and g(Â_GRPO) as {"cos_oracle": {mean, se, per_batch},
     ...}; the headroom index 1 - cos(g_GRPO, g*); the noise ceiling when the oracle kept A* of each half of
-    its continuations (`noise_ceiling`); "expected" (`_expected`); θ, the batches and the cost."""
+    its continuations (`noise_ceiling`); "expected" (`_expected`); θ, the batches and the cost. Also
+    "preconditioned": the same figures in AdamW's metric (`precondition`; `moments`: the run's second
+    moments, or why there are none: then a stand-in), and with two groups per problem (`oracle.copies`)
+    "noise": the noise decomposition of every credit (`noise`) over the `problems` probed (ids 0..problems-1,
+    those without a row of the oracle's included as zeros)."""
     say = log or (lambda _msg: None)
     params, described = trainable_parameters(model)
     head: dict[str, Any] = {"parameters": described, "parameter_count": sum(p.numel() for p in params)}
@@ -493,8 +764,26 @@ def gradient_fidelity(
         micro_batch_size=cfg.sampling.batch_size,
         halves=halves,
         grams=kept_bytes <= EXPECTED_MAX_BYTES,
+        preconditioner=_preconditioner_of(model, params, moments),
     )
     seconds = time.perf_counter() - start
+    noise = None
+    if oracle.copies is not None:
+        say(f"noise decomposition: {len(credits) + 2} credits x 2 groups per problem ...")
+        n_problems = max(problems or 0, int(groups.max()) + 1 if groups.numel() else 0)
+        noise = _noise(
+            model,
+            _rows(layout, rows),
+            oracle,
+            credits,
+            references,
+            batches,
+            params,
+            cfg,
+            cos,
+            halves,
+            n_problems,
+        )
     _, inv = torch.unique(groups.cpu(), return_inverse=True)
     headroom = [None if c is None else 1.0 - c for c in cos["references"]["grpo"]["oracle"]]
     ceiling = _ceiling(cos, cfg.oracle_k, why_not)
@@ -512,6 +801,8 @@ def gradient_fidelity(
         **({"headroom_corrected": ceiling["headroom_corrected"]} if "headroom_corrected" in ceiling else {}),
         **_summaries(cos, ceiling.get("credits", {})),
         "expected": _expected(cos, kept_bytes),
+        "preconditioned": _preconditioned(cos, kept_bytes),
+        **({"noise": noise} if noise is not None else {}),
     }
 
 

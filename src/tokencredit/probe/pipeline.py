@@ -26,20 +26,23 @@ from tokencredit.builder import (
     needs_of,
     rendered_negative_prompts,
 )
-from tokencredit.columns import MethodCredit, MethodSpec, method_credit, resolve_methods
+from tokencredit.columns import MethodCredit, MethodSpec, resolve_methods
 from tokencredit.critic import TrainedCritic
 from tokencredit.models import special_token_ids
 from tokencredit.probe.config import ProbeConfig
 from tokencredit.probe.fidelity import ProbeOracle, oracle_section, run_oracle
 from tokencredit.probe.gradients import gradient_fidelity, with_gradient_columns
 from tokencredit.probe.points import ProbePoint
+from tokencredit.probe.precondition import AdamMoments
 from tokencredit.probe.sample import (
+    group_problems,
     mc_column_signals,
     probe_problems,
+    problem_and_copy,
     sample_rollouts,
     scored,
 )
-from tokencredit.probe.score import method_credits, score_baselines, score_methods
+from tokencredit.probe.score import method_credits, score_baselines, score_methods, training_batches
 from tokencredit.probe.truth import (
     ProbeTruth,
     build_truth,
@@ -51,7 +54,7 @@ from tokencredit.rewards import Reward, check_rewards
 from tokencredit.rollout import Rollouts
 from tokencredit.signals import has_lora_adapter
 
-__all__ = ["REWARD_NAMES", "probe_model", "probe_points", "verifier_summary"]
+__all__ = ["REWARD_NAMES", "credit_batches", "probe_model", "probe_points", "verifier_summary"]
 
 REWARD_NAMES = {True: "the task's checker", False: "the problems' own checker (reasoning-gym) or math-verify"}
 """The reward of the rollouts and of the oracle's continuations, by `ProbeConfig.synthetic`."""
@@ -92,11 +95,26 @@ def _checker_result(
 def _sample(
     model: Any, tokenizer: Any, cfg: ProbeConfig, say: Callable[[str], None]
 ) -> tuple[Rollouts, list[Any]]:
-    """(rollouts, each rollout's problem) of the probe's problems."""
+    """(rollouts, each rollout's problem) of the probe's problems (`prompt_index`: each rollout's group)."""
     problems = probe_problems(cfg)
-    say(f"sampling {len(problems)} x {cfg.group_size} rollouts ...")
+    two = " x 2 independent groups" if cfg.two_groups else ""
+    say(f"sampling {len(problems)}{two} x {cfg.group_size} rollouts ...")
     ro = sample_rollouts(model, tokenizer, problems, cfg)
-    return ro, [problems[int(i)] for i in ro.prompt_index]
+    return ro, group_problems(ro, problems, cfg)
+
+
+def credit_batches(group_ids: Tensor, cfg: ProbeConfig) -> tuple[list[Tensor], dict[str, Any]]:
+    """(row indices of the training-sized batches every credit is computed on, their record for the
+    report: prompts_per_step, its source, the batches' count and rollouts)."""
+    copies = problem_and_copy(group_ids)[1] if cfg.two_groups else None
+    batches = training_batches(group_ids, cfg.prompts_per_step, copies)
+    record = {
+        "prompts_per_step": cfg.prompts_per_step,
+        "source": cfg.prompts_per_step_source,
+        "batches": len(batches),
+        "rollouts_per_batch": [int(b.numel()) for b in batches],
+    }
+    return batches, record
 
 
 def _signals(
@@ -134,14 +152,20 @@ def _judge(
 
 
 def _grpo_credit(
-    got: dict[str, MethodCredit], batch: RolloutBatch, *, lora: bool, special_ids: Sequence[int]
+    got: dict[str, MethodCredit],
+    batch: RolloutBatch,
+    batches: Sequence[Tensor],
+    *,
+    lora: bool,
+    special_ids: Sequence[int],
 ) -> MethodCredit:
-    """GRPO's credit on the batch, the gradient cosines' second reference: the "grpo" column when
-    --methods has one, else the grpo recipe's."""
+    """GRPO's credit on the batch (per training-sized batch), the gradient cosines' second reference: the
+    "grpo" column when --methods has one, else the grpo recipe's."""
     have = got.get("grpo")
     if have is not None and have.ok:
         return have
-    return method_credit(resolve_methods(["grpo"])[0], batch, special_ids=special_ids, lora=lora)
+    spec = resolve_methods(["grpo"])[0]
+    return method_credits(batch, [spec], special_ids=special_ids, lora=lora, batches=batches)[spec.name]
 
 
 def _oracle_result(
@@ -150,19 +174,23 @@ def _oracle_result(
     oracle: ProbeOracle | None,
     got: dict[str, MethodCredit],
     batch: RolloutBatch,
+    batches: Sequence[Tensor],
     cfg: ProbeConfig,
     truth: ProbeTruth | None,
     *,
     lora: bool,
     special_ids: Sequence[int],
+    moments: AdamMoments | str | None,
     say: Callable[[str], None],
 ) -> dict[str, Any]:
     """The point's "oracle" section (`oracle_section`), with the gradient cosines when `cfg.grad_batches` > 0."""
     section = oracle_section(oracle, got, cfg, reward=REWARD_NAMES[cfg.synthetic], truth=truth)
     if oracle is None or not cfg.grad_batches:
         return section
-    grpo = _grpo_credit(got, batch, lora=lora, special_ids=special_ids)
-    return with_gradient_columns(section, gradient_fidelity(model, ro, oracle, got, grpo, cfg, log=say))
+    grpo = _grpo_credit(got, batch, batches, lora=lora, special_ids=special_ids)
+    problems = int(problem_and_copy(ro.prompt_index)[0].max()) + 1 if cfg.two_groups else None
+    grads = gradient_fidelity(model, ro, oracle, got, grpo, cfg, moments=moments, problems=problems, log=say)
+    return with_gradient_columns(section, grads)
 
 
 def _critic_values(
@@ -185,6 +213,7 @@ def probe_model(
     *,
     log: Callable[[str], None] | None = None,
     critic: TrainedCritic | None = None,
+    moments: AdamMoments | str | None = None,
 ) -> dict[str, Any]:
     """Sample `cfg.groups` x `cfg.group_size` rollouts of held-out problems (`cfg.data`) with `model`,
     compute every method's credit on them (signals in one pass) and score it; returns the point's
@@ -192,7 +221,10 @@ def probe_model(
     other data {"rollouts": `verifier_summary`}; with `cfg.oracle_k` > 0 also "oracle"
     (`fidelity.oracle_section`, with `cfg.grad_batches` > 0 its "gradients": `gradients.gradient_fidelity`).
     A column that reads a critic's `values` (ppo, bpco) gets them from `critic` (which must read `tokenizer`'s
-    ids: a ConfigError before sampling otherwise), and is n/a saying so without one."""
+    ids: a ConfigError before sampling otherwise), and is n/a saying so without one. Every credit is
+    computed per training-sized batch of `cfg.prompts_per_step` groups (`credit_batches`; "credit_batches"
+    in the result). moments: the probed run's AdamW second moments for the gradients' preconditioned
+    metric (`precondition`), or why there are none (a stand-in is used)."""
     say = log or (lambda _msg: None)
     lora = has_lora_adapter(model)
     needs = needs_of([s.recipe for s in specs], lora=lora)
@@ -223,14 +255,18 @@ def probe_model(
         batch = build_batch(rollouts, needs, given=signals, device="cpu", who="probe")
         if with_values:
             batch = replace(batch, values=_critic_values(critic, rollouts, cfg, say))  # type: ignore[arg-type]
-        say("scoring credit ...")
+        batches, batches_record = credit_batches(batch.group_ids, cfg)
+        say(
+            f"scoring credit (per training batch of {cfg.prompts_per_step or 'all'} problems: {len(batches)} batches) ..."
+        )
         special_ids = special_token_ids(tokenizer)
-        got = method_credits(batch, specs, lora=lora, special_ids=special_ids)
+        got = method_credits(batch, specs, lora=lora, special_ids=special_ids, batches=batches)
         out = (
             _checker_result(truth, truths, got, cfg)
             if truth is not None
             else {"rollouts": verifier_summary(batch.group_ids, scores, batch.mask)}
         )
+        out["credit_batches"] = batches_record
         if mc_cost is not None:
             out["mc_signals"] = mc_cost
         if cfg.oracle_k:
@@ -247,7 +283,18 @@ def probe_model(
                 log=say,
             )
             out["oracle"] = _oracle_result(
-                model, ro, oracle, got, batch, cfg, truth, lora=lora, special_ids=special_ids, say=say
+                model,
+                ro,
+                oracle,
+                got,
+                batch,
+                batches,
+                cfg,
+                truth,
+                lora=lora,
+                special_ids=special_ids,
+                moments=moments,
+                say=say,
             )
     return out
 
@@ -268,7 +315,13 @@ def probe_points(
         say(f"{p.label}: loading {p.source}")
         model, tokenizer = p.load()
         res = probe_model(
-            model, tokenizer, specs, cfg, log=lambda m, lab=p.label: say(f"{lab}: {m}"), critic=critic
+            model,
+            tokenizer,
+            specs,
+            cfg,
+            log=lambda m, lab=p.label: say(f"{lab}: {m}"),
+            critic=critic,
+            moments=p.moments() if cfg.oracle_k and cfg.grad_batches else None,
         )
         out.append({"label": p.label, "source": p.source, "step": p.step, **res})
         del model

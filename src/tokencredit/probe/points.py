@@ -14,12 +14,15 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from tokencredit.errors import ConfigError
 from tokencredit.models import load_model, resolve_device, resolve_model
+from tokencredit.probe.precondition import AdamMoments, read_adam_moments
 from tokencredit.recipes import Recipe
 from tokencredit.train.checkpoint import load_run_policy, verify_checkpoint
 from tokencredit.train.config import TrainConfig
@@ -28,14 +31,31 @@ from tokencredit.train.rundir import RunDir
 __all__ = ["ProbePoint", "default_output", "parse_checkpoint", "resolve_points"]
 
 
+def _not_a_run() -> str:
+    return "the probed model is not a training run's checkpoint"
+
+
 @dataclass
 class ProbePoint:
-    """One model to probe: its label in the tables, a description, the training step, a loader."""
+    """One model to probe: its label in the tables, a description, the training step, a loader, and a
+    reader of the run's AdamW second moments at that point (`precondition.AdamMoments`) or why there are
+    none, for the gradients' preconditioned metric."""
 
     label: str
     source: str
     step: int | None
     load: Callable[[], tuple[Any, Any]]
+    moments: Callable[[], AdamMoments | str] = field(default=_not_a_run)
+
+
+def _checkpoint_moments(run: RunDir, step: int, note: str = "") -> AdamMoments | str:
+    """The AdamW moments saved in checkpoint `step` (its digest was verified when the point was made)."""
+    path = run.checkpoint_path(step)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - an unreadable file: the stand-in is used, and said
+        return f"{path} could not be read ({type(e).__name__})"
+    return read_adam_moments(state, f"checkpoint step {step}{note}")
 
 
 def parse_checkpoint(name: str) -> int:
@@ -57,6 +77,7 @@ def _checkpoint_point(run: RunDir, base: str, step: int, device: Any) -> ProbePo
         f"run {run.path}, checkpoint step {step} on {base!r}",
         step,
         lambda: _checkpoint_policy(run, step, device),
+        lambda: _checkpoint_moments(run, step),
     )
 
 
@@ -111,7 +132,11 @@ def _all_checkpoint_points(
     if not steps:
         raise ConfigError(f"{run.path}: no usable checkpoint in {run.checkpoints_dir}")
     start = ProbePoint(
-        "step 0 (start)", f"the run's starting model {base!r}", 0, lambda: load_model(base, device=device)
+        "step 0 (start)",
+        f"the run's starting model {base!r}",
+        0,
+        lambda: load_model(base, device=device),
+        lambda: "the run's starting model: AdamW has taken no step",
     )
     return [start] + [_checkpoint_point(run, base, s, device) for s in steps]
 
@@ -136,6 +161,11 @@ def _final_point(run: RunDir, run_cfg: TrainConfig, device: Any) -> ProbePoint:
         f"run {run.path}, exported model (final){merged}",
         steps[-1] if steps else None,
         lambda: load_model(str(final), device=device),
+        lambda: (
+            _checkpoint_moments(run, steps[-1], ", the run's last (the final model may be later)")
+            if steps
+            else "the run saved no checkpoint (no AdamW state)"
+        ),
     )
 
 

@@ -17,13 +17,16 @@ from tokencredit.probe.truth import LABELS
 
 __all__ = [
     "code_span",
+    "credit_batches_line",
     "evolution_table",
     "fidelity_table",
     "gradient_line",
     "markdown_report",
     "md_text",
+    "noise_table",
     "oracle_label",
     "point_table",
+    "preconditioned_table",
     "probe_result",
     "write_report",
 ]
@@ -291,6 +294,98 @@ def expected_table(expected: dict[str, Any]) -> list[str]:
     return lines
 
 
+def preconditioned_table(pre: dict[str, Any]) -> list[str]:
+    """The paragraph and table of the gradient figures in AdamW's metric (`gradients._preconditioned`):
+    per credit the per-batch cos(g, g*), cos(E g, E g*), cos(E g, E g_GRPO) and the signal share; [] for
+    results from before it existed."""
+    if not pre:
+        return []
+    if pre["status"] != "ok":
+        return ["", f"Preconditioned (AdamW) figures: n/a ({pre['reason']})."]
+    exp, h = pre["expected"], pre["headroom"]
+    eh = exp["headroom"]
+    lines = [
+        "",
+        "In AdamW's preconditioned metric: every gradient mapped g ↦ g / (sqrt(v̂) + eps) before the same cosines "
+        f"and signal shares are taken; v̂: {md_text(pre['preconditioner']['description'])}. Headroom index "
+        f"{_rho(h['mean'], h['se'])} per batch, expected headroom {_rho(eh['mean'], eh['se'])}.",
+        "",
+        "| credit (AdamW metric) | cos(g, g*) per batch | cos(E g, E g*) | cos(E g, E g_GRPO) | signal share |",
+        "|---|---|---|---|---|",
+    ]
+
+    def row(name: str, per: dict[str, Any], ex: dict[str, Any]) -> str:
+        cells = [_rho(per["cos_oracle"]["mean"], per["cos_oracle"]["se"])]
+        cells += [_rho(ex[k]["mean"], ex[k]["se"]) for k in ("cos_oracle", "cos_grpo", "signal_share")]
+        return f"| {name} | " + " | ".join(cells) + " |"
+
+    lines += [row(md_text(n), r, exp["credits"][n]) for n, r in pre["credits"].items()]
+    lines.append(row(r"*A\* (oracle)*", pre["references"]["oracle"], exp["references"]["oracle"]))
+    return lines
+
+
+_NOISE_METRICS = {"raw": "raw gradients", "adamw": "AdamW's metric"}
+_NOISE_COLUMNS = (
+    r"signal | between problems | within problem | A\*'s Monte-Carlo part | cos(E[g\|x], E[g\*\|x]) | "
+    r"cos(E[g\|x], E[g_GRPO\|x])"
+)
+
+
+def _noise_row(name: str, d: dict[str, Any], batch: int | None) -> str:
+    sh, cx = d["shares"], d["cos_given_x"]
+    cells = [_pct(sh[k]["mean"], sh[k]["se"]) for k in ("signal", "between", "within")]
+    mc = sh.get("monte_carlo")
+    cells.append(_pct(mc["mean"], mc["se"]) if mc is not None else "–")
+    cells += [_rho(cx[r]["mean"], cx[r]["se"]) for r in ("oracle", "grpo")]
+    if batch:
+        b = d["batch_signal_share"]
+        cells.append(_pct(b["mean"], b["se"]))
+    return f"| {name} | " + " | ".join(cells) + " |"
+
+
+def noise_table(noise: dict[str, Any]) -> list[str]:
+    """The paragraph and one table per metric of the noise decomposition (`gradients._noise`): per credit
+    the signal, between-problem and within-problem shares of E|g|^2 (A*: its Monte-Carlo part), the
+    per-problem cosines with A* and GRPO and the signal share of a training batch; [] when not computed."""
+    if not noise:
+        return []
+    if noise["status"] != "ok":
+        return ["", f"Noise decomposition: n/a ({noise['reason']})."]
+    n = noise["batch_problems"]
+    k_half = noise["k_half"]
+    lines = [
+        "",
+        f"Noise decomposition of one group's gradient g, from two independent groups a, b per problem ({noise['problems']} "
+        f"problems, jackknife SEs over {noise['blocks']} blocks): E|g|^2 = |E g|^2 (signal) + between-problem "
+        "variance E|E[g|x]|^2 - |E g|^2 + within-problem variance E|g|^2 - E|E[g|x]|^2, each as a share of E|g|^2; "
+        "g_a·g_b estimates |E[g|x]|^2, products of different problems |E g|^2. No credit lowers the between-problem "
+        "part; only the within-problem part is a credit's to remove. A*'s Monte-Carlo part: |g(A*_1) - g(A*_2)|^2 / 4 "
+        + (
+            f"from the two halves (K/2 = {k_half}) of its continuations"
+            if k_half
+            else "(n/a: no split halves)"
+        )
+        + ", a piece of its within-problem share. cos(E[g|x], ·): the per-problem expected gradients' cosine, "
+        "free of within-problem noise."
+        + (
+            f" Last column: the signal share of a training batch of {n} problems, n s / (1 + (n - 1) s)."
+            if n
+            else ""
+        )
+        + f" Cost: {noise['backward_passes']:,} backward passes, {noise['seconds']:.1f} s.",
+    ]
+    for metric, by in noise["metrics"].items():
+        head = f"| credit ({_NOISE_METRICS.get(metric, metric)}) | {_NOISE_COLUMNS} |"
+        cols = 7
+        if n:
+            head += f" signal share, batch of {n} |"
+            cols += 1
+        lines += ["", head, "|" + "---|" * cols]
+        lines += [_noise_row(md_text(name), d, n) for name, d in by["credits"].items()]
+        lines.append(_noise_row(r"*A\* (oracle)*", by["references"]["oracle"], n))
+    return lines
+
+
 def _fidelity_section(oracle: dict[str, Any], ks: Sequence[int]) -> list[str]:
     """The heading, the summary of what A* was computed on and what it cost, and the table."""
     out = ["", "### Credit fidelity against Monte-Carlo A*", ""]
@@ -310,6 +405,8 @@ def _fidelity_section(oracle: dict[str, Any], ks: Sequence[int]) -> list[str]:
             "",
             gradient_line(oracle["gradients"]),
             *expected_table(oracle["gradients"].get("expected", {})),
+            *preconditioned_table(oracle["gradients"].get("preconditioned", {})),
+            *noise_table(oracle["gradients"].get("noise", {})),
         ]
     return out
 
@@ -387,12 +484,26 @@ def _point_section(point: dict[str, Any], ks: Sequence[int]) -> list[str]:
         out += [f"{source}. {_summary_line(point)}", "", point_table(point, ks)]
     else:
         out.append(f"{source}. {_data_summary_line(point)}")
+    if "credit_batches" in point:
+        out += ["", credit_batches_line(point["credit_batches"])]
     mc = point.get("mc_signals")
     if mc:
         out += ["", _mc_columns_line(mc)]
     if "oracle" in point:
         out += _fidelity_section(point["oracle"], ks)
     return out
+
+
+def credit_batches_line(rec: dict[str, Any]) -> str:
+    """What batch every credit was computed on: the training batch's size and where it came from."""
+    sizes = _sizes(rec["rollouts_per_batch"])
+    if not rec["prompts_per_step"]:
+        return f"Credit computed on the whole probe set at once ({sizes} rollouts; --prompts-per-step 0)."
+    return (
+        f"Credit computed per training batch of {rec['prompts_per_step']} problems ({md_text(rec['source'])}), "
+        f"{rec['batches']} batches of {sizes} rollouts, as the trainer computes it per step: a batch "
+        "statistic (DelTA, S-trace, the 80/20 mask) is a training batch's."
+    )
 
 
 def _mc_columns_line(mc: dict[str, Any]) -> str:

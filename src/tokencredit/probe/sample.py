@@ -28,8 +28,11 @@ from tokencredit.rollout import Rollouts, generate
 __all__ = [
     "data_problems",
     "heldout_problems",
+    "group_problems",
     "mc_column_signals",
+    "paired_groups",
     "probe_problems",
+    "problem_and_copy",
     "scored",
     "sample_rollouts",
     "select_rollouts",
@@ -61,9 +64,39 @@ def probe_problems(cfg: ProbeConfig) -> list[Any]:
 
 def sample_rollouts(model: Any, tokenizer: Any, problems: Sequence[Any], cfg: ProbeConfig) -> Rollouts:
     """`cfg.group_size` completions of every problem (its `.problem` text rendered with `cfg.template`),
-    sampled with `cfg.sampling` under `cfg.seed`."""
+    sampled with `cfg.sampling` under `cfg.seed`; `prompt_index` [N] is each rollout's group. With
+    `cfg.two_groups`, 2 x group_size completions of each problem, split into two independent groups of
+    group_size: problem p's are groups 2p and 2p + 1 (`problem_and_copy`)."""
     prompts = [render(cfg.template, p.problem, tokenizer) for p in problems]
-    return generate(model, tokenizer, prompts, cfg.group_size, sampling=cfg.sampling, seed=cfg.seed)
+    n = cfg.group_size * (2 if cfg.two_groups else 1)
+    ro = generate(model, tokenizer, prompts, n, sampling=cfg.sampling, seed=cfg.seed)
+    if not cfg.two_groups:
+        return ro
+    return replace(ro, prompt_index=paired_groups(ro.prompt_index, cfg.group_size))
+
+
+def paired_groups(prompt_index: Tensor, group_size: int) -> Tensor:
+    """[N] int64 group ids 2p + c of rollouts of prompts `prompt_index` [N] sampled 2 x group_size times
+    each: c = 0 for a prompt's first group_size rollouts (in row order), 1 for the others."""
+    idx = prompt_index.long().cpu()
+    order = torch.argsort(idx, stable=True)
+    sorted_idx = idx[order]
+    starts = torch.searchsorted(sorted_idx, sorted_idx, right=False)
+    rank = torch.empty_like(idx)
+    rank[order] = torch.arange(idx.numel()) - starts
+    return 2 * idx + (rank >= group_size).long()
+
+
+def problem_and_copy(group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """(problem [N], copy [N] in {0, 1}) of the group ids of `paired_groups`."""
+    g = group_ids.long().cpu()
+    return g // 2, g % 2
+
+
+def group_problems(ro: Rollouts, problems: Sequence[Any], cfg: ProbeConfig) -> list[Any]:
+    """Each rollout's problem, from its group id (`sample_rollouts`)."""
+    div = 2 if cfg.two_groups else 1
+    return [problems[int(i) // div] for i in ro.prompt_index]
 
 
 def scored(ro: Rollouts, scores: Tensor) -> ScoredRollouts:

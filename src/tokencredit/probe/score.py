@@ -21,6 +21,7 @@ same rollouts: "random" (i.i.d. N(0, 1) credit per token, averaged over ``draws`
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch
 from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
-from tokencredit.columns import MethodCredit, MethodSpec, method_credit
+from tokencredit.columns import NA_LORA, MethodCredit, MethodSpec, method_credit
 from tokencredit.probe.config import DEFAULT_KS
 from tokencredit.probe.metrics import (
     blame_hits,
@@ -41,8 +42,18 @@ from tokencredit.probe.metrics import (
     uniform_credit,
 )
 from tokencredit.probe.truth import LABELS, ProbeTruth
+from tokencredit.recipes import TokenCredit
 
-__all__ = ["method_credits", "method_row", "probe_batch", "score_baselines", "score_credit", "score_methods"]
+__all__ = [
+    "method_credits",
+    "method_row",
+    "probe_batch",
+    "score_baselines",
+    "score_credit",
+    "score_methods",
+    "stitch_credits",
+    "training_batches",
+]
 
 
 def score_credit(credit: Tensor, truth: ProbeTruth, ks: Sequence[int] = DEFAULT_KS) -> dict[str, Any]:
@@ -138,6 +149,61 @@ def score_baselines(
     return {"random": rand, "uniform": score_credit(uniform_credit(truth.mask), truth, ks)}
 
 
+def training_batches(group_ids: Tensor, prompts_per_step: int, copies: Tensor | None = None) -> list[Tensor]:
+    """Row indices (int64) of the training-sized batches of a probe set: its groups in order of id, cut
+    into runs of `prompts_per_step` groups (the last may be shorter), as the trainer's steps take them;
+    with `copies` [N] (0 / 1, two groups per problem) each copy's groups are cut separately, so that a
+    batch holds distinct problems. One batch of every row when prompts_per_step is 0 or covers all groups."""
+    g = group_ids.long().cpu()
+    keys = torch.zeros_like(g) if copies is None else copies.long().cpu()
+    out: list[Tensor] = []
+    for key in torch.unique(keys).tolist():
+        ids = torch.unique(g[keys == key])
+        step = prompts_per_step or max(1, ids.numel())
+        for part in ids.split(step):
+            out.append((torch.isin(g, part) & (keys == key)).nonzero().squeeze(1))
+    if copies is None and len(out) <= 1:
+        return [torch.arange(g.numel())]
+    return out
+
+
+def _scatter(parts: Sequence[Tensor], rows: Sequence[Tensor], n: int) -> Tensor:
+    """[n, ...] with parts[k] at rows[k] (the parts' rows partition 0..n-1)."""
+    out = parts[0].new_zeros((n, *parts[0].shape[1:]))
+    for part, r in zip(parts, rows):
+        out[r.to(out.device)] = part
+    return out
+
+
+def stitch_credits(parts: Sequence[TokenCredit], rows: Sequence[Tensor], n: int) -> TokenCredit:
+    """One `TokenCredit` of n rows from the credits of the batches `rows` (a partition of 0..n-1), each
+    computed on its own: the per-row tensors (A, Â, masks, a ratio kernel's per-row arguments such as
+    S-trace's kept set) put back in place; the other kernel arguments must agree across the batches.
+    Under token-mean each row's effective credit is its batch's (`TokenCredit.effective`)."""
+    first = parts[0]
+    args: dict[str, Any] = {}
+    for key, value in first.objective.kernel_args.items():
+        values = [p.objective.kernel_args[key] for p in parts]
+        if (
+            isinstance(value, Tensor)
+            and value.dim() >= 1
+            and all(v.shape[0] == r.numel() for v, r in zip(values, rows))
+        ):
+            args[key] = _scatter(values, rows, n)
+        elif all((torch.equal(v, value) if isinstance(v, Tensor) else v == value) for v in values):
+            args[key] = value
+        else:
+            raise ValueError(f"kernel argument {key!r} differs between the training batches")
+    return TokenCredit(
+        first.recipe,
+        _scatter([p.seq_advantages for p in parts], rows, n),
+        _scatter([p.token_advantages for p in parts], rows, n),
+        _scatter([p.mask for p in parts], rows, n),
+        _scatter([p.loss_mask for p in parts], rows, n),
+        replace(first.objective, kernel_args=args),
+    )
+
+
 def method_credits(
     batch: RolloutBatch,
     specs: Sequence[MethodSpec],
@@ -145,13 +211,41 @@ def method_credits(
     lora: bool = False,
     unavailable: Mapping[str, str] | None = None,
     special_ids: Sequence[int] | None = None,
+    batches: Sequence[Tensor] | None = None,
 ) -> dict[str, MethodCredit]:
     """{method name: `MethodCredit`} for `specs` on one batch, from the one pipeline
-    (`tokencredit.columns.method_credit`, with the tokenizer's `special_ids`)."""
-    return {
-        spec.name: method_credit(spec, batch, special_ids=special_ids, lora=lora, unavailable=unavailable)
-        for spec in specs
-    }
+    (`tokencredit.columns.method_credit`, with the tokenizer's `special_ids`).
+
+    batches: row indices of training-sized batches (`training_batches`): each method's credit is computed
+    on each of them separately (`RolloutBatch.select`, the same pipeline call the trainer makes per step)
+    and put back in place (`stitch_credits`), so that a batch statistic (DelTA's centroids and scale, the
+    80/20 mask's and S-trace's entropy quantiles, a batch-normalised advantage) is the training batch's.
+    None or a single batch: the whole batch at once. A method that fails on any batch is n/a, naming it."""
+    if batches is None or len(batches) <= 1:
+        return {
+            spec.name: method_credit(spec, batch, special_ids=special_ids, lora=lora, unavailable=unavailable)
+            for spec in specs
+        }
+    subs = [batch.select(b) for b in batches]
+    out: dict[str, MethodCredit] = {}
+    for spec in specs:
+        got = [
+            method_credit(spec, s, special_ids=special_ids, lora=lora, unavailable=unavailable) for s in subs
+        ]
+        bad = next((k for k, g in enumerate(got) if g.credit is None), None)
+        if bad is not None:
+            reason = got[bad].reason
+            out[spec.name] = MethodCredit(
+                spec, None, reason if reason == NA_LORA or bad == 0 else f"training batch {bad + 1}: {reason}"
+            )
+            continue
+        try:
+            credit = stitch_credits([g.credit for g in got], batches, batch.num_rollouts)  # type: ignore[misc]
+        except ValueError as e:
+            out[spec.name] = MethodCredit(spec, None, f"ValueError: {e}")
+            continue
+        out[spec.name] = MethodCredit(spec, credit)
+    return out
 
 
 def method_row(got: MethodCredit, numbers: Callable[[Tensor], dict[str, Any]]) -> dict[str, Any]:

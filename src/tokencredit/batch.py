@@ -63,6 +63,8 @@ class RolloutBatch:
       truncated [N] bool: the completion hit the length limit without EOS.
       baseline_scores [N] float: the reward of one greedy (temperature 0) rollout of each row's
         prompt (ReMax's baseline; every row of a group carries its prompt's value); must be finite.
+      tail_mask [N,T] bool: the tokens of the task's reward-irrelevant tail, whose exact credit is 0
+        (`tokencredit.credit.tail`; read by a recipe with ``zero_tail``); False off the mask.
       values [N,T] float: a learned critic's V_t, the value of the state before response token t (PPO's
         GAE; `tokencredit.critic`); must be finite on valid tokens.
       shard: set when these N rollouts are this rank's part of a batch split across data-parallel
@@ -89,6 +91,7 @@ class RolloutBatch:
     truncated: Tensor | None = None
     baseline_scores: Tensor | None = None
     values: Tensor | None = None
+    tail_mask: Tensor | None = None
     shard: Shard | None = None
 
     def __post_init__(self) -> None:
@@ -156,6 +159,12 @@ class RolloutBatch:
             check_finite_scores(b, "RolloutBatch.baseline_scores")
         if self.values is not None:
             self._check_signal("values", "T", n, t)  # a per-token float field, checked as the signals are
+        if self.tail_mask is not None:
+            tm = self.tail_mask
+            if not isinstance(tm, Tensor) or tuple(tm.shape) != (n, t):
+                got = _describe(tm) if isinstance(tm, Tensor) else type(tm).__name__
+                raise BatchValidationError(f"RolloutBatch.tail_mask: expected shape ({n}, {t}), got {got}")
+            self.tail_mask = tm.bool() & self.mask
         if self.shard is not None and tuple(self.shard.rows.shape) != (n,):
             raise BatchValidationError(
                 f"RolloutBatch.shard: rows must give the global index of each of the {n} rollouts, "

@@ -250,6 +250,7 @@ def build_batch(
     device: torch.device | str | None = None,
     who: str = "tokencredit",
     shard: Shard | None = None,
+    tail_mask: Tensor | None = None,
 ) -> RolloutBatch:
     """The validated RolloutBatch of `rollouts` carrying every signal of `needs` (and every `given` one).
 
@@ -259,6 +260,7 @@ def build_batch(
       a model each of them must be given. `device`: where the batch lives (default: the responses' device).
     shard: these rollouts are this rank's part of a batch split across data-parallel ranks
       (`tokencredit.distributed.Shard`; group ids global): credit statistics are then the whole batch's.
+    tail_mask: bool [N,T], the tokens of the task's reward-irrelevant tail (`tokencredit.credit.tail`).
     ConfigError names the engine (`who`) and every signal that is missing.
     """
     have = dict(given or {})
@@ -289,6 +291,7 @@ def build_batch(
         scores=rollouts.scores.to(dev),
         truncated=on(rollouts.truncated),
         baseline_scores=on(rollouts.baseline_scores),
+        tail_mask=on(tail_mask),
         shard=shard,
         **{k: v.to(dev) for k, v in have.items()},
     )

@@ -17,7 +17,7 @@ from tokencredit.data.synthetic import (
 from tokencredit.errors import ConfigError, closest
 from tokencredit.models import TOY_VARIANTS, toy_task
 
-__all__ = ["SPLITS", "load_problems_for"]
+__all__ = ["SPLITS", "load_problems_for", "tail_task"]
 
 SPLITS = ("train", "heldout", "validation")
 
@@ -99,6 +99,16 @@ def _toy(spec: str, data: Any, split: str) -> list[Any]:
         return task.sample(n, split)
     except ValueError as e:  # rejection sampling that ran out of attempts near the split's size
         raise ConfigError(f"{key} = {n}: {e}; lower {key}") from None
+
+
+def tail_task(spec: str, data: Any) -> ArithmeticTask | None:
+    """The task of data spec `spec` when its solutions end in a reward-irrelevant tail (toy-tail-32,
+    toy-tail-128: `ArithmeticTask(tail=m)`, whose `label_chars` labels the tail), else None: what the trainer
+    builds each batch's tail mask with (`tokencredit.credit.tail`)."""
+    if spec not in TOY_VARIANTS:
+        return None
+    task = _toy_task(spec, data)
+    return task if task.tail else None
 
 
 def load_problems_for(spec: str, data: Any, split: str) -> list[Any]:

@@ -55,7 +55,8 @@ def test_toy_benchmarks_are_the_trainers_heldout_problems(tmp_path, capsys):
     assert cli.main(["eval", "--model", "toy", "--bench", "toyy"]) == 2
     err = capsys.readouterr().err
     assert (
-        "unknown benchmark 'toyy'; available: toy, toy-hard, toy-free, math500" in err
+        "unknown benchmark 'toyy'; available: toy, toy-hard, toy-free, toy-tail-32, toy-tail-128, math500"
+        in err
         and "(closest: toy, toy-hard" in err
     )
 

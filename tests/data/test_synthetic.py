@@ -357,14 +357,16 @@ def test_first_error_inside_a_free_phrased_line():
     assert (loc.kind, loc.start) == ("malformed", len("Then 47 + 3"))
 
 
-def test_free_words_are_labelled_free():
+def test_free_words_are_labelled_free_after_their_deciding_first_character():
     text = "Next 47 + 38 = 85;\n85 - 19 = 66 ok\nSo the answer is \\boxed{72}."
     labels = label_chars(P, text)
-    assert "free" in LABELS
-    got = "".join({"format": ".", "computed": "c", "answer": "a", "free": "F"}[lab] for lab in labels)
+    assert {"choice", "free"} <= set(LABELS)
+    key = {"format": ".", "computed": "c", "answer": "a", "choice": "C", "free": "F"}
+    got = "".join(key[lab] for lab in labels)
     first, second = text.split("\n")[:2]
-    assert got[: len(first)] == "FFFFFcc.c.cc...ccF"
-    assert got[len(first) + 1 : len(first) + 1 + len(second)] == "cc.c.cc...ccFFF"
+    # "N" decides that a step follows (not the answer line); ";" that 85 is complete: "choice"
+    assert got[: len(first)] == "CFFFFcc.c.cc...ccC"
+    assert got[len(first) + 1 : len(first) + 1 + len(second)] == "cc.c.cc...ccCFF"
     assert "F" not in got[len(first) + len(second) + 2 :]  # "So" before the answer line is not a step's word
 
 

@@ -149,6 +149,10 @@ def test_token_labels_priority():
     chars = ["free", "free", "format", "computed", "free", "answer"]
     spans = [(0, 2), (1, 3), (3, 5), (4, 6), (2, 3)]
     assert probe.token_labels(chars, spans) == ["free", "free", "computed", "answer", "format"]
+    chars = ["choice", "free", "format", "tail", "tail", "answer"]
+    spans = [(0, 2), (1, 3), (3, 5), (2, 4), (4, 6)]
+    # a token is tail only when every character is: one reaching into the answer or the format is not
+    assert probe.token_labels(chars, spans) == ["choice", "free", "tail", "format", "answer"]
 
 
 # ------------------------------------------------------------------------------------ metrics
@@ -213,8 +217,9 @@ def test_mass_shares_by_label():
     labels = torch.tensor([[0, 1, 2, -1], [0, 1, -1, -1]])
     shares, defined = probe.mass_shares(adv, mask, labels)
     assert defined.tolist() == [True, False]
-    assert shares[0].tolist() == pytest.approx([1 / 6, 3 / 6, 2 / 6, 0.0])
-    assert shares[1].tolist() == [0.0, 0.0, 0.0, 0.0]
+    rest = [0.0] * (len(probe.LABELS) - 3)
+    assert shares[0].tolist() == pytest.approx([1 / 6, 3 / 6, 2 / 6, *rest])
+    assert shares[1].tolist() == [0.0] * len(probe.LABELS)
     with pytest.raises(ValueError, match="rollout 0, token 2"):
         probe.mass_shares(adv, mask, torch.tensor([[0, 1, len(probe.LABELS), -1], [0, 1, -1, -1]]))
 

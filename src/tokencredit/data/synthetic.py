@@ -39,6 +39,16 @@ credit spreads the outcome over them, exact credit does not. The checker accepts
 `CONNECTIVES` / `ENDINGS` on every task (they never change correctness) and labels their
 characters "free".
 
+A reward-irrelevant tail (``tail=m``, the testbed of issue 43 whose exact credit is known without
+sampling): after the answer line the teacher writes a line of m letters drawn uniformly from
+`TAIL_ALPHABET` (``The answer is \\boxed{72}.\\nqkcvjgmp...``). The alphabet holds no digit, brace,
+backslash, ``#``, ``<``, ``*`` or ``$`` and none of the letters of "answer", "boxed" or "fbox", so no
+answer extraction can read a tail (`tokencredit.rewards.extract_answer`: a box, an ``<answer>`` tag, a
+``####`` line, an answer statement or the last number) and none can reach across it: the reward is the
+same for every tail, and for none. Its exact advantage is therefore A* = 0 on every tail token (as long
+as the policy writes nothing a reward can read after it, which is what the warm start learns). The
+checker accepts a tail on every task, and `label_chars` labels the line break and the letters "tail".
+
 `ArithmeticTask.solution(..., forget_rate=q)` also writes a *noisy teacher's* solution that, in
 each addition with a carry, forgets the carry with probability q (digit-wise mod-10 sum for that
 step) and propagates the slip consistently to the answer (so a slip always gives a wrong answer); the supervised warm
@@ -66,6 +76,8 @@ __all__ = [
     "MAX_DIGITS",
     "MAX_PHRASINGS",
     "MAX_SAMPLE",
+    "MAX_TAIL",
+    "TAIL_ALPHABET",
     "ArithmeticProblem",
     "ArithmeticTask",
     "ErrorLocation",
@@ -86,13 +98,19 @@ class ArithmeticProblem(Problem):
 
 
 Kind = Literal["correct", "wrong-step", "wrong-final", "malformed"]
-LABELS: tuple[str, str, str, str] = ("format", "computed", "answer", "free")
+LABELS: tuple[str, ...] = ("format", "computed", "answer", "choice", "free", "tail")
 
 # Equivalent phrasings of a step line (distinct first characters, so the choice is one token of the
 # character-level toy tokenizer); ``phrasings=k`` uses the first k of each.
 CONNECTIVES: tuple[str, ...] = ("Then", "Next", "So", "Also", "Here", "We get", "Calc", "Finally")
 ENDINGS: tuple[str, ...] = ("", ".", ";", ",", " ok", " done", " !", " (sure)")
 MAX_PHRASINGS = len(CONNECTIVES)
+# The letters of a reward-irrelevant tail (module docstring): none of them occurs in "answer", "boxed" or
+# "fbox", so no answer statement or box can be spelled with them, not even across the tail's ends.
+TAIL_ALPHABET = "cgjkmpqv"
+MAX_TAIL = 256
+"""Most tail letters: with a three-step solution (at most 62 characters) and the qwen-math prompt, 256
+letters still fit the toy model's 512 positions."""
 
 # Bounds of the task's settings and of one `ArithmeticTask.sample` call, checked before anything is drawn.
 MAX_DIFFICULTY = 32
@@ -189,8 +207,10 @@ def _chain(
     ops: Sequence[str],
     forget: Sequence[bool] | None = None,
     affixes: Sequence[tuple[str, str]] | None = None,
+    tail: str = "",
 ) -> list[str]:
-    """Solution lines; ``affixes[i]`` = (connective, ending) of step i ("" = none)."""
+    """Solution lines; ``affixes[i]`` = (connective, ending) of step i ("" = none); a non-empty ``tail``
+    is a last line after the answer."""
     lines, acc = [], terms[0]
     for i, (op, b) in enumerate(zip(ops, terms[1:])):
         c = _apply(acc, op, b, forget=bool(forget[i]) if forget is not None else False)
@@ -198,7 +218,7 @@ def _chain(
         lines.append(f"{conn + ' ' if conn else ''}{acc} {op} {b} = {c}{end}")
         acc = c
     lines.append(f"{_ANSWER_PREFIX}{acc}}}.")
-    return lines
+    return [*lines, tail] if tail else lines
 
 
 def reference_solution(problem: Problem | str) -> str:
@@ -266,6 +286,17 @@ def _common_prefix(a: str, b: str) -> int:
     return i
 
 
+def _tail_end(text: str, start: int) -> int:
+    """End of the tail that starts at ``start`` (right after an answer line): a line break and the run of
+    `TAIL_ALPHABET` letters after it; ``start`` itself when no letter follows the line break."""
+    if not text.startswith("\n", start):
+        return start
+    end = start + 1
+    while end < len(text) and text[end] in TAIL_ALPHABET:
+        end += 1
+    return end if end > start + 1 else start
+
+
 def _split_affixes(line: str) -> tuple[int, str, int]:
     """(length of the free connective incl. its space, the rest, length of the free ending) of a line.
 
@@ -284,8 +315,9 @@ def locate_first_error(problem: Problem | str, completion_text: str) -> ErrorLoc
     """Process-level check: the first line and character where a completion departs from the
     reference solution, and what kind of error it is (see `ErrorLocation`).
 
-    Lines are compared with the reference one by one; trailing whitespace after the answer line and
-    the free connectives / endings of a step line (`CONNECTIVES`, `ENDINGS`) are ignored. This is stricter than `check`: a completion whose steps are wrong but whose boxed
+    Lines are compared with the reference one by one; a tail after the answer line (`TAIL_ALPHABET`),
+    trailing whitespace after it and the free connectives / endings of a step line (`CONNECTIVES`,
+    `ENDINGS`) are ignored. This is stricter than `check`: a completion whose steps are wrong but whose boxed
     answer happens to be right is a "wrong-step" here (and True for `check`).
     """
     ref = _chain(*parse_problem(problem))
@@ -316,9 +348,9 @@ def locate_first_error(problem: Problem | str, completion_text: str) -> ErrorLoc
             m = _ANSWER_RE.match(line.rstrip())
             kind = "wrong-final" if m is not None and int(m.group(1)) != gold else "malformed"
         return ErrorLocation(kind, i, start, end, expected)
-    # Every reference line matched: anything but whitespace after the answer is extra text.
+    # Every reference line matched: anything but a tail and whitespace after the answer is extra text.
     answer_offset = lines[n_steps][0]
-    tail_start = answer_offset + len(ref[-1])
+    tail_start = _tail_end(completion_text, answer_offset + len(ref[-1]))
     tail = completion_text[tail_start:]
     if tail.strip():
         start = tail_start + (len(tail) - len(tail.lstrip()))
@@ -333,8 +365,14 @@ def label_chars(problem: Problem | str, completion_text: str) -> list[str]:
     - "answer": the characters inside the last ``\\boxed{...}``;
     - "computed": elsewhere, digits and the signs / operators ``+ - *`` (problem-dependent
       arithmetic: operands, operators, intermediate results);
-    - "free": a step line's connective (with its space) and ending (`CONNECTIVES`, `ENDINGS`): words
-      the answer does not depend on;
+    - "choice": the first character of a step line's connective or ending (`CONNECTIVES`, `ENDINGS`): it
+      picks the phrasing, and also decides what the reward does depend on: that another step follows
+      (a connective's "T" is also the answer line's) or that the number before it is complete (an ending's
+      first character instead of another digit), so its exact advantage is not zero;
+    - "free": the rest of a connective (with its space) or ending: characters fixed by that choice,
+      which nothing depends on;
+    - "tail": after a complete answer line (``The answer is \\boxed{N}.``), its line break and the run of
+      `TAIL_ALPHABET` letters that follows (when there is one): characters no reward can read;
     - "format": everything else (spaces, ``=``, newlines, "The answer is \\boxed{", "}.") -- the
       boilerplate shared by every solution.
 
@@ -344,10 +382,17 @@ def label_chars(problem: Problem | str, completion_text: str) -> list[str]:
     parse_problem(problem)
     labels = ["computed" if (c.isdigit() or c in "+-*") else "format" for c in completion_text]
     for offset, line in _lines_with_offsets(completion_text):
-        head, core, tail = _split_affixes(line)
-        labels[offset : offset + head] = ["free"] * head
+        head, _, ending = _split_affixes(line)
         end = offset + len(line)
-        labels[end - tail : end] = ["free"] * tail
+        # A free word's first character also decides something the reward depends on (that a step, not
+        # the answer line, follows; that the number before an ending is complete): "choice". Only the
+        # characters after it are free of any consequence.
+        for start, n in ((offset, head), (end - ending, ending)):
+            if n:
+                labels[start : start + n] = ["choice"] + ["free"] * (n - 1)
+        if _ANSWER_RE.match(line):
+            end = _tail_end(completion_text, offset + len(line))
+            labels[offset + len(line) : end] = ["tail"] * (end - offset - len(line))
     box = completion_text.rfind("\\boxed{")
     if box >= 0:
         open_at = box + len("\\boxed{")
@@ -392,6 +437,9 @@ class ArithmeticTask:
         phrasings: free choices per step line (0 = none; k in 1..`MAX_PHRASINGS`: the teacher opens
             each step with one of the first k `CONNECTIVES` and closes it with one of the first k
             `ENDINGS`). The problems and the checker do not depend on it.
+        tail: letters of the reward-irrelevant tail the teacher writes after the answer line (0 = none;
+            0..`MAX_TAIL`, drawn uniformly from `TAIL_ALPHABET`). The problems and the checker do not
+            depend on it either.
     """
 
     def __init__(
@@ -402,6 +450,7 @@ class ArithmeticTask:
         seed: int = 0,
         heldout_fraction: float = 0.1,
         phrasings: int = 0,
+        tail: int = 0,
     ):
         if not isinstance(difficulty, int) or not 1 <= difficulty <= MAX_DIFFICULTY:
             raise ValueError(
@@ -415,12 +464,15 @@ class ArithmeticTask:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction!r}")
         if not isinstance(phrasings, int) or not 0 <= phrasings <= MAX_PHRASINGS:
             raise ValueError(f"phrasings must be an int in 0..{MAX_PHRASINGS}, got {phrasings!r}")
+        if isinstance(tail, bool) or not isinstance(tail, int) or not 0 <= tail <= MAX_TAIL:
+            raise ValueError(f"tail must be an int in 0..{MAX_TAIL} (letters after the answer), got {tail!r}")
         self.difficulty = difficulty
         self.digits = digits
         self.operand_digits = operand_digits
         self.seed = seed
         self.heldout_fraction = heldout_fraction
         self.phrasings = phrasings
+        self.tail = tail
         self.max_value = 10**digits - 1
         self.max_operand = 10**operand_digits - 1
 
@@ -428,7 +480,8 @@ class ArithmeticTask:
         return (
             f"ArithmeticTask(difficulty={self.difficulty}, digits={self.digits}, "
             f"operand_digits={self.operand_digits}, seed={self.seed}"
-            + (f", phrasings={self.phrasings})" if self.phrasings else ")")
+            + (f", phrasings={self.phrasings}" if self.phrasings else "")
+            + (f", tail={self.tail})" if self.tail else ")")
         )
 
     def describe(self) -> str:
@@ -546,8 +599,8 @@ class ArithmeticTask:
             seen.add(expr)
             text = f"Compute {expr}."
             canonical = [(CONNECTIVES[0], ENDINGS[0])] * len(ops) if self.phrasings else None
-            lines = _chain(terms, ops, affixes=canonical)
-            answer = lines[-1][len(_ANSWER_PREFIX) : -2]
+            lines = _chain(terms, ops, affixes=canonical, tail=TAIL_ALPHABET[0] * self.tail)
+            answer = lines[-2 if self.tail else -1][len(_ANSWER_PREFIX) : -2]
             pid = f"arith-d{self.difficulty}-{split}-{self.seed}-{len(out)}"
             out.append(ArithmeticProblem(id=pid, problem=text, answer=answer, solution="\n".join(lines)))
         return out
@@ -558,14 +611,15 @@ class ArithmeticTask:
         """A teacher's solution: correct when ``forget_rate`` is 0; otherwise each addition with a carry
         forgets it with probability ``forget_rate`` (drawn from ``rng``), the slip propagating
         consistently through the later steps to the boxed answer. With ``phrasings`` each step's
-        connective and ending are drawn uniformly from the task's first k (after the slips)."""
+        connective and ending are drawn uniformly from the task's first k (after the slips); with
+        ``tail`` the tail's letters, uniformly from `TAIL_ALPHABET` (after the phrasings)."""
         if not 0.0 <= forget_rate <= 1.0:
             raise ValueError(f"forget_rate must be in [0, 1], got {forget_rate!r}")
         terms, ops = parse_problem(problem)
-        if forget_rate == 0.0 and not self.phrasings:
+        if forget_rate == 0.0 and not self.phrasings and not self.tail:
             return "\n".join(_chain(terms, ops))
         if rng is None:
-            raise ValueError("a noisy or free-phrased solution needs an explicit rng for determinism")
+            raise ValueError("a noisy, free-phrased or tailed solution needs an explicit rng for determinism")
         forget, acc = [], terms[0]
         for op, b in zip(ops, terms[1:]):
             f = forget_rate > 0.0 and _has_carry(acc, op, b) and rng.random() < forget_rate
@@ -573,7 +627,8 @@ class ArithmeticTask:
             acc = _apply(acc, op, b, forget=f)
         k = self.phrasings
         affixes = [(rng.choice(CONNECTIVES[:k]), rng.choice(ENDINGS[:k])) for _ in ops] if k else None
-        return "\n".join(_chain(terms, ops, forget, affixes))
+        tail = "".join(rng.choice(TAIL_ALPHABET) for _ in range(self.tail))
+        return "\n".join(_chain(terms, ops, forget, affixes, tail))
 
     @staticmethod
     def check(problem: Problem | str, completion_text: str) -> bool:

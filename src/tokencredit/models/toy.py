@@ -24,7 +24,10 @@ of about 97 tokens) with its own warm start in ``tokencredit/assets/toy-hard``, 
 ``tokencredit build-toy --task toy-hard``; `load_model("toy-hard")` loads it and
 `toy_task(name="toy-hard")` gives its task. A third, "toy-free" (``--task toy-free``), is the
 default task with free phrasings around every step (`ArithmeticTask(phrasings=k)`): words the
-reward does not depend on, which a warm start samples with high entropy.
+reward does not depend on, which a warm start samples with high entropy. The "toy-tail" family
+(``--task toy-tail-32``, ``--task toy-tail-128``) is the default task with m reward-irrelevant letters
+after the answer line (`ArithmeticTask(tail=m)`), whose exact credit, zero on the tail, is known without
+sampling; m = 0 is the default toy itself.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from tokencredit.errors import ConfigError, closest
 TOY_ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "toy"
 TOY_HARD_ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "toy-hard"
 TOY_FREE_ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "toy-free"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
 REBUILD_COMMAND = "tokencredit build-toy"
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -141,6 +145,7 @@ class WarmStartConfig:
     operand_digits: int = 1
     forget_rate: float = 0.7  # P(the teacher drops the carry of an addition that has one)
     phrasings: int = 0  # free connectives / endings per step line (`ArithmeticTask`'s headroom knob)
+    tail: int = 0  # reward-irrelevant letters after the answer line (`ArithmeticTask(tail=m)`)
     init: str = ""  # "" = a fresh model; else the shipped warm start (e.g. "toy") to continue from
     template: str = "qwen-math"
     steps: int = 2400
@@ -184,15 +189,35 @@ TOY_HARD_CONFIG = WarmStartConfig(difficulty=6, forget_rate=0.55)
 # (docs/experiments/toy-free.md#screening-by-the-headroom-index-before-training-anything).
 TOY_FREE_CONFIG = WarmStartConfig(phrasings=4)
 
+# The reward-irrelevant tails (issue 43's testbed): the default task with m letters after the answer
+# line (`synthetic.TAIL_ALPHABET`, drawn uniformly by the teacher), so A* = 0 exactly on the tail. Each warm
+# start continues the shipped toy's (same model, same arithmetic teacher) for TAIL_STEPS steps, so the
+# tails differ from m = 0 (the toy itself) in the tail and little else. The budget is the toy's (the longest
+# solution plus EOS is 62 tokens: 80 leaves room) plus the tail's line break and letters.
+TOY_TAIL_LENGTHS = (32, 128)
+TAIL_STEPS = 400
+
+
+def toy_tail_config(m: int) -> WarmStartConfig:
+    """The warm start of ``toy-tail-{m}``: the shipped toy's, continued on solutions with an m-letter tail."""
+    return WarmStartConfig(tail=m, init="toy", steps=TAIL_STEPS, lr=1e-3, warmup_steps=10)
+
+
 TOY_VARIANTS: dict[str, ToyVariant] = {
     "toy": ToyVariant("toy", TOY_ASSET_DIR, WarmStartConfig(), max_new_tokens=80),
     "toy-hard": ToyVariant("toy-hard", TOY_HARD_ASSET_DIR, TOY_HARD_CONFIG, max_new_tokens=128),
     "toy-free": ToyVariant("toy-free", TOY_FREE_ASSET_DIR, TOY_FREE_CONFIG, max_new_tokens=128),
+    **{
+        f"toy-tail-{m}": ToyVariant(
+            f"toy-tail-{m}", ASSETS / f"toy-tail-{m}", toy_tail_config(m), max_new_tokens=80 + 1 + m
+        )
+        for m in TOY_TAIL_LENGTHS
+    },
 }
 
 
 def toy_variant(name: str) -> ToyVariant:
-    """The `ToyVariant` called `name` ("toy" or "toy-hard"); ConfigError naming the closest otherwise."""
+    """The `ToyVariant` called `name` (a key of `TOY_VARIANTS`); ConfigError naming the closest otherwise."""
 
     if name not in TOY_VARIANTS:
         raise ConfigError(
@@ -202,9 +227,9 @@ def toy_variant(name: str) -> ToyVariant:
 
 
 def toy_task(seed: int = 0, path: str | Path | None = None, *, name: str = "toy") -> Any:
-    """The `ArithmeticTask` the shipped toy model `name` ("toy" or "toy-hard") was warm-started on
-    (difficulty, digits and operand_digits read from its ``warm_start.json``, or from the file
-    `path`), with sampling seed `seed`."""
+    """The `ArithmeticTask` the shipped toy model `name` (a key of `TOY_VARIANTS`) was warm-started on
+    (difficulty, digits, operand_digits, phrasings and tail read from its ``warm_start.json``, or from the
+    file `path`), with sampling seed `seed`."""
     variant = toy_variant(name)
     info = Path(path) if path is not None else variant.asset_dir / "warm_start.json"
     if not info.is_file():
@@ -216,4 +241,5 @@ def toy_task(seed: int = 0, path: str | Path | None = None, *, name: str = "toy"
         operand_digits=int(cfg["operand_digits"]),
         seed=seed,
         phrasings=int(cfg.get("phrasings", 0)),
+        tail=int(cfg.get("tail", 0)),
     )

@@ -89,6 +89,7 @@ def warm_start(
         operand_digits=cfg.operand_digits,
         seed=cfg.seed,
         phrasings=cfg.phrasings,
+        tail=cfg.tail,
     )
     problems = task.sample(cfg.steps * cfg.batch_size, "train")
     teacher_rng = random.Random(f"teacher|{cfg.seed}")
@@ -193,3 +194,96 @@ def build_toy(
     tok.save_pretrained(out)
     (out / "warm_start.json").write_text(json.dumps(asdict(cfg), indent=2, sort_keys=True) + "\n")
     return out
+
+
+@torch.no_grad()
+def tail_report(
+    model: Any,
+    tokenizer: Any,
+    problems: list[Any],
+    tail: int,
+    *,
+    max_new_tokens: int,
+    template: str = "qwen-math",
+    batch_size: int = 50,
+    seed: int = 0,
+) -> dict[str, float]:
+    """What a toy-tail warm start does after the answer, from one sampled completion (temperature 1) per
+    problem: ``tail_entropy``, the mean per-token entropy (nats, full vocabulary) of the tokens labelled
+    "tail" (`synthetic.label_chars`: the line break and the letters); ``letter_entropy``, the same over the
+    letters only (ln of `TAIL_ALPHABET`'s size at most); ``tail_len_mean`` and ``exact_len``, the mean
+    number of tail letters and the share of completions with exactly `tail`; ``after_tail``, the share
+    with anything but EOS after the tail, ``box_after`` with a box after it (what a reward could read, so
+    the one way a tail token's exact advantage could differ from 0); ``truncated``, the share that hit
+    `max_new_tokens`;
+    ``longest``, the longest completion in tokens with EOS. For the build report, not the trainer."""
+    from tokencredit.data.synthetic import label_chars
+
+    model.eval()
+    ent_sum = letter_sum = 0.0
+    ent_n = letter_n = 0
+    lens: list[int] = []
+    after = box_after = truncated = 0
+    longest = 0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for s in range(0, len(problems), batch_size):
+            chunk = problems[s : s + batch_size]
+            enc = tokenizer(
+                [render(template, p.problem, tokenizer) for p in chunk],
+                add_special_tokens=False,
+                padding=True,
+                padding_side="left",
+                return_tensors="pt",
+            )
+            out = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+            gen = out.sequences[:, enc["input_ids"].shape[1] :]
+            logp = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B, T, V]
+            entropy = -(logp.exp() * logp).sum(-1)
+            for i, p in enumerate(chunk):
+                ids = gen[i].tolist()
+                n = ids.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in ids else len(ids)
+                truncated += tokenizer.eos_token_id not in ids
+                longest = max(longest, n)
+                pieces = [
+                    tokenizer.decode([t]) for t in ids[: n - 1 if ids[n - 1] == tokenizer.eos_token_id else n]
+                ]
+                text = "".join(pieces)
+                labels = label_chars(p, text)
+                pos, letters, end = 0, 0, 0
+                for j, piece in enumerate(pieces):  # the toy tokenizer: one character per token
+                    lab = labels[pos : pos + len(piece)]
+                    if lab and all(x == "tail" for x in lab):
+                        ent_sum += float(entropy[i, j])
+                        ent_n += 1
+                        if piece != "\n":
+                            letter_sum += float(entropy[i, j])
+                            letter_n += 1
+                            letters += 1
+                        end = pos + len(piece)
+                    pos += len(piece)
+                lens.append(letters)
+                after += bool(letters) and bool(text[end:].strip())
+                box_after += bool(letters) and "boxed" in text[end:]
+    n_rows = max(1, len(problems))
+    return {
+        "tail_entropy": ent_sum / max(1, ent_n),
+        "letter_entropy": letter_sum / max(1, letter_n),
+        "tail_len_mean": sum(lens) / n_rows,
+        "exact_len": sum(x == tail for x in lens) / n_rows,
+        "after_tail": after / n_rows,
+        "box_after": box_after / n_rows,
+        "truncated": truncated / n_rows,
+        "longest": float(longest),
+    }

@@ -529,8 +529,10 @@ def _preamble(result: dict[str, Any]) -> list[str]:
             "",
             f"blame@k: share of wrong rollouts whose first wrong token is among the k most negatively credited "
             f"tokens (expected value under random tie-breaking); mean rank of that token (1 = most negative; "
-            f"rank / length in brackets); |Â| columns: share of the credit mass on format / computed / answer / "
-            f"free tokens (free: the connectives and endings of the free-phrasing task). Effective credit "
+            f"rank / length in brackets); |Â| columns: share of the credit mass on each token label (choice: the "
+            f"first character of a free-phrasing connective or ending, which also decides whether a step follows "
+            f"or a number is complete; free: the rest of that word; tail: the reward-irrelevant letters after the "
+            f"answer of the toy-tail tasks). Effective credit "
             f"(per-token gradient weight at ratio 1); sequence advantage "
             f"{md_text(cfg['advantage'])}; task difficulty {cfg['difficulty']}, "
             f"digits {cfg['digits']}, temperature {cfg['temperature']}, seed "

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from tokencredit.data.synthetic import LABELS, check, label_chars, locate_first_error
+from tokencredit.data.token_labels import token_char_spans, token_labels
 
 __all__ = [
     "LABELS",
@@ -38,14 +39,6 @@ __all__ = [
 ]
 
 _LABEL_CODE = {name: i for i, name in enumerate(LABELS)}
-
-
-def _common_prefix_len(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def mixed_rows(group_ids: Tensor, scores: Tensor) -> Tensor:
@@ -65,37 +58,6 @@ def checker_reward(texts: Sequence[str], problems: Sequence[Any]) -> list[float]
     return [1.0 if check(p, t) else 0.0 for t, p in zip(texts, problems, strict=True)]
 
 
-def token_char_spans(tokenizer: Any, token_ids: Sequence[int]) -> tuple[str, list[tuple[int, int]]]:
-    """(text, spans): the decoded text (special tokens skipped) and each token's [start, end) in it.
-
-    Decoding one token at a time is used when the pieces concatenate to the text (character-level
-    and byte-level BPE tokenizers on ASCII). Otherwise (SentencePiece's stripped leading spaces,
-    multi-byte characters split over tokens, clean-up rules) token j ends where the decoded prefix
-    ids[:j+1] stops agreeing with the text, made non-decreasing: a character split over several
-    tokens belongs to the token that completes it. Spans partition the text; special tokens (and
-    incomplete byte pieces) get empty spans.
-    """
-    ids = [int(i) for i in token_ids]
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    pieces = tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=True) if ids else []
-    ends: list[int] = []
-    if "".join(pieces) == text:
-        pos = 0
-        for p in pieces:
-            pos += len(p)
-            ends.append(pos)
-    else:
-        prefixes = tokenizer.batch_decode([ids[: j + 1] for j in range(len(ids))], skip_special_tokens=True)
-        prev = 0
-        for p in prefixes:
-            prev = max(prev, _common_prefix_len(p, text))
-            ends.append(prev)
-        if ends:
-            ends[-1] = len(text)
-    starts = [0, *ends[:-1]]
-    return text, list(zip(starts, ends))
-
-
 def char_to_token(spans: Sequence[tuple[int, int]], char_pos: int) -> int | None:
     """Index of the token whose span holds character `char_pos`; for a position at or past the end of
     the text, the first token after the text (EOS), or None when the text ends the token list."""
@@ -110,17 +72,6 @@ def char_to_token(spans: Sequence[tuple[int, int]], char_pos: int) -> int | None
         if s >= text_len:
             return j
     return None
-
-
-def token_labels(char_labels: Sequence[str], spans: Sequence[tuple[int, int]]) -> list[str]:
-    """One label per token from per-character labels: "answer" if any of its characters is answer, else
-    "computed" if any is computed, else "free" if any is free, else "format" (tokens without text, e.g.
-    EOS, are format)."""
-    out = []
-    for s, e in spans:
-        chars = set(char_labels[s:e])
-        out.append(next((lab for lab in ("answer", "computed", "free") if lab in chars), "format"))
-    return out
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from torch import Tensor
 from tokencredit import advantages, credit, objectives
 from tokencredit.batch import RolloutBatch
 from tokencredit.credit.placebo import apply_placebo
+from tokencredit.credit.tail import zero_tail
+from tokencredit.errors import ConfigError
 from tokencredit.recipes.recipe import Recipe
 from tokencredit.recipes.resolve import resolve
 
@@ -119,7 +121,9 @@ def token_credit(
     3. the ratio kernel's arguments, prepared from the batch (S-trace: the kept set from the
        old policy's entropy)                                                   (objectives.prepare_kernel)
     4. the loss tokens: valid tokens, minus truncated rows when the recipe masks them, within the kept set.
-    5. a placebo control, when the recipe names one (`placebo_credit`): the effective credit's values
+    5. the tail mask, when the recipe sets `zero_tail`: Â = 0 on `batch.tail_mask` (the task's
+       reward-irrelevant tail, where A* = 0 exactly), the loss tokens unchanged     (credit.tail)
+    6. a placebo control, when the recipe names one (`placebo_credit`): the effective credit's values
        moved at random within each response, or made uniform at its RMS or mean, trained per token
 
     `recipe` is a Recipe or a name (`resolve` applies, with `overrides`). `special_ids`: the
@@ -130,6 +134,13 @@ def token_credit(
         recipe = resolve(recipe, overrides)
     adv = advantages.estimate(recipe.advantage, batch, **recipe.advantage_params)
     tok_adv = credit.compute(recipe.credit, batch, adv, **credit_arguments(recipe, special_ids))
+    if recipe.zero_tail:
+        if batch.tail_mask is None:
+            raise ConfigError(
+                f"recipe {recipe.name!r} sets zero_tail, but the batch has no tail mask: only a task with a "
+                "reward-irrelevant tail has one (data toy-tail-32 or toy-tail-128)"
+            )
+        tok_adv = zero_tail(tok_adv, batch.tail_mask)
     if adv.dim() == 2:
         m = batch.mask.to(adv.dtype)
         seq_adv = (adv * m).sum(-1) / m.sum(-1).clamp(min=1)

@@ -37,6 +37,7 @@ class Recipe:
     overlong_buffer: int = 0  # DAPO overlong shaping buffer L_cache in tokens (0 = off)
     mask_truncated: bool = False  # DAPO: truncated completions get no loss
     placebo: str = "none"  # tokencredit.credit.placebo.PLACEBOS: R's update size with random placement
+    zero_tail: bool = False  # Â = 0 on the task's reward-irrelevant tail (tokencredit.credit.tail)
     notes: str = ""
     kind: str = "recipe"  # "recipe": a row of the table; "method": a credit method on its own
 

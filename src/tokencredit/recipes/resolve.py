@@ -92,6 +92,13 @@ def validate(recipe: Recipe, overridden: Iterable[str] = ()) -> None:
             f"{where}: unknown placebo {recipe.placebo!r}{closest(str(recipe.placebo), PLACEBOS)}; "
             f"choose one of: {', '.join(PLACEBOS)}"
         )
+    if not isinstance(recipe.zero_tail, bool):
+        raise ConfigError(f"{where}: zero_tail must be true or false, got {recipe.zero_tail!r}")
+    if recipe.zero_tail and not recipe.per_token:
+        raise ConfigError(
+            f"{where}: zero_tail zeroes the tail's gradient only under a per-token objective; ratio kernel "
+            f"{recipe.kernel!r} moves the tail's tokens through the others' weights (use kernel 'token')"
+        )
     if recipe.kl_type not in ("k1", "k2", "k3"):
         raise ConfigError(f"{where}: kl_type must be 'k1', 'k2' or 'k3', got {recipe.kl_type!r}")
     checks = [

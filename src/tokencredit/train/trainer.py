@@ -29,7 +29,9 @@ from tokencredit import models, recipes
 from tokencredit.atomic import write_error
 from tokencredit.batch import BatchValidationError, RolloutBatch
 from tokencredit.builder import Passes, build_batch, needs_of, rendered_negative_prompts
+from tokencredit.credit.tail import tail_metrics
 from tokencredit.data.templates import chat_template_warning, render
+from tokencredit.data.token_labels import tail_token_mask
 from tokencredit.errors import ConfigError, DiskFullError, Interrupted, TrainingError, WriteFailedError
 from tokencredit.evaluation import evaluate
 from tokencredit.oracle import MCSettings, mc_signals
@@ -37,7 +39,7 @@ from tokencredit.recipes import Recipe, TokenCredit
 from tokencredit.rewards import Reward
 from tokencredit.rewards.custom import RewardError
 from tokencredit.rollout import SamplingSettings
-from tokencredit.tasks import load_problems_for
+from tokencredit.tasks import load_problems_for, tail_task
 from tokencredit.train import checkpoint as ckpt
 from tokencredit.train.config import TrainConfig, check_recipe, validate_config
 from tokencredit.train.critic import Critic, needs_critic
@@ -108,6 +110,13 @@ class Trainer:
         # reported in a second, not after loading a large checkpoint.
         self.train_problems = load_problems_for(cfg.data.train, cfg.data, split="train")
         self.eval_problems = load_problems_for(cfg.data.eval, cfg.data, split=cfg.data.eval_split)
+        # a task with a reward-irrelevant tail: each batch carries its tail mask (zero_tail, tail/* metrics)
+        self.tail_task = tail_task(cfg.data.train, cfg.data)
+        if self.recipe.zero_tail and self.tail_task is None:
+            raise ConfigError(
+                f"algo.zero_tail: data.train = {cfg.data.train!r} has no reward-irrelevant tail to zero; "
+                "use a toy-tail task (--config toy-tail-32 or toy-tail-128)"
+            )
         self.sampler = PromptSampler(self.train_problems, cfg.run.seed)
         # correctness only; the format reward and DAPO's overlong shaping are added to the score separately
         self.reward_fn = Reward(
@@ -257,6 +266,8 @@ class Trainer:
         logged = batch.with_signals(upd.old_signals) if upd.old_signals else batch
         record = step_record(step + 1, ro, logged, credit, upd, times, lr) | critic_metrics
         record |= self.policy_work(int(attn.sum()), updated=bool(upd.metrics))
+        if batch.tail_mask is not None:  # the tail's entropy: noise-driven drift the reward never sees
+            record |= tail_metrics(batch.tail_mask, logged.entropy, logged.mask)
         return StepResult(record, ro, logged, credit)
 
     def policy_work(self, tokens: int, *, updated: bool) -> dict[str, int]:
@@ -355,8 +366,18 @@ class Trainer:
                 [p.problem for p in ro.problems], self.cfg.data.template, self.tokenizer
             ),
         )
+        tail = None  # the tokens of the task's reward-irrelevant tail, from its labels (credit.tail)
+        if self.tail_task is not None:
+            labels = self.tail_task.label_chars
+            tail = tail_token_mask(self.tokenizer, ro.response_ids, ro.response_mask, ro.problems, labels)
         return build_batch(
-            ro, self.needs, model=self.model, given=ro.mc_signals, passes=passes, device=self.device
+            ro,
+            self.needs,
+            model=self.model,
+            given=ro.mc_signals,
+            passes=passes,
+            device=self.device,
+            tail_mask=tail,
         )
 
     def credit(self, batch: RolloutBatch) -> TokenCredit:

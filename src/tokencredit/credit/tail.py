@@ -1,4 +1,4 @@
-"""The tail mask: exact credit on a task's reward-irrelevant tail, at no extra cost (issue 43).
+"""The tail mask: exact credit on a task's reward-irrelevant tail, at no extra cost.
 
 On a task with a tail (`tokencredit.data.synthetic`, ``ArithmeticTask(tail=m)``: m letters after the
 answer line that no reward can read), the exact advantage of every tail token is known without sampling:

@@ -33,13 +33,13 @@ the expression (never on the seed), so the two splits are disjoint for every see
 
 Free choices (``phrasings=k``, the headroom knob of issue 32): each step line may open with one of
 ``k`` equivalent connectives and close with one of ``k`` equivalent endings (`CONNECTIVES`,
-`ENDINGS`: ``Next 85 - 19 = 66;``), drawn uniformly by the teacher. The reward never depends on
-them, so after a warm start they are high-entropy tokens whose exact advantage is zero: uniform
-credit spreads the outcome over them, exact credit does not. The checker accepts any of the
-`CONNECTIVES` / `ENDINGS` on every task (they never change correctness) and labels their
-characters "free".
+`ENDINGS`: ``Next 85 - 19 = 66;``), drawn uniformly by the teacher. Which word is chosen never changes
+the reward, but a word's first character also decides something that does (that a step, not the answer
+line, follows; that the number before an ending is complete), so its exact advantage is not zero: the
+checker accepts any of the `CONNECTIVES` / `ENDINGS` on every task (they never change correctness), and
+`label_chars` labels a word's first character "choice" and the rest, fixed by it, "free".
 
-A reward-irrelevant tail (``tail=m``, the testbed of issue 43 whose exact credit is known without
+A reward-irrelevant tail (``tail=m``, the testbed whose exact credit is known without
 sampling): after the answer line the teacher writes a line of m letters drawn uniformly from
 `TAIL_ALPHABET` (``The answer is \\boxed{72}.\\nqkcvjgmp...``). The alphabet holds no digit, brace,
 backslash, ``#``, ``<``, ``*`` or ``$`` and none of the letters of "answer", "boxed" or "fbox", so no

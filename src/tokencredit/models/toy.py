@@ -189,7 +189,7 @@ TOY_HARD_CONFIG = WarmStartConfig(difficulty=6, forget_rate=0.55)
 # (docs/experiments/toy-free.md#screening-by-the-headroom-index-before-training-anything).
 TOY_FREE_CONFIG = WarmStartConfig(phrasings=4)
 
-# The reward-irrelevant tails (issue 43's testbed): the default task with m letters after the answer
+# The reward-irrelevant tails (the testbed whose exact credit is known for free): the default task with m letters after the answer
 # line (`synthetic.TAIL_ALPHABET`, drawn uniformly by the teacher), so A* = 0 exactly on the tail. Each warm
 # start continues the shipped toy's (same model, same arithmetic teacher) for TAIL_STEPS steps, so the
 # tails differ from m = 0 (the toy itself) in the tail and little else. The budget is the toy's (the longest

@@ -1,4 +1,4 @@
-"""The per-batch headroom index is not a bound on the expected headroom (docs/findings.md#why-no-bias-only-noise).
+"""The per-batch headroom index is not a bound on the expected headroom (docs/findings.md#why-no-bias-to-fix-only-noise).
 
 Two credits' batch gradients g1 = s1 + n, g2 = s2 + rho n + sqrt(1 - rho^2) m whose expected directions are
 60 degrees apart (cos(s1, s2) = 0.5: expected headroom 0.5), with noise 9x the signal's squared norm: the

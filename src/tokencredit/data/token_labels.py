@@ -8,6 +8,7 @@ only the toy's character-level one.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,14 +18,6 @@ from torch import Tensor
 __all__ = ["TAIL_LABEL", "tail_token_mask", "token_char_spans", "token_labels"]
 
 TAIL_LABEL = "tail"
-
-
-def _common_prefix_len(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def token_char_spans(tokenizer: Any, token_ids: Sequence[int]) -> tuple[str, list[tuple[int, int]]]:
@@ -50,7 +43,7 @@ def token_char_spans(tokenizer: Any, token_ids: Sequence[int]) -> tuple[str, lis
         prefixes = tokenizer.batch_decode([ids[: j + 1] for j in range(len(ids))], skip_special_tokens=True)
         prev = 0
         for p in prefixes:
-            prev = max(prev, _common_prefix_len(p, text))
+            prev = max(prev, len(os.path.commonprefix([p, text])))
             ends.append(prev)
         if ends:
             ends[-1] = len(text)

@@ -7,6 +7,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,37 @@ def warm_start(
     return losses
 
 
+def _generate_chunks(
+    model: Any,
+    tokenizer: Any,
+    problems: list[Any],
+    *,
+    template: str,
+    batch_size: int,
+    seed: int,
+    **generate: Any,
+) -> Iterator[tuple[list[Any], int, Any]]:
+    """(problems, prompt length, `model.generate`'s output) per chunk of `batch_size` problems, prompted with
+    `template` (left-padded) and generated with `generate`, under a forked RNG seeded with `seed`: the build
+    report's measurements, reproducible and without touching the caller's RNG."""
+    model.eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for s in range(0, len(problems), batch_size):
+            chunk = problems[s : s + batch_size]
+            enc = tokenizer(
+                [render(template, p.problem, tokenizer) for p in chunk],
+                add_special_tokens=False,
+                padding=True,
+                padding_side="left",
+                return_tensors="pt",
+            )
+            out = model.generate(
+                **enc, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **generate
+            )
+            yield chunk, int(enc["input_ids"].shape[1]), out
+
+
 @torch.no_grad()
 def toy_accuracy(
     model: Any,
@@ -148,29 +180,20 @@ def toy_accuracy(
     """Share of `problems` whose completion passes `synthetic.check` (greedy when temperature is 0,
     else plain sampling with top_p 1): a quick measurement for the build report, not the trainer's eval."""
 
-    model.eval()
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
     correct = 0
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for s in range(0, len(problems), batch_size):
-            chunk = problems[s : s + batch_size]
-            enc = tokenizer(
-                [render(template, p.problem, tokenizer) for p in chunk],
-                add_special_tokens=False,
-                padding=True,
-                padding_side="left",
-                return_tensors="pt",
-            )
-            sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
-            out = model.generate(
-                **enc,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                **(sampling if temperature > 0 else {"do_sample": False}),
-            )
-            texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-            correct += sum(check(p, t) for p, t in zip(chunk, texts))
+    for chunk, prompt_len, out in _generate_chunks(
+        model,
+        tokenizer,
+        problems,
+        template=template,
+        batch_size=batch_size,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        **(sampling if temperature > 0 else {"do_sample": False}),
+    ):
+        texts = tokenizer.batch_decode(out[:, prompt_len:], skip_special_tokens=True)
+        correct += sum(check(p, t) for p, t in zip(chunk, texts))
     return correct / max(1, len(problems))
 
 
@@ -219,63 +242,54 @@ def tail_report(
     ``longest``, the longest completion in tokens with EOS. For the build report, not the trainer."""
     from tokencredit.data.synthetic import label_chars
 
-    model.eval()
     ent_sum = letter_sum = 0.0
     ent_n = letter_n = 0
     lens: list[int] = []
     after = box_after = truncated = 0
     longest = 0
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for s in range(0, len(problems), batch_size):
-            chunk = problems[s : s + batch_size]
-            enc = tokenizer(
-                [render(template, p.problem, tokenizer) for p in chunk],
-                add_special_tokens=False,
-                padding=True,
-                padding_side="left",
-                return_tensors="pt",
-            )
-            out = model.generate(
-                **enc,
-                max_new_tokens=max_new_tokens,
-                do_sample=True,
-                temperature=1.0,
-                top_p=1.0,
-                top_k=0,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                output_scores=True,
-                return_dict_in_generate=True,
-            )
-            gen = out.sequences[:, enc["input_ids"].shape[1] :]
-            logp = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B, T, V]
-            entropy = -(logp.exp() * logp).sum(-1)
-            for i, p in enumerate(chunk):
-                ids = gen[i].tolist()
-                n = ids.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in ids else len(ids)
-                truncated += tokenizer.eos_token_id not in ids
-                longest = max(longest, n)
-                pieces = [
-                    tokenizer.decode([t]) for t in ids[: n - 1 if ids[n - 1] == tokenizer.eos_token_id else n]
-                ]
-                text = "".join(pieces)
-                labels = label_chars(p, text)
-                pos, letters, end = 0, 0, 0
-                for j, piece in enumerate(pieces):  # the toy tokenizer: one character per token
-                    lab = labels[pos : pos + len(piece)]
-                    if lab and all(x == "tail" for x in lab):
-                        ent_sum += float(entropy[i, j])
-                        ent_n += 1
-                        if piece != "\n":
-                            letter_sum += float(entropy[i, j])
-                            letter_n += 1
-                            letters += 1
-                        end = pos + len(piece)
-                    pos += len(piece)
-                lens.append(letters)
-                after += bool(letters) and bool(text[end:].strip())
-                box_after += bool(letters) and "boxed" in text[end:]
+    for chunk, prompt_len, out in _generate_chunks(
+        model,
+        tokenizer,
+        problems,
+        template=template,
+        batch_size=batch_size,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        output_scores=True,
+        return_dict_in_generate=True,
+    ):
+        gen = out.sequences[:, prompt_len:]
+        logp = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B, T, V]
+        entropy = -(logp.exp() * logp).sum(-1)
+        for i, p in enumerate(chunk):
+            ids = gen[i].tolist()
+            n = ids.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in ids else len(ids)
+            truncated += tokenizer.eos_token_id not in ids
+            longest = max(longest, n)
+            pieces = [
+                tokenizer.decode([t]) for t in ids[: n - 1 if ids[n - 1] == tokenizer.eos_token_id else n]
+            ]
+            text = "".join(pieces)
+            labels = label_chars(p, text)
+            pos, letters, end = 0, 0, 0
+            for j, piece in enumerate(pieces):  # the toy tokenizer: one character per token
+                lab = labels[pos : pos + len(piece)]
+                if lab and all(x == "tail" for x in lab):
+                    ent_sum += float(entropy[i, j])
+                    ent_n += 1
+                    if piece != "\n":
+                        letter_sum += float(entropy[i, j])
+                        letter_n += 1
+                        letters += 1
+                    end = pos + len(piece)
+                pos += len(piece)
+            lens.append(letters)
+            after += bool(letters) and bool(text[end:].strip())
+            box_after += bool(letters) and "boxed" in text[end:]
     n_rows = max(1, len(problems))
     return {
         "tail_entropy": ent_sum / max(1, ent_n),

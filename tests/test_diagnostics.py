@@ -67,3 +67,12 @@ def test_rank_correlation_matches_scipy_with_ties_and_padding():
         assert rc[i].item() == pytest.approx(float(want), abs=1e-9)
     const = D.rank_correlation(torch.ones(1, 4), torch.arange(4.0)[None], M4)
     assert const.item() == 0.0
+
+
+def test_rank_correlation_makes_no_tensor_off_its_inputs_device():
+    """On the meta device (which, like CUDA, refuses a CPU tensor beside its own) the ranks are built
+    where the inputs live; tests/gpu checks every diagnostic on CUDA against the CPU."""
+    x = torch.randn(3, 5, device="meta")
+    mask = torch.ones(3, 5, dtype=torch.bool, device="meta")
+    rho = D.rank_correlation(x, x, mask)
+    assert rho.shape == (3,) and rho.device.type == "meta"

@@ -56,7 +56,7 @@ def gini(weights: Tensor, mask: Tensor) -> Tensor:
     # valid weights first in ascending order, padding (set to +inf) last; then padding back to 0
     srt, _ = torch.sort(torch.where(m, w, torch.full_like(w, float("inf"))), dim=-1)
     srt = torch.where(torch.isinf(srt), torch.zeros_like(srt), srt)
-    i = torch.arange(1, w.shape[-1] + 1, dtype=torch.float64)
+    i = torch.arange(1, w.shape[-1] + 1, dtype=torch.float64, device=w.device)
     nn = n.double()[:, None]
     coef = torch.where(i[None, :] <= nn, 2 * i[None, :] - nn - 1, torch.zeros_like(srt))
     g = (coef * srt).sum(-1) / n.double().clamp(min=1)
@@ -169,15 +169,17 @@ def _row_ranks(x: Tensor, mask: Tensor) -> Tensor:
     order = torch.argsort(xd, dim=-1, stable=True)
     srt = torch.gather(xd, -1, order)
     n, t = x.shape
-    pos = torch.arange(1, t + 1, dtype=torch.float64).expand(n, t)
+    pos = torch.arange(1, t + 1, dtype=torch.float64, device=x.device).expand(n, t)
     # tie groups: a new group starts where the sorted value changes
     new = torch.ones_like(srt, dtype=torch.bool)
     new[:, 1:] = srt[:, 1:] != srt[:, :-1]
     gid = new.long().cumsum(-1) - 1
-    g_sum = torch.zeros(n, t, dtype=torch.float64).scatter_add_(-1, gid, pos)
-    g_cnt = torch.zeros(n, t, dtype=torch.float64).scatter_add_(-1, gid, torch.ones_like(pos))
+    g_sum = torch.zeros(n, t, dtype=torch.float64, device=x.device).scatter_add_(-1, gid, pos)
+    g_cnt = torch.zeros(n, t, dtype=torch.float64, device=x.device).scatter_add_(
+        -1, gid, torch.ones_like(pos)
+    )
     avg = torch.gather(g_sum / g_cnt.clamp(min=1), -1, gid)
-    ranks = torch.zeros(n, t, dtype=torch.float64).scatter_(-1, order, avg)
+    ranks = torch.zeros(n, t, dtype=torch.float64, device=x.device).scatter_(-1, order, avg)
     return torch.where(m, ranks, torch.zeros_like(ranks))
 
 

@@ -16,7 +16,7 @@ import torch
 from _gpu import DEVICE, MARKS
 
 from conftest import byte_tokenizer, tiny_qwen3
-from tokencredit import models
+from tokencredit import diagnostics, models
 from tokencredit.batch import RolloutBatch
 from tokencredit.recipes import token_credit
 from tokencredit.signals import compute_signals
@@ -111,3 +111,29 @@ def test_credit_of_bf16_signals_matches_float32(signals, recipe):
     ref = token_credit(recipe, _batch(signals, "ref", torch.device("cpu"))).token_advantages
     err = float((got - ref).abs().max())
     assert err < 0.02 * float(ref.abs().max()), (recipe, err)  # observed ~0.3% on the CPU
+
+
+def test_credit_diagnostics_on_the_device_equal_the_cpu(signals):
+    """Every per-step diagnostic (Gini, EffN/T, sign flips, entropy quadrants) and the rank correlation,
+    computed on the device, equals the CPU's: no helper tensor is made on the CPU beside device inputs (the
+    first run on an H100 found Gini's position index on the CPU)."""
+    cpu = torch.device("cpu")
+    credit = {d: token_credit("dapo+ktae", _batch(signals, "got", d)) for d in (DEVICE, cpu)}
+    batch = {d: _batch(signals, "got", d) for d in (DEVICE, cpu)}
+    got, ref = (
+        diagnostics.summary(
+            credit[d].token_advantages,
+            credit[d].mask,
+            credit[d].seq_advantages,
+            batch[d].entropy,
+        )
+        for d in (DEVICE, cpu)
+    )
+    assert got.keys() == ref.keys() and "credit_gini" in got
+    for key in got:
+        assert got[key] == pytest.approx(ref[key], abs=1e-6), key
+    rho = {
+        d: diagnostics.rank_correlation(credit[d].token_advantages, batch[d].entropy, credit[d].mask)
+        for d in (DEVICE, cpu)
+    }
+    torch.testing.assert_close(rho[DEVICE].cpu(), rho[cpu])

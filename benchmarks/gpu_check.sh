@@ -18,15 +18,18 @@ DIR="${1:-${OUT:-/tmp/gpu_check}}"
 mkdir -p "$DIR"
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}" TOKENIZERS_PARALLELISM=false
 
-echo "gpu_check: checking for a CUDA device (python: $(command -v python))"
+# The interpreter: $PYTHON, else `python`, else `python3` (a GPU image may have only python3). Never a symlink
+# to a virtual environment's python3: a link elsewhere loses the environment (its pyvenv.cfg) and so torch.
+PY="${PYTHON:-$(command -v python || command -v python3)}"
+echo "gpu_check: checking for a CUDA device (python: $PY)"
 # Time-limited, so that a broken interpreter or driver is reported instead of holding the machine.
-if ! timeout 120 python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+if ! timeout 120 "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     echo "gpu_check: no CUDA device visible to torch (python -c 'import torch; print(torch.cuda.is_available())')" >&2
     exit 2
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$DIR/gpu.txt" 2>/dev/null \
-    || python -c 'import torch; print(torch.cuda.get_device_name())' >"$DIR/gpu.txt"
-echo "gpu_check: $(cat "$DIR/gpu.txt"); torch $(timeout 60 python -c 'import torch; print(torch.__version__, torch.version.cuda)'); logs in $DIR"
+    || "$PY" -c 'import torch; print(torch.cuda.get_device_name())' >"$DIR/gpu.txt"
+echo "gpu_check: $(cat "$DIR/gpu.txt"); torch $(timeout 60 "$PY" -c 'import torch; print(torch.__version__, torch.version.cuda)'); logs in $DIR"
 
 # part NAME LIMIT_S COMMAND...: run one part under its time limit, its output to DIR/NAME.log; records rc and seconds.
 part() {
@@ -44,13 +47,14 @@ part() {
     tail -n 25 "$DIR/$name.log"
 }
 
-part tests 110 env TOKENCREDIT_TEST_DEVICE=cuda python -m pytest -q -m cuda tests/gpu -p no:cacheprovider \
+part tests 110 env TOKENCREDIT_TEST_DEVICE=cuda "$PY" -m pytest -q -m cuda tests/gpu -p no:cacheprovider \
     --junitxml "$DIR/tests.xml"
-part side_by_side 290 python benchmarks/bench_trainer_vs_trl.py --model smollm2 --device cuda --json "$DIR/side_by_side.json"
-part distributed_stats 60 python benchmarks/distributed_stats.py --device cuda --world 1 --n 128 --T 1024 --H 1536 \
+# One round: on an H100 a SmolLM2 step takes 6-12 s, so 2 rounds of 3 runs x 3 steps outlast any short limit.
+part side_by_side 240 "$PY" benchmarks/bench_trainer_vs_trl.py --model smollm2 --device cuda --rounds 1 --json "$DIR/side_by_side.json"
+part distributed_stats 60 "$PY" benchmarks/distributed_stats.py --device cuda --world 1 --n 128 --T 1024 --H 1536 \
     --json "$DIR/distributed_stats.json"
 
-python - "$DIR" <<'EOF'
+"$PY" - "$DIR" <<'EOF'
 """One summary table of the three parts, from their status files, JUnit XML and JSON."""
 import json
 import sys

@@ -24,6 +24,7 @@ from tokencredit.recipes import Recipe, TokenCredit, known_names, resolve, token
 __all__ = [
     "NA_LORA",
     "SAVED",
+    "TAIL_MASK",
     "MethodCredit",
     "MethodSpec",
     "SavedSpec",
@@ -36,6 +37,9 @@ __all__ = [
 NA_LORA = "n/a (needs a LoRA-trained model)"
 # explain's column of the input's own Â (`SavedSpec`); no recipe or credit method has this name
 SAVED = "saved"
+# GRPO with exact credit on a toy-tail task's tail (Â = 0 there, `tokencredit.credit.tail`): the recipe grpo
+# with zero_tail, as `compare --arm tail-mask=grpo:algo.zero_tail=true` trains it; no recipe has this name
+TAIL_MASK = "tail-mask"
 
 
 @dataclass(frozen=True)
@@ -93,10 +97,18 @@ class SavedSpec:
 def _method_spec(
     name: str, advantage: str, advantage_params: Mapping[str, Any] | None, run_recipe: Recipe | None
 ) -> MethodSpec:
+    if name == TAIL_MASK:  # the run's own grpo (its overrides) when it trained grpo
+        base = run_recipe if run_recipe is not None and run_recipe.name == "grpo" else "grpo"
+        return MethodSpec(name, resolve(base, {"zero_tail": True}))
     try:
         recipe = resolve(name)
     except ConfigError as e:
-        raise ConfigError(f"--methods: {e}") from None
+        hint = (
+            f"; {TAIL_MASK!r} is GRPO with zero credit on a toy-tail task's tail"
+            if closest(name, [TAIL_MASK])
+            else ""
+        )
+        raise ConfigError(f"--methods: {e}{hint}") from None
     if recipe.kind == "method":
         if advantages.get_estimator(advantage).token_level and not credit.get(recipe.credit).token_advantages:
             # a run trained on token-level A (PPO's GAE): a method defined on a sequence advantage A [N]

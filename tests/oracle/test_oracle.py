@@ -427,6 +427,38 @@ def test_only_states_next_to_an_unskipped_position_are_sampled(tree):
     assert out.cost.states == len(want) and out.cost.continuations == 2 * len(want)
 
 
+def test_known_zero_positions_are_exact_zeros_and_not_sampled(tree):
+    """A toy-tail task's tail: A* = 0 exactly (se 0) where known_zero holds, no state is sampled for it
+    unless a sampled position needs it, it is not counted as skipped, and elsewhere A* is unchanged."""
+    policy, seqs, mask, lp, rewards, _ = tree
+
+    class Recording(ExactSampler):
+        def __call__(self, rows, cuts, k, seed):
+            self.asked = set(zip(rows.tolist(), cuts.tolist()))
+            return super().__call__(rows, cuts, k, seed)
+
+    lengths = mask.sum(1)
+    # the last two positions of every rollout of length >= 3 are "known" (a tail at the end, as on toy-tail)
+    cols = torch.arange(mask.shape[1])[None, :]
+    known = mask & (lengths[:, None] >= 3) & (cols >= lengths[:, None] - 2)
+    plain = token_advantages(ExactSampler(policy, seqs), mask, lp, rewards, k=2, delta=0.0, seed=0)
+    sampler = Recording(policy, seqs)
+    out = token_advantages(sampler, mask, lp, rewards, k=2, delta=0.0, seed=0, known_zero=known)
+    assert bool(known.any())
+    assert torch.equal(out.advantages[known], torch.zeros(int(known.sum())))
+    assert torch.equal(out.stderr[known], torch.zeros(int(known.sum())))
+    torch.testing.assert_close(out.advantages[mask & ~known], plain.advantages[mask & ~known])
+    assert not bool((out.skipped & known).any())  # exact, not skipped (delta 0 skips only p = 1 tokens)
+    assert torch.equal(out.skipped, plain.skipped & ~known)
+    keep = mask & ~known & ~out.skipped
+    want = {(i, t) for i, t in keep.nonzero().tolist()} | {(i, t + 1) for i, t in keep.nonzero().tolist()}
+    want -= {(i, int(lengths[i])) for i in range(len(seqs))}
+    assert sampler.asked == want
+    assert out.cost.states < plain.cost.states
+    with pytest.raises(ValueError, match="known_zero has shape"):
+        token_advantages(ExactSampler(policy, seqs), mask, lp, rewards, k=2, known_zero=known[:, :-1])
+
+
 def test_input_errors_name_the_problem(tree):
     policy, seqs, mask, lp, rewards, _ = tree
     sampler = TreeSampler(policy, seqs)

@@ -46,6 +46,7 @@ def oracle_credit(
     batch_size: int = 64,
     reward_range: tuple[float, float] = (0.0, 1.0),
     split_halves: bool = False,
+    known_zero: Tensor | None = None,
     log: Callable[[str], None] | None = None,
 ) -> OracleCredit:
     """Token-level A* (and standard errors) of a batch of rollouts sampled from `model`.
@@ -55,6 +56,8 @@ def oracle_credit(
     (computed in one no-grad pass when None). Each rollout's own reward is recomputed with
     `reward_fn` so that V after the last token and the continuations' rewards are the same function.
     split_halves (k even): also A* of each half of the K continuations (`OracleCredit.half_advantages`).
+    known_zero [N,T] bool: positions whose A* is exactly 0 by construction (a toy-tail task's tail), not
+    sampled (`drivers.token_advantages`).
     """
     sampler = ModelSampler(
         model,
@@ -85,6 +88,7 @@ def oracle_credit(
         seed=seed,
         reward_range=reward_range,
         split_halves=split_halves,
+        known_zero=known_zero,
     )
     out.cost.seconds = time.perf_counter() - t0
     return out

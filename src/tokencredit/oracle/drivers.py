@@ -161,6 +161,7 @@ def token_advantages(
     seed: int = 0,
     reward_range: tuple[float, float] = (0.0, 1.0),
     split_halves: bool = False,
+    known_zero: Tensor | None = None,
 ) -> OracleCredit:
     """Token-level Monte-Carlo advantages A*_t = V(s_{t+1}) - V(s_t) of N rollouts (package docstring).
 
@@ -169,29 +170,38 @@ def token_advantages(
     reward (the value after its last token). `sampler` gives K rewards for every needed state.
     split_halves (K even): also A* from the first and from the last K/2 of those rewards
     (`OracleCredit.half_advantages`, no extra sampling; A* itself is unchanged).
+    known_zero bool [N,T]: positions whose A* is known to be exactly 0 without sampling (a toy-tail task's
+    reward-irrelevant tail, `tokencredit.credit.tail`): A* = 0 and se 0 there, their states are not sampled
+    unless a sampled position needs them, and they are not counted as skipped (no bound: the value is exact).
     """
     t0 = time.perf_counter()
     m = _check_inputs(mask, rewards, k, reward_range, "token_advantages").cpu()
+    if known_zero is not None and tuple(known_zero.shape) != tuple(m.shape):
+        raise ValueError(
+            f"token_advantages: known_zero has shape {tuple(known_zero.shape)}, the mask {tuple(m.shape)}"
+        )
+    exact = m & known_zero.cpu().bool() if known_zero is not None else torch.zeros_like(m)
     if split_halves and k % 2:
         raise ValueError(
             f"token_advantages: split_halves needs an even k (two halves of K/2 continuations), got {k}"
         )
     log_probs, rewards = log_probs.cpu(), rewards.cpu()
     n = m.shape[0]
-    skip = skip_positions(log_probs, m, delta)
-    need = value_states(m, skip)
+    skip = skip_positions(log_probs, m, delta) & ~exact
+    unsampled = skip | exact
+    need = value_states(m, unsampled)
     values, se, n_states, n_tokens, half = _sample_values(
         sampler, need, k, seed, reward_range, "token_advantages", halves=split_halves
     )
     values[torch.arange(n), m.sum(1)] = rewards.double()
-    adv, adv_se = advantages_from_values(values, se, m, skip)
+    adv, adv_se = advantages_from_values(values, se, m, unsampled)
     span = reward_range[1] - reward_range[0]
     bound = torch.where(skip, span * (1.0 - log_probs.double().exp()).clamp(min=0.0), 0.0).float()
     out = _result(
         adv, adv_se, m, skip, bound, values, se, need, rewards, states=n_states, tokens=n_tokens, k=k, t0=t0
     )
     if half is not None:
-        out.half_advantages = _half_advantages(half, rewards, m, skip)
+        out.half_advantages = _half_advantages(half, rewards, m, unsampled)
     return out
 
 

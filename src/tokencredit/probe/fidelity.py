@@ -102,6 +102,7 @@ def run_oracle(
     cfg: ProbeConfig,
     *,
     old_log_probs: Tensor | None = None,
+    known_zero: Tensor | None = None,
     log: Callable[[str], None] | None = None,
 ) -> ProbeOracle | None:
     """A* (`oracle_credit`, `cfg.oracle_k` continuations per state, `cfg.oracle_delta`) of the
@@ -109,7 +110,8 @@ def run_oracle(
     selected. golds[i]: rollout i's gold for `reward_fn`; old_log_probs [N,T]: the probe's signal
     at `cfg.sampling.temperature` when it has one (else computed for the selected rows). With the
     gradient cosines (`cfg.grad_batches` > 0) and K even, also A* of each half of the continuations
-    (`OracleCredit.half_advantages`, for the gradients' noise ceiling; A* itself is unchanged)."""
+    (`OracleCredit.half_advantages`, for the gradients' noise ceiling; A* itself is unchanged).
+    known_zero [N,T] bool: tokens whose A* is exactly 0 by construction (a toy-tail task's tail), not sampled."""
     idx = rows.bool().cpu().nonzero().squeeze(1)
     if not idx.numel():
         return None
@@ -128,6 +130,7 @@ def run_oracle(
         seed=cfg.seed,
         batch_size=cfg.sampling.batch_size,
         split_halves=split_halves(cfg),
+        known_zero=None if known_zero is None else known_zero.cpu()[idx],
         log=log,
     )
     groups, copies = ro.prompt_index.cpu()[idx], None

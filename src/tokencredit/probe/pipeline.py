@@ -252,7 +252,9 @@ def probe_model(
                 log=say,
             )
             signals = {**signals, **mc}
-        batch = build_batch(rollouts, needs, given=signals, device="cpu", who="probe")
+        # on a toy-tail task the batch carries its tail, as the trainer's does (the tail-mask column reads it)
+        tail = truth.tail_mask if truth is not None else None
+        batch = build_batch(rollouts, needs, given=signals, device="cpu", who="probe", tail_mask=tail)
         if with_values:
             batch = replace(batch, values=_critic_values(critic, rollouts, cfg, say))  # type: ignore[arg-type]
         batches, batches_record = credit_batches(batch.group_ids, cfg)
@@ -280,6 +282,7 @@ def probe_model(
                 mixed_rows(batch.group_ids, scores),
                 cfg,
                 old_log_probs=signals.get("old_log_probs"),
+                known_zero=tail,
                 log=say,
             )
             out["oracle"] = _oracle_result(

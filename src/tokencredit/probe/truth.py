@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from tokencredit.data.synthetic import LABELS, check, label_chars, locate_first_error
-from tokencredit.data.token_labels import token_char_spans, token_labels
+from tokencredit.data.token_labels import TAIL_LABEL, token_char_spans, token_labels
 
 __all__ = [
     "LABELS",
@@ -126,6 +126,13 @@ class ProbeTruth:
     def mixed(self) -> Tensor:
         """bool [N]: the row's group holds both correct and wrong rollouts (its advantage is not 0)."""
         return mixed_rows(self.group_ids, self.correct)
+
+    @property
+    def tail_mask(self) -> Tensor | None:
+        """bool [N,T]: the tokens labelled `TAIL_LABEL` (every character on a toy-tail task's reward-irrelevant
+        tail, the trainer's `tail_token_mask` rule); None when no token is, so a task without a tail has none."""
+        on = self.labels == _LABEL_CODE[TAIL_LABEL]
+        return on if bool(on.any()) else None
 
     @property
     def is_correct_kind(self) -> Tensor:

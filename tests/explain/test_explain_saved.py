@@ -14,6 +14,7 @@ from conftest import _micro_sets
 from tokencredit import advantages, cli
 from tokencredit.batch import RolloutBatch
 from tokencredit.columns import SAVED, MethodSpec, SavedSpec, resolve_columns, resolve_methods
+from tokencredit.data.synthetic import TAIL_ALPHABET
 from tokencredit.errors import ConfigError
 from tokencredit.explain import ExplainOptions, explain_batch, make_groups, write_report
 from tokencredit.explain import pipeline as explain_pipeline
@@ -275,3 +276,47 @@ def test_run_saved_column_equals_the_runs_recipe_recomputed(trained_run, tmp_pat
         # same batch (the whole step saved), same recipe, same token ids: the trainer's Â, recomputed
         assert saved[r] == pytest.approx(recomputed[r], abs=1e-5)
     assert f"recipe {RECIPE}" in out.read_text()  # the column's description names the run's recipe
+
+
+def test_a_tail_mask_run_explains_as_it_trained(tmp_path):
+    """A run of GRPO with the tail mask on toy-tail-32: explain rebuilds the batch's tail (the trainer's rule),
+    so the run's recipe recomputed and the `tail-mask` column equal the saved Â, all zero on the tail."""
+    run = tmp_path / "run"
+    sets = [
+        "run.steps=1",
+        "run.progress=false",
+        "run.threads=1",
+        "rollout.prompts_per_step=6",
+        "rollout.group_size=4",
+        "data.eval_size=3",
+        "eval.every=0",
+        "eval.samples=0",
+        "eval.at_start=false",
+        "eval.save_groups=6",
+        "algo.zero_tail=true",
+    ]
+    argv = ["train", "--config", "toy-tail-32", "--recipe", "grpo", "--out", str(run)]
+    assert cli.main(argv + [a for s in sets for a in ("--set", s)]) == 0
+    out = tmp_path / "tail.html"
+    assert (
+        _explain(run, "--methods", "saved,grpo,tail-mask", "--select", "any", "--groups", "6", "--out", out)
+        == 0
+    )
+    page = Page(out.read_text())
+    hats = _file_hats(run / "rollouts" / "step_000001.jsonl")
+    saved, grpo, mask = (_page_rows(page, m) for m in ("saved", "grpo", "tail-mask"))
+    assert sorted(saved) == sorted(grpo) == sorted(mask) == list(range(len(hats)))
+    assert any(h and max(abs(x) for x in h) > 0 for h in hats)  # a batch with credit
+    for r in saved:
+        assert saved[r] == pytest.approx(grpo[r], abs=1e-5) and saved[r] == pytest.approx(mask[r], abs=1e-5)
+    # the tail (the letters after a complete answer line; the toy's tokens are characters, and the EOS after them
+    # is not on the tail) gets none
+    texts = [
+        c["text"]
+        for line in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()
+        for c in json.loads(line)["completions"]
+    ]
+    tails = [t[t.rindex("}.\n") + 3 :] if "}.\n" in t else "" for t in texts]
+    tails = [len(x) if set(x) <= set(TAIL_ALPHABET) else 0 for x in tails]  # a tail of letters only
+    checked = [(h, n) for h, n in zip(hats, tails) if h and any(h) and n > 0]
+    assert checked and all(h[-n - 1 : -1] == [0.0] * n and h[0] != 0.0 for h, n in checked)

@@ -38,6 +38,7 @@ from tokencredit.batch import MC_SIGNALS, RolloutBatch
 from tokencredit.builder import Needs, Passes, ScoredRollouts, build_batch, rendered_negative_prompts
 from tokencredit.critic import TrainedCritic, no_critic_reason
 from tokencredit.data.templates import render
+from tokencredit.data.token_labels import tail_token_mask
 from tokencredit.errors import ConfigError
 from tokencredit.explain.assemble import padded, saved_signals, scored_rollouts, tokenize_completions
 from tokencredit.explain.inputs import DISPLAY_SIGNALS, GroupInput, check_token_ids, cut_completion
@@ -47,6 +48,7 @@ from tokencredit.oracle import MCSettings, mc_signals
 from tokencredit.rewards import Reward
 from tokencredit.rollout import SamplingSettings
 from tokencredit.signals import has_lora_adapter
+from tokencredit.tasks import tail_task
 from tokencredit.train.checkpoint import load_run_critic, load_run_policy
 from tokencredit.train.config import TrainConfig
 
@@ -400,6 +402,22 @@ def _critic_values(critic: TrainedCritic, scored: ScoredRollouts, batch_size: in
     return critic.values(seq, attn, int(scored.prompt_ids.shape[1]), mask, batch_size)
 
 
+def _tail_mask(src: Source, scored: ScoredRollouts, tokenizer: Any, notes: list[str]) -> Tensor | None:
+    """bool [N,T]: on a run trained on a toy-tail task, the rollouts' tail tokens by the trainer's rule
+    (`tail_token_mask`), so a recipe with zero_tail (the run's, or the `tail-mask` column) gets the same Â as in
+    training; None for any other source."""
+    task = tail_task(src.cfg.data.train, src.cfg.data) if src.cfg is not None else None
+    if task is None:
+        return None
+    problems = [g.problem for g in src.groups for _ in g.completions]
+    if tokenizer is None or any(p is None for p in problems):
+        notes.append(
+            "tail mask unavailable: the rollouts' text or problems cannot be read (zero_tail columns n/a)"
+        )
+        return None
+    return tail_token_mask(tokenizer, scored.response_ids, scored.response_mask, problems, task.label_chars)
+
+
 def batch_with_signals(
     src: Source,
     needs: set[str],
@@ -467,7 +485,10 @@ def batch_with_signals(
         ),  # type: ignore[misc]
     )
     need = Needs(forward=frozenset(wanted), sampled=frozenset(sampled))
-    batch = build_batch(scored, need, model=model, given=given, passes=passes, device="cpu", who="explain")
+    tail = _tail_mask(src, scored, tokenizer, notes)
+    batch = build_batch(
+        scored, need, model=model, given=given, passes=passes, device="cpu", who="explain", tail_mask=tail
+    )
     if critic is not None:
         batch = replace(batch, values=_critic_values(critic, scored, batch_size))
         notes.append(

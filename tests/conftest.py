@@ -19,6 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `pytest -n auto` runs one worker per core; torch's default of one thread per core in each worker (and in
+    # the runs a test starts, which inherit this) would put cores x cores threads on the cores, and tiny ops
+    # only wait on each other: a 35 s critic test took 18 minutes at 2 threads on 2 busy cores.
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
@@ -223,6 +229,14 @@ def _extras_problem(reason: str, marked: bool) -> str | None:
             f"skipped for a missing optional extra but not marked `extras` (CI would never run it): {reason}"
         )
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The same, in case a plugin imported torch before OMP_NUM_THREADS was set.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -65,6 +65,7 @@ def fit_calls(monkeypatch, capsys):
         return {}
 
     monkeypatch.setattr(Trainer, "fit", printed_so_far)
+    monkeypatch.setenv("COLUMNS", "400")  # rich folds a word longer than the width: a long tmp path, mid-name
     return calls
 
 

@@ -123,7 +123,7 @@ def test_explained_variance_rises(tmp_path):
         "model.name=toy",
         "run.steps=12",
         "run.progress=false",
-        "run.threads=2",
+        "run.threads=1",
         "rollout.prompts_per_step=8",
         "rollout.group_size=4",
         "rollout.max_new_tokens=24",

@@ -37,9 +37,8 @@ def _env(toy_rewards: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (toy_rewards, env.get("PYTHONPATH", "")) if p)
     env["OMP_WAIT_POLICY"] = "PASSIVE"  # no OpenMP spin-waiting on a shared 2-core CI machine
-    env["COLUMNS"] = (
-        "400"  # rich wraps piped output at 80 columns; a worker's long tmp path would break the line
-    )
+    # rich wraps piped output at 80 columns; an xdist worker's long tmp path would break the line
+    env["COLUMNS"] = "400"
     return env
 
 

@@ -42,6 +42,9 @@ SKIP_PARTS = {"__pycache__", ".pytest_cache", ".ruff_cache"}
 MAX_BYTES = 2_000_000
 # Files tokencredit itself writes (a report's output name), not citations of a page.
 OUTPUT_NAMES = {"compare.md", "probe.md"}
+# Folders runs write into (git-ignored): a path under one records where a run put its report, and
+# exists only on the machine that made it, so it is not a citation the repository must hold.
+OUTPUT_DIRS = {"runs"}
 # The documentation site's page generator: its strings are the site's page paths (relative to each
 # generated page), not citations; the pages it writes exist in the site, so a link to one resolves.
 GENERATOR = Path("docs", "gen_pages.py")
@@ -211,7 +214,7 @@ def problems_in_text(text: str, citing: Path, root: Path = ROOT) -> list[str]:
         # (b) cited Markdown files
         for m in MD_REF_RE.finditer(cited_line):
             ref, anchor = m.group(1), m.group(2)
-            if Path(ref).name in OUTPUT_NAMES or ref.startswith("/"):
+            if Path(ref).name in OUTPUT_NAMES or Path(ref).parts[0] in OUTPUT_DIRS or ref.startswith("/"):
                 continue
             target = resolve_citation(ref, citing, root)
             if target is None and _generated(citing.parent / ref, root):
@@ -294,6 +297,7 @@ def test_scanner_accepts_good_references(tree: Path) -> None:
     ok = (
         f'"""See docs/spec/ktae{MD}#worked-example and ktae{MD}; methods{MD}#method-notes."""\n'
         f"x = 'compare{MD}'  # an output name, not a citation\n"
+        f"# the 10-seed table is runs/tail/compare_n4{MD} (a run's output, not in the repository)\n"
         f"url = 'https://github.com/owner/repo/blob/main/NOTES{MD}'\n"
     )
     assert _check(tree, "src/mod.py", ok) == []

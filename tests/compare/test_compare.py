@@ -490,6 +490,7 @@ def test_end_to_end_and_resume(tiny_model_dir, tmp_path, monkeypatch):
         compare_cmd.run(parse(["--recipes", "grpoo", "--out", str(tmp_path / "o3")]))
 
 
+@pytest.mark.slow
 def test_parallel_jobs_in_subprocesses(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "par"
     argv = compare_argv(tiny_model_dir, out, "--jobs", "2", "--set", "eval.at_start=false", steps=1)

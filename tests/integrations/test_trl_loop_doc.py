@@ -37,6 +37,7 @@ def test_the_block_is_the_documented_loop():
         assert needed in block
 
 
+@pytest.mark.slow
 def test_the_whole_trl_loop_runs_as_documented(tmp_path):
     block = doc_block()
     (tmp_path / "examples").symlink_to(ROOT / "examples")  # the block names examples/ relative to the repo

@@ -401,6 +401,7 @@ def _run(world: int, *args, timeout: float = 150.0) -> None:
                 p.join()
 
 
+@pytest.mark.slow
 def test_each_process_computes_its_rows_of_the_single_process_advantages(tiny_model_dir, tmp_path):
     # the reference: the plugin on the whole batch in this one process
     trainer = make_trainer(tiny_model_dir, N, str(tmp_path / "out"))

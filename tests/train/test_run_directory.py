@@ -156,6 +156,7 @@ def test_the_lock_is_exclusive_within_one_process_too(tmp_path, capsys):
     RunLock(tmp_path).release()  # free again
 
 
+@pytest.mark.slow
 def test_two_trainers_on_one_out_one_trains(tiny_model_dir, toy_rewards, tmp_path):
     """Two `tokencredit train` processes started together on one --out: one trains, the other stops with
     one line (the lock's holder, or the run the first one wrote), and the metrics are one run's."""

@@ -292,10 +292,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The `slow` tests first (a stable sort: the rest keep their order): under pytest-xdist a minutes-long
-    # test that starts last keeps one worker busy while the others idle; started first, it is packed
-    # with the many short ones.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if not PASSED_FILE:
         return
     done = set(Path(PASSED_FILE).read_text(encoding="utf-8").splitlines())

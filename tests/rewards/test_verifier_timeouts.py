@@ -20,6 +20,7 @@ from test_verifier import EQUIVALENT, WRONG
 from tokencredit.data import Problem
 from tokencredit.rewards import MathVerifier, Reward
 from tokencredit.rewards import pool as pool_mod
+from tokencredit.train.config import RewardConfig
 
 SLEEPY_WORKER = """
 import json, sys, time
@@ -181,19 +182,22 @@ BUSY_LOOP = "import time\nend = time.monotonic() + {seconds}\nwhile time.monoton
 
 @pytest.mark.slow
 def test_every_verdict_right_while_every_core_is_busy():
-    """A fresh verifier (no retry) judges the equivalence cases while one CPU-bound neighbour per
-    core runs; the neighbours end by themselves after 90 s and are killed when the test ends.
+    """A fresh verifier with the trainer's own settings (`RewardConfig`: 5 s per answer, one retry
+    with 4x the limit) judges the equivalence cases while one CPU-bound neighbour per core runs; the
+    neighbours end by themselves after 90 s and are killed when the test ends.
 
-    The limit is 2 s, stricter than the default 5 s: a cold worker's first comparisons took 1-3 s
-    here, so before the warm-up this test failed (on the 2-core machine, already at load ~6, every
-    one of 3 runs had timeouts, one a right answer scored 0); warm, no answer took that long."""
+    The promise is no false zero on a loaded machine, not a speed: an earlier version held a bare
+    verifier (no retry) to 2 s, and on the CI machine, with the other test worker and verl's
+    end-to-end launches also running, one right answer of 19 timed out there (load-dependent, so
+    the first pass's timeouts are printed, not asserted)."""
     n = os.cpu_count() or 1
+    settings = RewardConfig()
     neighbours = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP.format(seconds=90)]) for _ in range(n)]
     try:
         t0 = time.monotonic()
         time.sleep(0.5)  # the neighbours are spinning before the verifier starts
         cases = EQUIVALENT + WRONG
-        with MathVerifier(timeout=2.0) as v:
+        with MathVerifier(timeout=settings.timeout, retry_timeouts=settings.retry_timeouts) as v:
             res = v.verify([boxed(pred) for _, pred in cases], [gold for gold, _ in cases])
         elapsed = time.monotonic() - t0
     finally:
@@ -202,10 +206,12 @@ def test_every_verdict_right_while_every_core_is_busy():
         for p in neighbours:
             p.wait()
     print(
-        f"{n} busy neighbours; {len(cases)} answers judged in {elapsed:.1f} s; workers ready after "
+        f"{n} busy neighbours; {len(cases)} answers judged in {elapsed:.1f} s "
+        f"({v.stats['retried']} retried after {settings.timeout:g} s); workers ready after "
         + ", ".join(f"{s:.1f}" for s in v.pool.ready_seconds)
         + " s"
     )
+    assert settings.retry_timeouts  # the trainer's default is what this test holds to its promise
     assert res.timed_out == [False] * len(cases)
     assert res.scores == [1.0] * len(EQUIVALENT) + [0.0] * len(WRONG)
     assert elapsed < 60

@@ -374,3 +374,21 @@ def test_build_toy_set_overrides_and_init(tmp_path, capsys):
     new, old = load_file(tmp_path / "model.safetensors"), load_file(TOY_ASSET_DIR / "model.safetensors")
     assert new.keys() == old.keys()
     assert max(float((new[k] - old[k]).abs().max()) for k in new) < 0.05
+
+
+def test_build_report_budget_fits_a_longer_chain_than_the_variants(tok):
+    """`build-toy --task toy-hard --set difficulty=12` once scored 0 on every held-out problem because its
+    report generated only toy-hard's 128 tokens; the budget now fits the longest reference solution."""
+    from tokencredit.commands.build_toy import eval_budget
+
+    hard = models.toy_variant("toy-hard")
+    long_cfg = dataclasses.replace(hard.config, difficulty=12)
+    problems = ArithmeticTask(difficulty=12, digits=2, operand_digits=1).sample(50, "heldout")
+    longest = max(len(tok(p.solution)["input_ids"]) for p in problems) + 1
+    assert longest > hard.max_new_tokens  # the case that failed
+    assert eval_budget(hard.max_new_tokens, long_cfg, problems, tok) >= longest
+    # the shipped variants' reports keep their budgets
+    toy = models.toy_variant("toy")
+    toy_problems = models.toy_task().sample(50, "heldout")
+    assert eval_budget(toy.max_new_tokens, toy.config, toy_problems, tok) == 96
+    assert eval_budget(hard.max_new_tokens, hard.config, [], tok) == hard.max_new_tokens

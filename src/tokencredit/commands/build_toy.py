@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import fields, replace
+from typing import Any
 
 import torch
 
@@ -64,6 +65,16 @@ def _overrides(assignments: list[str]) -> dict[str, object]:
     return out
 
 
+def eval_budget(max_new_tokens: int, cfg: WarmStartConfig, problems: list[Any], tokenizer: Any) -> int:
+    """The generation budget of the build's accuracy report: at least 96 (the toy's reports so far) and
+    the variant's own `max_new_tokens`; room for the longest reference solution of `problems` plus EOS
+    and 16 spare tokens (a ``--set difficulty`` beyond the variant's writes longer answers); with free
+    phrasings up to 28 tokens a step."""
+    longest = max((len(tokenizer(p.solution)["input_ids"]) for p in problems), default=0) + 1
+    phrased = 28 * (cfg.difficulty + 1) + 8 if cfg.phrasings else 0
+    return max(96, max_new_tokens, longest + 16, phrased)
+
+
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     variant = TOY_VARIANTS[args.task]
@@ -84,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
             phrasings=cfg.phrasings,
         )
         heldout = task.sample(args.eval, "heldout")
-        # 96: the budget of the toy's build reports so far; free phrasings add up to 15 characters a step
-        budget = max(96, variant.max_new_tokens, 28 * (cfg.difficulty + 1) + 8 if cfg.phrasings else 0)
+        budget = eval_budget(variant.max_new_tokens, cfg, heldout, tok)
         greedy = toy_accuracy(model, tok, heldout, temperature=0.0, max_new_tokens=budget)
         sampled = toy_accuracy(model, tok, heldout, temperature=1.0, max_new_tokens=budget)
         print(f"held-out accuracy on {args.eval} problems: greedy {greedy:.3f}, sampled (T=1) {sampled:.3f}")

@@ -107,6 +107,40 @@ def test_decomposition_monte_carlo_part_and_conditional_cosine():
     assert nz.conditional_cosine(sums, other, "other")["mean"] == pytest.approx(0.0, abs=0.1)
 
 
+def test_paired_difference_recovers_a_known_gap_and_is_tighter_than_two_separate_ses():
+    """A credit and a reference with the same per-problem means, the reference's within-problem noise the
+    credit's plus as much again of its own (shared rollouts: correlated noises): within shares 2 / 6 and
+    6 / 10, a gap of -0.267 that the paired jackknife measures with a smaller SE than the two SEs combined."""
+    x, p, b = 300, 1500, 15
+    s, u, ga, gb = _draw(x, p, 1.0, 3.0, 2.0, seed=4)
+    g = torch.Generator().manual_seed(5)
+    extra = torch.randn(2, x, p, generator=g) * math.sqrt(4.0 / p)
+    blocks = [r.tolist() for r in torch.arange(x).tensor_split(b)]
+    sums, gram = _block_sums(ga, gb, blocks)
+    ref, ref_gram = _block_sums(ga + extra[0], gb + extra[1], blocks)
+    got = nz.paired_difference(sums, gram, ref, ref_gram, batch_problems=8)
+    one, other = (
+        nz.decomposition(sums, gram, batch_problems=8),
+        nz.decomposition(ref, ref_gram, batch_problems=8),
+    )
+    within = got["within"]
+    assert within["mean"] == pytest.approx(2 / 6 - 6 / 10, abs=max(0.03, 4 * within["se"]))
+    assert within["mean"] == pytest.approx(
+        one["shares"]["within"]["mean"] - other["shares"]["within"]["mean"]
+    )
+    separate = math.hypot(one["shares"]["within"]["se"], other["shares"]["within"]["se"])
+    assert 0 < within["se"] < separate
+    batch = got["batch_signal_share"]
+    assert batch["problems"] == 8
+    assert batch["mean"] == pytest.approx(
+        one["batch_signal_share"]["mean"] - other["batch_signal_share"]["mean"]
+    )
+    assert batch["mean"] > 0  # less within-problem noise: a larger share of signal in a batch
+    # a credit against itself: zero, exactly
+    same = nz.paired_difference(sums, gram, sums, gram)
+    assert same["within"]["mean"] == 0.0 and "batch_signal_share" not in same
+
+
 def test_decomposition_undefined_cases():
     assert nz.decomposition([{"n": 1.0, "d": 1.0, "w": 0.0, "hh": 1.0}], [[1.0]])["shares"]["signal"] == {
         "mean": None,
@@ -386,9 +420,14 @@ def test_cli_two_groups_noise_and_preconditioned_sections(tmp_path):
             None,
             pytest.approx(1.0),
         )
+        # every credit's paired difference from GRPO; GRPO's own is exactly zero where defined
+        grpo_vs = noise["metrics"][metric]["references"]["grpo"]["vs_grpo"]
+        assert grpo_vs["within"]["mean"] in (None, 0.0) and grpo_vs["batch_signal_share"]["problems"] == 2
+        assert set(star["vs_grpo"]) == {"within", "batch_signal_share"}
     assert "Credit computed per training batch of 2 problems (--prompts-per-step)" in md
     assert "In AdamW's preconditioned metric" in md and "| credit (AdamW's metric) | signal |" in md
     assert "| credit (raw gradients) | signal | between problems | within problem |" in md
+    assert "signal share, batch of 2 | within vs GRPO | batch share vs GRPO |" in md
 
 
 def test_config_errors_for_the_new_options():

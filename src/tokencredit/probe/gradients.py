@@ -59,7 +59,7 @@ from tokencredit.columns import MethodCredit
 from tokencredit.probe.config import ProbeConfig
 from tokencredit.probe.expected import expected_gradients
 from tokencredit.probe.fidelity import ProbeOracle
-from tokencredit.probe.noise import conditional_cosine, decomposition
+from tokencredit.probe.noise import conditional_cosine, decomposition, paired_difference
 from tokencredit.probe.precondition import AdamMoments, Preconditioner, from_moments, standin_moments
 from tokencredit.rollout import PromptResponseLayout
 from tokencredit.signals import eval_mode, has_lora_adapter, token_log_probs
@@ -685,16 +685,23 @@ def _noise(
     metrics: dict[str, Any] = {}
     for m in weights:
         refs = sums[m]["references"]
+
+        def quarter(part: str, name: str, metric: str = m) -> list[list[float]]:
+            # the batch gradient is Σ_x (g_xa + g_xb) = 2 H_b: H_b·H_b' is a quarter of its Gram
+            return [[v / 4 for v in row] for row in gram_of[metric][part][name]["self"]]
+
         metrics[m] = {
             part: {
                 n: {
-                    # the batch gradient is Σ_x (g_xa + g_xb) = 2 H_b: H_b·H_b' is a quarter of its Gram
-                    **decomposition(
+                    **decomposition(blk, quarter(part, n), batch_problems=per_step),
+                    "cos_given_x": {r: conditional_cosine(blk, refs[r], r) for r in refs},
+                    "vs_grpo": paired_difference(
                         blk,
-                        [[v / 4 for v in row] for row in gram_of[m][part][n]["self"]],
+                        quarter(part, n),
+                        refs["grpo"],
+                        quarter("references", "grpo"),
                         batch_problems=per_step,
                     ),
-                    "cos_given_x": {r: conditional_cosine(blk, refs[r], r) for r in refs},
                 }
                 for n, blk in sums[m][part].items()
             }

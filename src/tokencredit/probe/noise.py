@@ -44,7 +44,7 @@ from typing import Any
 
 from tokencredit.probe.expected import Gram, jackknife
 
-__all__ = ["BLOCK_KEYS", "batch_signal_share", "conditional_cosine", "decomposition"]
+__all__ = ["BLOCK_KEYS", "batch_signal_share", "conditional_cosine", "decomposition", "paired_difference"]
 
 BLOCK_KEYS = ("n", "d", "w", "hh")
 """Per-block sums over its problems x: n (problems), d ((|g_xa|^2 + |g_xb|^2) / 2), w (g_xa·g_xb),
@@ -124,6 +124,37 @@ def decomposition(
             return batch_signal_share(_share("signal", blocks, gram, idx), batch_problems)
 
         out["batch_signal_share"] = {"problems": batch_problems, **jackknife(batched, b)}
+    return out
+
+
+def paired_difference(
+    blocks: Sequence[Mapping[str, float]],
+    gram: Gram,
+    ref_blocks: Sequence[Mapping[str, float]],
+    ref_gram: Gram,
+    *,
+    batch_problems: int | None = None,
+) -> dict[str, Any]:
+    """One credit's decomposition minus a reference's on the same problems (paired: both from the same
+    rollouts' two groups, the same blocks): {"within": within-problem share minus the reference's, and with
+    `batch_problems` n "batch_signal_share": the signal share of a batch of n problems minus the
+    reference's}, each {mean, se} by the delete-one-block jackknife of the difference. Below zero, the
+    credit leaves less within-problem noise than the reference (the only part a credit can remove); the
+    jackknife of the difference keeps what the two share, which two separate SEs would count twice."""
+
+    def within(idx: Sequence[int]) -> float | None:
+        a, b = _share("within", blocks, gram, idx), _share("within", ref_blocks, ref_gram, idx)
+        return None if a is None or b is None else a - b
+
+    out: dict[str, Any] = {"within": jackknife(within, len(blocks))}
+    if batch_problems is not None:
+
+        def batched(idx: Sequence[int]) -> float | None:
+            a = batch_signal_share(_share("signal", blocks, gram, idx), batch_problems)
+            b = batch_signal_share(_share("signal", ref_blocks, ref_gram, idx), batch_problems)
+            return None if a is None or b is None else a - b
+
+        out["batch_signal_share"] = {"problems": batch_problems, **jackknife(batched, len(blocks))}
     return out
 
 

@@ -340,7 +340,20 @@ def _noise_row(name: str, d: dict[str, Any], batch: int | None) -> str:
     if batch:
         b = d["batch_signal_share"]
         cells.append(_pct(b["mean"], b["se"]))
+    vs = d.get("vs_grpo")  # absent from reports written before the paired differences
+    if vs is not None:
+        cells.append(_points(vs["within"]))
+        if batch:
+            cells.append(_points(vs["batch_signal_share"]))
     return f"| {name} | " + " | ".join(cells) + " |"
+
+
+def _points(d: dict[str, Any]) -> str:
+    """A difference of two shares in percentage points, signed, with ± its standard error."""
+    if d.get("mean") is None:
+        return "–"
+    se = d.get("se")
+    return f"{100 * d['mean']:+.1f}" + ("" if se is None else f" ± {100 * se:.1f}") + " pts"
 
 
 def noise_table(noise: dict[str, Any]) -> list[str]:
@@ -372,6 +385,8 @@ def noise_table(noise: dict[str, Any]) -> list[str]:
             if n
             else ""
         )
+        + " Columns vs GRPO: the credit's within-problem share (and batch signal share) minus GRPO's on the same "
+        "problems, paired (the jackknife of the difference); below 0, less within-problem noise than GRPO's."
         + f" Cost: {noise['backward_passes']:,} backward passes, {noise['seconds']:.1f} s.",
     ]
     for metric, by in noise["metrics"].items():
@@ -380,6 +395,9 @@ def noise_table(noise: dict[str, Any]) -> list[str]:
         if n:
             head += f" signal share, batch of {n} |"
             cols += 1
+        if "vs_grpo" in by["references"]["oracle"]:
+            head += " within vs GRPO |" + (" batch share vs GRPO |" if n else "")
+            cols += 2 if n else 1
         lines += ["", head, "|" + "---|" * cols]
         lines += [_noise_row(md_text(name), d, n) for name, d in by["credits"].items()]
         lines.append(_noise_row(r"*A\* (oracle)*", by["references"]["oracle"], n))

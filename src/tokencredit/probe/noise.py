@@ -139,8 +139,9 @@ def paired_difference(
     rollouts' two groups, the same blocks): {"within": within-problem share minus the reference's, and with
     `batch_problems` n "batch_signal_share": the signal share of a batch of n problems minus the
     reference's}, each {mean, se} by the delete-one-block jackknife of the difference. Below zero, the
-    credit leaves less within-problem noise than the reference (the only part a credit can remove); the
-    jackknife of the difference keeps what the two share, which two separate SEs would count twice."""
+    credit leaves less within-problem noise than the reference (the only part a credit can remove). The
+    jackknife of the difference counts the two estimates' covariance (the same rollouts), which two
+    separate SEs leave out."""
 
     def within(idx: Sequence[int]) -> float | None:
         a, b = _share("within", blocks, gram, idx), _share("within", ref_blocks, ref_gram, idx)

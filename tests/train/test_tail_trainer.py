@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tokencredit.data.synthetic import label_chars
 from tokencredit.errors import ConfigError
@@ -59,4 +60,37 @@ def test_the_tail_mask_arm_trains_zero_credit_on_the_tail_and_logs_its_entropy(t
                     assert adv == pytest.approx(c["advantage"])  # GRPO's A off the tail
             graded_tails += any(tail) and c["advantage"] != 0
     assert graded_tails > 0  # tails that GRPO would have credited with A != 0
+    assert tail_credit and all(a == 0 for a in tail_credit)
+
+
+def test_the_oracle_gives_the_tail_its_known_zero_without_sampling_it(tmp_path, monkeypatch) -> None:
+    """The oracle recipe on toy-tail-32 hands the task's tail to the Monte-Carlo values as known zeros
+    (`token_advantages` gives them A* = 0 without sampling: tests/oracle): the mask it passes is the labels'
+    tail, token for token, and A* is exactly 0 on every saved tail token."""
+    import tokencredit.train.trainer as trainer_module
+
+    passed, real = [], trainer_module.mc_signals
+
+    def spy(*args, **kwargs):
+        passed.append(kwargs.get("known_zero"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "mc_signals", spy)
+    sets = [s for s in SMALL if s != "algo.zero_tail=true"] + ["oracle.k=2"]
+    trainer = Trainer(load_config("toy-tail-32", sets=sets, recipe="oracle"), tmp_path / "run")
+    trainer.fit()
+    saved = (tmp_path / "run" / "rollouts" / "step_000001.jsonl").read_text().splitlines()
+    tail_credit, tail_tokens = [], 0
+    for g in map(json.loads, saved):
+        for c in g["completions"]:
+            chars = [t if len(t) == 1 else "" for t in c["tokens"]]
+            labels = label_chars(g["problem"], "".join(chars))
+            tail = [lab == "tail" for lab in labels] + [False] * (len(chars) - len(labels))
+            tail_credit += [a for on, a in zip(tail, c["token_advantages"]) if on]
+            tail_tokens += sum(tail)
+    (known,) = passed  # one step, one call
+    assert known is not None and known.dtype == torch.bool
+    assert (
+        int(known.sum()) == tail_tokens > 20 * 8
+    )  # every rollout saved (2 groups of 4); each tail > 20 tokens
     assert tail_credit and all(a == 0 for a in tail_credit)

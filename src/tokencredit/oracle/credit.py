@@ -177,6 +177,7 @@ def mc_signals(
     settings: MCSettings = MCSettings(),
     old_log_probs: Tensor | None = None,
     seed: int = 0,
+    known_zero: Tensor | None = None,
     log: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Tensor], OracleCost]:
     """The Monte-Carlo signals in `needs` of a rollout batch (`tokencredit.batch.MC_SIGNALS`):
@@ -184,7 +185,9 @@ def mc_signals(
     `vine_credit`), on the CPU, with their summed cost. `sampling`: the rollouts' own sampling settings
     (temperature, top_p, top_k, max_new_tokens; the continuations go `settings.batch_size` rows per
     generate call, not `sampling.batch_size`); `reward_fn` must score in [0, 1] (the verifier's
-    correctness, not shaped scores)."""
+    correctness, not shaped scores). known_zero [N,T] bool: positions whose A* is exactly 0 by construction
+    (a toy-tail task's tail), which the token-level oracle does not sample (VinePPO's step values do not
+    read it)."""
     common = dict(
         temperature=sampling.temperature,
         max_new_tokens=sampling.max_new_tokens,
@@ -206,6 +209,7 @@ def mc_signals(
             k=settings.k,
             delta=settings.delta,
             old_log_probs=old_log_probs,
+            known_zero=known_zero,
             **common,
         )
         out["mc_advantages"] = c.advantages.float()

@@ -347,7 +347,16 @@ class Trainer:
             sampling=rollout_sampling(self.cfg.rollout),
             settings=settings,
             seed=seed,
+            known_zero=self._tail_mask(ro),
         )
+
+    def _tail_mask(self, ro: StepRollouts) -> Tensor | None:
+        """[N,T] bool: the tokens of the task's reward-irrelevant tail, from its labels (credit.tail); None
+        on a task without one. Their exact credit is 0: the tail-mask arm zeroes them, the oracle skips them."""
+        if self.tail_task is None:
+            return None
+        labels = self.tail_task.label_chars
+        return tail_token_mask(self.tokenizer, ro.response_ids, ro.response_mask, ro.problems, labels)
 
     def old_policy_batch(self, ro: StepRollouts) -> RolloutBatch:
         """The RolloutBatch of the step's rollouts with the recipe's signals, on the device (`builder.build_batch`).
@@ -366,10 +375,6 @@ class Trainer:
                 [p.problem for p in ro.problems], self.cfg.data.template, self.tokenizer
             ),
         )
-        tail = None  # the tokens of the task's reward-irrelevant tail, from its labels (credit.tail)
-        if self.tail_task is not None:
-            labels = self.tail_task.label_chars
-            tail = tail_token_mask(self.tokenizer, ro.response_ids, ro.response_mask, ro.problems, labels)
         return build_batch(
             ro,
             self.needs,
@@ -377,7 +382,7 @@ class Trainer:
             given=ro.mc_signals,
             passes=passes,
             device=self.device,
-            tail_mask=tail,
+            tail_mask=self._tail_mask(ro),
         )
 
     def credit(self, batch: RolloutBatch) -> TokenCredit:

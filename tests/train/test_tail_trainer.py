@@ -29,6 +29,18 @@ SMALL = [
 ]
 
 
+def saved_tails(run) -> list[tuple[dict, list[bool]]]:
+    """Each completion saved at step 1 with its tail positions, from the task's labels (the toy tokenizer:
+    one character per token, EOS last when the completion ended)."""
+    out = []
+    for g in map(json.loads, (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()):
+        for c in g["completions"]:
+            chars = [t if len(t) == 1 else "" for t in c["tokens"]]
+            labels = label_chars(g["problem"], "".join(chars))
+            out.append((c, [lab == "tail" for lab in labels] + [False] * (len(chars) - len(labels))))
+    return out
+
+
 def test_zero_tail_on_a_task_without_a_tail_is_one_config_error(tmp_path) -> None:
     cfg = load_config(sets=SMALL)
     with pytest.raises(
@@ -45,20 +57,14 @@ def test_the_tail_mask_arm_trains_zero_credit_on_the_tail_and_logs_its_entropy(t
     step = next(json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
     assert step["tail/tokens"] > 20  # the warm start writes its 32-letter tail (and its line break)
     assert 1.0 < step["tail/entropy"] < 3.0  # near ln 8 = 2.08 nats a letter
-    saved = (tmp_path / "run" / "rollouts" / "step_000001.jsonl").read_text().splitlines()
     tail_credit, graded_tails = [], 0
-    for g in map(json.loads, saved):
-        for c in g["completions"]:
-            # the toy tokenizer: one character per token, EOS last when the completion ended
-            chars = [t if len(t) == 1 else "" for t in c["tokens"]]
-            labels = label_chars(g["problem"], "".join(chars))
-            tail = [lab == "tail" for lab in labels] + [False] * (len(chars) - len(labels))
-            for on, adv in zip(tail, c["token_advantages"]):
-                if on:
-                    tail_credit.append(adv)
-                else:
-                    assert adv == pytest.approx(c["advantage"])  # GRPO's A off the tail
-            graded_tails += any(tail) and c["advantage"] != 0
+    for c, tail in saved_tails(tmp_path / "run"):
+        for on, adv in zip(tail, c["token_advantages"]):
+            if on:
+                tail_credit.append(adv)
+            else:
+                assert adv == pytest.approx(c["advantage"])  # GRPO's A off the tail
+        graded_tails += any(tail) and c["advantage"] != 0
     assert graded_tails > 0  # tails that GRPO would have credited with A != 0
     assert tail_credit and all(a == 0 for a in tail_credit)
 
@@ -79,18 +85,11 @@ def test_the_oracle_gives_the_tail_its_known_zero_without_sampling_it(tmp_path, 
     sets = [s for s in SMALL if s != "algo.zero_tail=true"] + ["oracle.k=2"]
     trainer = Trainer(load_config("toy-tail-32", sets=sets, recipe="oracle"), tmp_path / "run")
     trainer.fit()
-    saved = (tmp_path / "run" / "rollouts" / "step_000001.jsonl").read_text().splitlines()
-    tail_credit, tail_tokens = [], 0
-    for g in map(json.loads, saved):
-        for c in g["completions"]:
-            chars = [t if len(t) == 1 else "" for t in c["tokens"]]
-            labels = label_chars(g["problem"], "".join(chars))
-            tail = [lab == "tail" for lab in labels] + [False] * (len(chars) - len(labels))
-            tail_credit += [a for on, a in zip(tail, c["token_advantages"]) if on]
-            tail_tokens += sum(tail)
+    saved = saved_tails(tmp_path / "run")
+    tail_credit = [a for c, tail in saved for on, a in zip(tail, c["token_advantages"]) if on]
+    tail_tokens = sum(sum(tail) for _, tail in saved)
     (known,) = passed  # one step, one call
     assert known is not None and known.dtype == torch.bool
-    assert (
-        int(known.sum()) == tail_tokens > 20 * 8
-    )  # every rollout saved (2 groups of 4); each tail > 20 tokens
+    # every rollout is saved (2 groups of 4), each tail over 20 tokens
+    assert int(known.sum()) == tail_tokens > 20 * 8
     assert tail_credit and all(a == 0 for a in tail_credit)

@@ -29,8 +29,8 @@ from tokencredit.recipes import token_credit
 
 HERE = Path(__file__).resolve().parent
 # The five (delta, arca, entropy-80-20, strace, ktae), GRPO, every estimator that reads more than
-# scores (reinforce++, remax, opo, gpg, grpo-passk, otb), PEPO (per response) and its 80/20 frame (a global
-# top-k of proximal entropies), CW-GRPO (whole-batch covariance statistics), and the learned critic's GAE (ppo:
+# scores (reinforce++, remax, opo, gpg, grpo-passk, otb), PEPO (per response) and its 80/20 and S-trace frames (a
+# global top-k of proximal entropies), CW-GRPO (whole-batch covariance statistics), and the learned critic's GAE (ppo:
 # its A whitened over every rank's tokens; bpco: unwhitened, VAPO's per-row lam) on the batch's critic values.
 RECIPES = (
     "grpo",
@@ -51,6 +51,7 @@ RECIPES = (
     "rloo",
     "pepo",
     "entropy-80-20-proximal",
+    "strace-proximal",
     "cw-grpo",
     "ppo",
     "bpco",

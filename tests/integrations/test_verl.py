@@ -23,7 +23,7 @@ from verl.workers.config import FSDPActorConfig  # noqa: E402
 import tokencredit.integrations.verl as tc_verl  # noqa: E402  (a wrong verl version fails here, loudly)
 from tokencredit import advantages, credit, objectives  # noqa: E402
 from tokencredit.batch import RolloutBatch  # noqa: E402
-from tokencredit.credit.entropy import top_entropy_mask  # noqa: E402
+from tokencredit.credit.entropy import proximal_entropy, top_entropy_mask  # noqa: E402
 from tokencredit.errors import ConfigError  # noqa: E402
 from tokencredit.integrations.verl import import_hooks  # noqa: E402
 from tokencredit.integrations.verl.estimators import needs_critic_values, slug  # noqa: E402
@@ -82,9 +82,12 @@ def _core(verl_name):
         return credit.compute(name, batch, seq)
     seq = advantages.estimate(recipe.advantage, batch, **recipe.advantage_params)  # A [N] or A [N,T]
     tok = credit.compute(recipe.credit, batch, seq, **recipe.credit_params)
-    if recipe.kernel == "strace":
-        keep = top_entropy_mask(signals["entropy"], mask, recipe.kernel_params["keep_ratio"], "batch")
-        tok = tok * keep
+    if recipe.kernel == "strace":  # the kept set, in the recipe's frame (raw or PEPO's proximal entropy)
+        frame = recipe.kernel_params.get("frame", "global")
+        ent = signals["entropy"]
+        if frame == "proximal":
+            ent = proximal_entropy(ent, mask, recipe.kernel_params["window"])
+        tok = tok * top_entropy_mask(ent, mask, recipe.kernel_params["keep_ratio"], "batch")
     return tok
 
 

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from tokencredit.credit.entropy import top_entropy_mask
+from tokencredit.batch import RolloutBatch
+from tokencredit.credit.entropy import proximal_entropy, top_entropy_mask
 from tokencredit.errors import ConfigError
 from tokencredit.objectives import (
     KERNELS,
@@ -18,6 +19,9 @@ from tokencredit.objectives import (
     policy_loss,
     trace_log_weights,
 )
+from tokencredit.objectives.kernels import prepare_kernel
+from tokencredit.objectives.traces import kept_set
+from tokencredit.recipes import get_recipe
 
 L_SPEC = [0.02, -0.01, 0.05, 0.00]
 H_SPEC = [2.1, 0.05, 1.3, 0.02]
@@ -84,6 +88,45 @@ def test_strace_kept_set_and_decays():
     )
     pos = trace_log_weights(l, mask, 0.5, keep=keep, decay="position")
     assert torch.allclose(pos[0], torch.tensor([0.02, 0.0, 0.044, 0.0], dtype=torch.float64), atol=1e-12)
+
+
+def test_strace_kept_set_in_pepos_proximal_frame():
+    """frame="proximal" ranks S-trace's kept set by PEPO's proximal entropy (recipe `strace-proximal`); the
+    default frame is the raw entropy's, unchanged; a bad frame, window or temperature is one clear error."""
+    gen = torch.Generator().manual_seed(3)
+    ent = torch.rand(4, 12, generator=gen) * 2 + torch.tensor([[0.0], [3.0], [0.0], [1.0]])
+    mask = torch.arange(12)[None] < torch.tensor([[12], [12], [7], [3]])
+    batch = RolloutBatch(
+        token_ids=torch.zeros(4, 12, dtype=torch.long),
+        mask=mask,
+        group_ids=torch.zeros(4, dtype=torch.long),
+        scores=torch.tensor([1.0, 0.0, 1.0, 0.0]),
+        entropy=ent,
+    )
+    raw = prepare_kernel("strace", batch, {})["keep"]
+    assert torch.equal(raw, top_entropy_mask(ent, mask, 0.2))
+    prox = prepare_kernel("strace", batch, {"frame": "proximal", "window": 5})["keep"]
+    assert torch.equal(prox, top_entropy_mask(proximal_entropy(ent, mask, 5), mask, 0.2))
+    assert int(raw[1].sum()) > int(prox[1].sum())  # row 1's entropies are shifted up by 3: only raw sees it
+    recipe = get_recipe("strace-proximal")
+    assert torch.equal(
+        prepare_kernel("strace", batch, recipe.kernel_params)["keep"],
+        kept_set(
+            batch,
+            **{
+                k: v
+                for k, v in recipe.kernel_params.items()
+                if k in ("keep_ratio", "scope", "frame", "window")
+            },
+        )["keep"],
+    )
+    with pytest.raises(ConfigError, match="closest: proximal"):
+        prepare_kernel("strace", batch, {"frame": "proximl"})
+    with pytest.raises(ConfigError, match="closest: window"):
+        prepare_kernel("strace", batch, {"windw": 5})
+    for bad in ({"window": 0}, {"temperature": 0.0}):
+        with pytest.raises(ConfigError, match="strace"):
+            prepare_kernel("strace", batch, bad)
 
 
 # ---------------------------------------------------------------- on-policy credit by autograd

@@ -22,15 +22,17 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import TOY_REWARDS_DIR, _micro_sets
 from tokencredit.train.checkpoint import verify_checkpoint
+from tokencredit.train.rundir import RunDir
 
 STEPS = 10
 # Not every step: a kill then usually lands after steps that were logged but not checkpointed, which
 # the resume must drop and redo (with a checkpoint every step there is almost never such a line).
 EVERY = 3
-TIMING_KEYS = {"time_generate", "time_signals", "time_update", "tokens_per_s", "wall_time"}
+TIMING_KEYS = {"time_generate", "time_signals", "time_update", "tokens_per_s", "wall_time", "critic/time"}
 
 
 def _env(toy_rewards: str) -> dict[str, str]:
@@ -77,25 +79,30 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 180.0) -
         time.sleep(0.01)
 
 
-def _sets(model_dir: str) -> list[str]:
-    # S-trace (its own pre-update signals pass); one thread: the toy ops are too small to split.
+def _sets(model_dir: str, recipe: str = "strace") -> list[str]:
+    # S-trace (its own pre-update signals pass) by default; `ppo` adds a learned critic, whose weights and
+    # optimiser live in the same checkpoint. One thread: the toy ops are too small to split.
     extra = {"run.threads": 1, "checkpoint.every": EVERY}
-    return ["--recipe", "strace"] + [
+    return ["--recipe", recipe] + [
         a for s in _micro_sets(model_dir, steps=STEPS, **extra) for a in ("--set", s)
     ]
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], float]:
+def _uninterrupted(model_dir: str, out: Path, recipe: str) -> tuple[list[dict], float]:
     """(records, seconds per step) of the uninterrupted run every interrupted one must equal."""
-    ref_dir = tmp_path_factory.mktemp("crash") / "uninterrupted"
     _finish(
-        _train(["--out", str(ref_dir), *_sets(tiny_model_dir)], _env(str(TOY_REWARDS_DIR))),
+        _train(["--out", str(out), *_sets(model_dir, recipe)], _env(str(TOY_REWARDS_DIR))),
         "uninterrupted run",
     )
-    ref = _records(ref_dir)
+    ref = _records(out)
     step_times = [r["wall_time"] for r in ref if r.get("type") != "eval"]
     return ref, (step_times[-1] - step_times[0]) / (len(step_times) - 1)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], float]:
+    """The uninterrupted S-trace run (records, seconds per step)."""
+    return _uninterrupted(tiny_model_dir, tmp_path_factory.mktemp("crash") / "uninterrupted", "strace")
 
 
 def _seed() -> int:
@@ -103,12 +110,16 @@ def _seed() -> int:
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_equals_uninterrupted(tiny_model_dir, toy_rewards, reference, tmp_path):
+@pytest.mark.parametrize("recipe", ["strace", "ppo"])
+def test_sigkill_then_resume_equals_uninterrupted(recipe, tiny_model_dir, toy_rewards, reference, tmp_path):
+    """SIGKILL at a random moment after the first checkpoint, then --resume: the same records as an
+    uninterrupted run, and with `ppo` the same final critic (its weights are checkpointed with the policy's)."""
     seed = _seed()
     rng = random.Random(seed)
     env = _env(toy_rewards)
-    sets = _sets(tiny_model_dir)
-    ref, per_step = reference
+    sets = _sets(tiny_model_dir, recipe)
+    ref_dir = tmp_path / "uninterrupted"
+    ref, per_step = reference if recipe == "strace" else _uninterrupted(tiny_model_dir, ref_dir, recipe)
     run = tmp_path / "killed"
 
     proc = _train(["--out", str(run), *sets], env)
@@ -143,6 +154,13 @@ def test_sigkill_then_resume_equals_uninterrupted(tiny_model_dir, toy_rewards, r
     assert _strip(got) == _strip(ref), f"seed {seed}: resumed run differs from the uninterrupted one"
     assert not list(ckdir.glob(".*tmp*")), "temporary checkpoint files left behind"
     assert json.loads((run / "summary.json").read_text())["steps"] == STEPS
+    if recipe == "ppo":  # the critic's metrics above already match; its final weights too, exactly
+        got_critic = torch.load(RunDir(run).final_critic_path, weights_only=True)["model"]
+        ref_critic = torch.load(RunDir(ref_dir).final_critic_path, weights_only=True)["model"]
+        assert got_critic.keys() == ref_critic.keys()
+        assert all(torch.equal(got_critic[k], ref_critic[k]) for k in ref_critic), (
+            f"seed {seed}: critic differs"
+        )
 
 
 def _stop_at_random(proc: subprocess.Popen[str], run: Path, signum: int, delay: float) -> None:

@@ -52,6 +52,29 @@ def test_only_a_recipe_reading_values_builds_a_critic(tiny_model_dir, tmp_path):
     assert t.critic.model.head.weight.abs().sum() == 0  # zero-initialised head
 
 
+def test_a_lora_policy_gets_a_separate_fully_trained_critic(tiny_model_dir, tmp_path):
+    """docs/spec/ppo.md: with LoRA the policy trains an adapter, the critic every weight of its own model (no
+    adapter on a shared base); one step moves the critic's decoder weights, not the policy's base."""
+    t = Trainer(micro_config(tiny_model_dir, "ppo", steps=1, **{"model.lora_rank": 4}), tmp_path / "lora")
+    assert t.critic is not None
+    policy = dict(t.model.named_parameters())
+    assert any("lora" in n for n, p in policy.items() if p.requires_grad)
+    assert not any(
+        p.requires_grad for n, p in policy.items() if "lora" not in n
+    )  # the policy's base is frozen
+    critic = dict(t.critic.model.named_parameters())
+    assert not any("lora" in n for n in critic) and all(p.requires_grad for p in critic.values())
+    assert not {id(p) for p in policy.values()} & {id(p) for p in critic.values()}
+    before = {n: p.detach().clone() for n, p in critic.items()}
+    base_before = {n: p.detach().clone() for n, p in policy.items() if "lora" not in n}
+    t.fit()
+    moved = [n for n, p in critic.items() if not torch.equal(p, before[n])]
+    assert any(n != "head.weight" and n != "head.bias" for n in moved), (
+        moved
+    )  # the decoder trains, not only the head
+    assert all(torch.equal(p, base_before[n]) for n, p in policy.items() if "lora" not in n)
+
+
 def test_critic_metrics_warmup_and_one_rollout_per_prompt(tiny_model_dir, tmp_path):
     cfg = micro_config(
         tiny_model_dir,

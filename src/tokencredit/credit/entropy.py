@@ -40,6 +40,7 @@ __all__ = [
     "check_window",
     "entropy_80_20",
     "entropy_from_logits",
+    "entropy_kept_set",
     "keep_count",
     "proximal_entropy",
     "top_entropy_mask",
@@ -230,6 +231,34 @@ def entropy_from_logits(logits: Tensor, chunk_size: int = 4096) -> Tensor:
     return out.reshape(logits.shape[:-1])
 
 
+def entropy_kept_set(
+    batch: RolloutBatch,
+    keep_ratio: float,
+    scope: str,
+    frame: str,
+    window: int,
+    temperature: float,
+    who: str,
+    reader: str,
+) -> Tensor:
+    """The kept set [N,T] bool of the entropy-selected methods (the 80/20 rule, S-trace's): the top
+    `keep_ratio` of the old policy's valid tokens by entropy within `scope`, ranked in `frame`.
+
+    frame="global" ranks raw entropies (the 80/20 paper's rule); "proximal" ranks PEPO's proximal entropy
+    (Eq. 6) with its `window` and `temperature`, which are read only then but always validated. `who` names
+    the method in a configuration error, `reader` the reader of the entropy signal in a missing-signal one."""
+    if frame not in FRAMES:
+        raise ConfigError(
+            f"{who}: unknown frame {frame!r}{closest(str(frame), FRAMES)}; known: {', '.join(FRAMES)}"
+        )
+    check_window(window, who)
+    check_temperature(temperature, who)
+    entropy = batch.signal("entropy", reader)
+    if frame == "proximal":
+        entropy = proximal_entropy(entropy, batch.mask, window, temperature)
+    return top_entropy_mask(entropy, batch.mask, keep_ratio, scope, shard=batch.shard)
+
+
 @register("entropy-80-20", needs=("entropy",), paper="Wang et al. 2025, arXiv 2506.01939")
 def entropy_80_20(
     batch: RolloutBatch,
@@ -244,14 +273,7 @@ def entropy_80_20(
 
     frame="global" ranks raw entropies (the paper); "proximal" ranks PEPO's proximal entropy with its
     `window` and `temperature` (read only then, always validated)."""
-    if frame not in FRAMES:
-        raise ConfigError(
-            f"entropy-80-20: unknown frame {frame!r}{closest(str(frame), FRAMES)}; known: {', '.join(FRAMES)}"
-        )
-    check_window(window, "entropy-80-20")
-    check_temperature(temperature, "entropy-80-20")
-    entropy = batch.signal("entropy", "credit method 'entropy-80-20'")
-    if frame == "proximal":
-        entropy = proximal_entropy(entropy, batch.mask, window, temperature)
-    keep = top_entropy_mask(entropy, batch.mask, keep_ratio, scope, shard=batch.shard)
+    keep = entropy_kept_set(
+        batch, keep_ratio, scope, frame, window, temperature, "entropy-80-20", "credit method 'entropy-80-20'"
+    )
     return advantages[:, None] * keep.to(advantages.dtype)

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from tokencredit.batch import RolloutBatch
-from tokencredit.credit.entropy import top_entropy_mask
+from tokencredit.credit.entropy import DEFAULT_WINDOW, entropy_kept_set
 from tokencredit.errors import ConfigError
 from tokencredit.objectives.kernels import Preparation, needs_keep, register_kernel
 
@@ -179,10 +179,22 @@ def _geometric_sum(clock: Tensor, lam: float, dtype: torch.dtype) -> Tensor:
     return (torch.expm1(c * log_lam) / math.expm1(log_lam)).to(dtype)
 
 
-def kept_set(batch: RolloutBatch, keep_ratio: float = 0.2, scope: str = "batch") -> dict[str, Tensor]:
-    """S-trace's kept set: the top-`keep_ratio` old-policy entropy tokens (as the 80/20 rule), detached."""
-    entropy = batch.signal("entropy", "S-trace's kept set")
-    return {"keep": top_entropy_mask(entropy, batch.mask, keep_ratio, scope, shard=batch.shard)}
+def kept_set(
+    batch: RolloutBatch,
+    keep_ratio: float = 0.2,
+    scope: str = "batch",
+    frame: str = "global",
+    window: int = DEFAULT_WINDOW,
+    temperature: float = 1.0,
+) -> dict[str, Tensor]:
+    """S-trace's kept set, detached: the top-`keep_ratio` old-policy entropy tokens, as the 80/20 rule selects
+    them, ranked by raw entropy (frame="global", the reconstruction's default) or by PEPO's proximal entropy
+    (frame="proximal", Kim & Kwak 2026 Eq. 6, with its `window` and `temperature`; our extension: PEPO
+    applies the proximal frame to the 80/20 rule only)."""
+    keep = entropy_kept_set(
+        batch, keep_ratio, scope, frame, window, temperature, "strace", "S-trace's kept set"
+    )
+    return {"keep": keep}
 
 
 KEPT_SET = Preparation(kept_set, needs=frozenset({"entropy"}), provides=frozenset({"keep"}))

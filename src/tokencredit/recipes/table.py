@@ -300,6 +300,23 @@ _TABLE: list[Recipe] = [
         notes="the 80/20 rule ranking PEPO's proximal entropy instead of the raw entropy; otherwise entropy-80-20",
     ),
     Recipe(
+        "strace-proximal",
+        "S-trace (Mou et al. 2026, reconstruction) with PEPO's proximal entropy (Kim & Kwak 2026, Eq. 6) "
+        "ranking its kept set; the combination is ours",
+        kernel="strace",
+        kernel_params={
+            "lam": 0.95,
+            "keep_ratio": 0.2,
+            "scope": "batch",
+            "decay": "kept",
+            "frame": "proximal",
+            "window": 101,
+        },
+        eps_low=0.2,
+        eps_high=0.28,
+        notes="strace with its top-20% kept set ranked by proximal entropy (local, not batch-wide); otherwise strace",
+    ),
+    Recipe(
         "cw-grpo",
         "Wang et al. 2026, CW-GRPO, ACL (arXiv 2605.11538); details reconstructed",
         credit="cw-grpo",

@@ -168,8 +168,9 @@ def test_adversarial_answers_score_zero_in_bounded_time(verifier, tmp_path, monk
         t0 = time.monotonic()
         assert verifier.score([text], ["1"], timeout=2.0) == [0.0], name
         # bounded by the timeout plus a worker's replacement: the margin allows a loaded 2-core CI machine
-        # (4.9 s seen there), and still fails a verdict that waits for the answer itself (minutes)
-        assert time.monotonic() - t0 < 2.0 + 8.0, name
+        # (4.9 s seen there, 8.1 s once beside the other xdist worker's trainer runs), and still fails a
+        # verdict that waits for the answer itself (minutes)
+        assert time.monotonic() - t0 < 2.0 + 28.0, name
     assert verifier.pool.timeouts > timeouts  # the power tower / braces really hung a worker
     # A replaced worker comes back: normal answers still verify.
     assert verifier.score([boxed("1/2")], ["0.5"]) == [1.0]
